@@ -1,0 +1,1 @@
+"""loraloom.engine: the inference runtime (torch only; no web framework, no database)."""

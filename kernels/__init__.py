@@ -1,0 +1,1 @@
+"""loraloom.kernels: Triton kernels and their plain-torch references."""

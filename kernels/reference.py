@@ -1,0 +1,123 @@
+"""Plain-torch reference implementations: the CPU path and the test oracle.
+
+Each function keeps the signature of its Triton counterpart in kernels/, so the
+engine switches implementations without touching call sites.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from loraloom.kernels.metadata import AttentionMetadata, SGMVMetadata
+
+
+def write_kv_cache(
+    key: torch.Tensor,  # [T, KVH, D]
+    value: torch.Tensor,  # [T, KVH, D]
+    k_cache: torch.Tensor,  # [num_blocks, block_size, KVH, D]
+    v_cache: torch.Tensor,  # [num_blocks, block_size, KVH, D]
+    slot_mapping: torch.Tensor,  # [T] int64
+) -> None:
+    """for t: cache[slot_mapping[t] // block_size, slot_mapping[t] % block_size] = kv[t]"""
+    k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slot_mapping, key.to(k_cache.dtype))
+    v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slot_mapping, value.to(v_cache.dtype))
+
+
+def _gather_kv(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
+    block_size = cache.shape[1]
+    num_blocks = -(-length // block_size)
+    return cache[block_table[:num_blocks].long()].flatten(0, 1)[:length]  # [length, KVH, D]
+
+
+def paged_attention(
+    query: torch.Tensor,  # [T, H, D]
+    k_cache: torch.Tensor,  # [num_blocks, block_size, KVH, D]
+    v_cache: torch.Tensor,  # [num_blocks, block_size, KVH, D]
+    meta: AttentionMetadata,
+    scale: float,
+) -> torch.Tensor:  # [T, H, D]
+    """Causal attention of each request's new tokens over its whole cached sequence.
+
+    for each request b with n new tokens and L = seq_lens[b] cached tokens:
+        new token i sits at position L - n + i and attends cache positions 0 .. L - n + i,
+        read through block_tables[b]; query head h uses KV head h // (H // KVH).
+    The new tokens' K/V must already be in the cache (write_kv_cache first).
+    """
+    num_heads, kv_heads = query.shape[1], k_cache.shape[2]
+    group = num_heads // kv_heads
+    out = torch.empty_like(query)
+    qsl, lens = meta.query_start_loc_host, meta.seq_lens_host
+    decode_rows = [b for b in range(meta.num_seqs) if qsl[b + 1] - qsl[b] == 1]
+    if decode_rows:
+        _decode_attention(query, k_cache, v_cache, meta, decode_rows, scale, out)
+    for b in range(meta.num_seqs):
+        start, end = qsl[b], qsl[b + 1]
+        n = end - start
+        if n <= 1:
+            continue
+        length = lens[b]
+        k = _gather_kv(k_cache, meta.block_tables[b], length).repeat_interleave(group, dim=1)
+        v = _gather_kv(v_cache, meta.block_tables[b], length).repeat_interleave(group, dim=1)
+        q_pos = torch.arange(length - n, length).unsqueeze(1)
+        mask = torch.arange(length).unsqueeze(0) <= q_pos  # [n, length]
+        o = F.scaled_dot_product_attention(
+            query[start:end].transpose(0, 1).to(k.dtype), k.transpose(0, 1), v.transpose(0, 1),
+            attn_mask=mask, scale=scale,
+        )
+        out[start:end] = o.transpose(0, 1).to(out.dtype)
+    return out
+
+
+def _decode_attention(query, k_cache, v_cache, meta, rows, scale, out) -> None:
+    """All one-token requests at once: pad their sequences to the longest and mask."""
+    num_heads, kv_heads = query.shape[1], k_cache.shape[2]
+    group = num_heads // kv_heads
+    block_size = k_cache.shape[1]
+    lens = torch.tensor([meta.seq_lens_host[b] for b in rows])
+    max_len = int(lens.max())
+    max_blocks = -(-max_len // block_size)
+    rows_t = torch.tensor(rows)
+    tables = meta.block_tables[rows_t, :max_blocks].long()  # [n, max_blocks]
+    k = k_cache[tables].flatten(1, 2)[:, :max_len]  # [n, max_len, KVH, D]
+    v = v_cache[tables].flatten(1, 2)[:, :max_len]
+    q_rows = torch.tensor([meta.query_start_loc_host[b] for b in rows])
+    q = query[q_rows].view(len(rows), kv_heads, group, -1).to(k.dtype)  # [n, KVH, G, D]
+    scores = torch.einsum("nkgd,nlkd->nkgl", q, k) * scale
+    valid = torch.arange(max_len).unsqueeze(0) < lens.unsqueeze(1)  # [n, max_len]
+    scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
+    probs = torch.softmax(scores.float(), dim=-1).to(v.dtype)
+    o = torch.einsum("nkgl,nlkd->nkgd", probs, v)
+    out[q_rows] = o.reshape(len(rows), num_heads, -1).to(out.dtype)
+
+
+def sgmv_shrink(
+    x: torch.Tensor,  # [T, in_features]
+    lora_a: list[torch.Tensor],  # per slice: [S, max_rank, in_features]
+    meta: SGMVMetadata,
+    out: torch.Tensor,  # [num_slices, T, max_rank]; rows of base tokens are left untouched
+) -> None:
+    """for each segment a (slot s, rank r), token t in it, slice i:
+    out[i, t, :r] = x[t] @ lora_a[i][s, :r].T"""
+    for start, length, slot in zip(meta.segment_starts_host, meta.segment_lens_host, meta.active_slots_host):
+        rank = meta.slot_ranks_host[slot]
+        rows = meta.sorted_token_ids[start:start + length].long()
+        xs = x[rows]
+        for i, a in enumerate(lora_a):
+            out[i, rows, :rank] = xs @ a[slot, :rank].T
+
+
+def sgmv_expand(
+    y: torch.Tensor,  # [num_slices, T, max_rank] from sgmv_shrink
+    lora_b: list[torch.Tensor],  # per slice: [S, out_features_i, max_rank], lora scaling folded in
+    meta: SGMVMetadata,
+    base_out: torch.Tensor,  # [T, sum(out_features_i)], updated in place
+    slice_offsets: list[int],  # [num_slices + 1] column offsets of each slice in base_out
+) -> None:
+    """for each segment a (slot s, rank r), token t in it, slice i:
+    base_out[t, off_i:off_{i+1}] += y[i, t, :r] @ lora_b[i][s, :, :r].T"""
+    for start, length, slot in zip(meta.segment_starts_host, meta.segment_lens_host, meta.active_slots_host):
+        rank = meta.slot_ranks_host[slot]
+        rows = meta.sorted_token_ids[start:start + length].long()
+        for i, b in enumerate(lora_b):
+            lo, hi = slice_offsets[i], slice_offsets[i + 1]
+            base_out[rows, lo:hi] += y[i, rows, :rank] @ b[slot, :, :rank].T
