@@ -1,0 +1,76 @@
+"""When a request stops: stop strings in the text stream, and eos / stop tokens / length per token."""
+from __future__ import annotations
+
+from collections.abc import Collection
+
+from loraloom.engine.request import Request, RequestStatus
+
+
+class StopStringMatcher:
+    """Filters a stream of text deltas so that nothing from a stop string onward is emitted.
+
+    Text that could still become the start of a stop string is held back until the
+    next delta settles it. The stop string itself is not emitted (OpenAI's behaviour);
+    when generation ends for another reason, `flush` releases what was held back.
+    """
+
+    def __init__(self, stop: list[str]) -> None:
+        if any(s == "" for s in stop):
+            raise ValueError("stop: contains an empty string, which would match at once; remove it")
+        self._stop = list(stop)
+        self._longest = max((len(s) for s in self._stop), default=0)
+        self._held = ""
+        self._stopped = False
+
+    def feed(self, delta: str) -> tuple[str, bool]:
+        """(text safe to emit now, whether a stop string was reached); after a stop, everything is dropped."""
+        if self._stopped:
+            return "", True
+        pending = self._held + delta
+        stop_at = self._earliest_stop(pending)
+        if stop_at is not None:
+            self._held = ""
+            self._stopped = True
+            return pending[:stop_at], True
+        keep = self._partial_stop_suffix_len(pending)
+        self._held = pending[len(pending) - keep :]
+        return pending[: len(pending) - keep], False
+
+    def flush(self) -> str:
+        """The held-back text, once no more deltas will come (generation ended by eos or length)."""
+        held, self._held = self._held, ""
+        return held
+
+    def _earliest_stop(self, text: str) -> int | None:
+        # Earliest start wins: with stops "abc" and "bcd", text "abcd" stops before "a".
+        starts = [i for i in (text.find(s) for s in self._stop) if i >= 0]
+        return min(starts, default=None)
+
+    def _partial_stop_suffix_len(self, text: str) -> int:
+        """Length of the longest suffix of `text` that is a proper prefix of some stop string."""
+        for length in range(min(len(text), self._longest - 1), 0, -1):
+            suffix = text[len(text) - length :]
+            if any(s.startswith(suffix) for s in self._stop):
+                return length
+        return 0
+
+
+def check_stop(request: Request, new_token_id: int, eos_token_ids: Collection[int]) -> str | None:
+    """The finish reason ("stop" or "length", RequestStatus values) that `new_token_id` causes, or None.
+
+    Call after appending `new_token_id` to `request.output_token_ids`. Stop strings are
+    checked on the text by `StopStringMatcher`, not here.
+    """
+    if not request.output_token_ids or request.output_token_ids[-1] != new_token_id:
+        raise ValueError(
+            f"check_stop: request {request.request_id!r} output does not end with token {new_token_id}; "
+            "append the sampled token to request.output_token_ids before calling check_stop"
+        )
+    params = request.sampling_params
+    if new_token_id in eos_token_ids and not params.ignore_eos:
+        return RequestStatus.FINISHED_STOPPED.value
+    if new_token_id in params.stop_token_ids:
+        return RequestStatus.FINISHED_STOPPED.value
+    if len(request.output_token_ids) >= params.max_tokens:
+        return RequestStatus.FINISHED_LENGTH.value
+    return None
