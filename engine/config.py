@@ -35,9 +35,7 @@ class ModelConfig:
         eos = raw.get("eos_token_id")
         eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
         num_heads = raw["num_attention_heads"]
-        rope_scaling = raw.get("rope_scaling")
-        if rope_scaling is not None and rope_scaling.get("rope_type", rope_scaling.get("type")) in ("default", None):
-            rope_scaling = None
+        rope_theta, rope_scaling = _read_rope(raw)
         return cls(
             vocab_size=raw["vocab_size"],
             hidden_size=raw["hidden_size"],
@@ -47,13 +45,31 @@ class ModelConfig:
             num_kv_heads=raw.get("num_key_value_heads", num_heads),
             head_dim=raw.get("head_dim") or raw["hidden_size"] // num_heads,
             rms_norm_eps=raw.get("rms_norm_eps", 1e-5),
-            rope_theta=raw.get("rope_theta", 10000.0),
+            rope_theta=rope_theta,
             max_position_embeddings=raw.get("max_position_embeddings", 2048),
             tie_word_embeddings=raw.get("tie_word_embeddings", False),
             rope_scaling=rope_scaling,
             bos_token_id=raw.get("bos_token_id"),
             eos_token_ids=eos_ids,
         )
+
+
+def _read_rope(raw: dict) -> tuple[float, dict | None]:
+    """(rope_theta, rope_scaling) from either config.json layout.
+
+    Older configs write `rope_theta` and `rope_scaling` ({"rope_type" or "type", factor, ...});
+    transformers 5 writes one `rope_parameters` dict holding rope_theta, rope_type and the
+    scaling keys. The scaling dict returned always names its kind under "rope_type", and is
+    None for plain ("default") RoPE.
+    """
+    parameters = raw.get("rope_parameters") or {}
+    scaling = raw.get("rope_scaling") or parameters
+    theta = raw.get("rope_theta") or scaling.get("rope_theta") or parameters.get("rope_theta") or 10000.0
+    rope_type = scaling.get("rope_type", scaling.get("type"))
+    if rope_type in (None, "default"):
+        return float(theta), None
+    extra = {key: value for key, value in scaling.items() if key not in ("rope_theta", "type", "rope_type")}
+    return float(theta), {"rope_type": rope_type, **extra}
 
 
 @dataclass

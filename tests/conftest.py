@@ -1,0 +1,67 @@
+"""Fixtures shared by the whole suite: the bundled model and a tiny random Llama checkpoint."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+
+@pytest.fixture(scope="session")
+def model_dir() -> Path:
+    """The bundled SmolLM2-135M-Instruct checkpoint (converted once into the cache)."""
+    from loraloom.engine.bundled import import_bundled
+
+    return import_bundled()
+
+
+TINY_LLAMA_CONFIG = dict(
+    vocab_size=320,
+    hidden_size=64,
+    intermediate_size=160,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    max_position_embeddings=4096,
+    rms_norm_eps=1e-5,
+    tie_word_embeddings=False,
+    initializer_range=0.2,  # large enough that attention patterns and logits are far from uniform
+    rope_parameters={
+        "rope_type": "llama3",
+        "rope_theta": 500000.0,
+        "factor": 8.0,
+        "low_freq_factor": 1.0,
+        "high_freq_factor": 4.0,
+        "original_max_position_embeddings": 256,
+    },
+)
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_dir(tmp_path_factory) -> Path:
+    """A random 2-layer Llama with llama3 RoPE scaling and an untied lm_head, saved by hand as
+    two safetensors shards plus model.safetensors.index.json. Read-only: copy it to modify it."""
+    from safetensors.torch import save_file
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    directory = tmp_path_factory.mktemp("tiny_llama")
+    torch.manual_seed(0)
+    config = LlamaConfig(**TINY_LLAMA_CONFIG)
+    model = LlamaForCausalLM(config).eval()
+    with torch.no_grad():  # HF initializes norm weights to 1, which would hide a mis-mapped norm
+        for name, parameter in model.named_parameters():
+            if name.endswith("norm.weight"):
+                parameter.add_(0.2 * torch.randn_like(parameter))
+    config.save_pretrained(directory)
+    state = {name: tensor.contiguous() for name, tensor in model.state_dict().items()}
+    names = sorted(state)
+    shards = {"model-00001-of-00002.safetensors": names[::2], "model-00002-of-00002.safetensors": names[1::2]}
+    weight_map = {}
+    for file_name, shard_names in shards.items():
+        save_file({name: state[name] for name in shard_names}, str(directory / file_name), metadata={"format": "pt"})
+        weight_map.update({name: file_name for name in shard_names})
+    index = {"metadata": {"total_size": sum(t.numel() * t.element_size() for t in state.values())}, "weight_map": weight_map}
+    (directory / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+    return directory
