@@ -1,0 +1,221 @@
+"""KV block manager: free blocks, reference counts and the prefix cache.
+
+A request's block table is `request.block_ids` (position p lives in block
+`block_ids[p // block_size]` at offset `p % block_size`). Full blocks of
+computed tokens are registered under a chained content hash, so a later request
+with the same prefix and the same `cache_salt` (base or one adapter key) reuses
+them instead of recomputing. A block whose last reference is dropped keeps its
+hash and stays matchable until the free list hands it out again.
+
+Why sha256 and not Python's `hash`: the tuple hash is 64 bits and not
+collision resistant, so a crafted prompt could land on another tenant's block
+and read its KV. A sha256 digest chained over (parent digest, salt, tokens)
+makes a hit mean "same tokens, same adapter, same whole prefix" without
+storing the tokens to verify.
+"""
+from __future__ import annotations
+
+import hashlib
+import struct
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+from loraloom.engine.request import Request
+
+_ROOT_HASH = bytes(32)  # parent of a sequence's first block
+
+
+def block_hash(parent: bytes, token_ids: list[int], salt: str) -> bytes:
+    """Digest of one full block, chained to the digest of the block before it."""
+    salt_bytes = salt.encode()
+    payload = struct.pack(f"<I{len(token_ids)}q", len(salt_bytes), *token_ids)
+    return hashlib.sha256(parent + payload + salt_bytes).digest()
+
+
+@dataclass
+class _Holder:
+    """Block-manager state of one request that holds blocks."""
+
+    request: Request
+    # Digests of the request's leading full blocks, in order; commit() extends it,
+    # so each step hashes only the blocks that became full.
+    hashes: list[bytes] = field(default_factory=list)
+
+
+class BlockManager:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool) -> None:
+        if num_blocks < 1:
+            raise ValueError(f"num_kv_blocks: must be >= 1, got {num_blocks}")
+        if block_size < 1:
+            raise ValueError(f"block_size: must be >= 1, got {block_size}")
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self._ref_counts = [0] * num_blocks
+        self._hash_of_block: list[bytes | None] = [None] * num_blocks
+        self._block_of_hash: dict[bytes, int] = {}
+        # Free blocks come in two pools: blank ones are handed out first, cached
+        # ones (still matchable) only when no blank block is left, least recently
+        # freed first.
+        self._blank_free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
+        self._cached_free: OrderedDict[int, None] = OrderedDict()
+        self._holders: dict[str, _Holder] = {}
+
+    # ------------------------------------------------------------------ counters
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self._blank_free) + len(self._cached_free)
+
+    @property
+    def num_used_blocks(self) -> int:
+        return self.num_blocks - self.num_free_blocks
+
+    @property
+    def num_cached_blocks(self) -> int:
+        """Blocks that hold a matchable prefix, whether in use or free."""
+        return len(self._block_of_hash)
+
+    # ---------------------------------------------------------------- lifecycle
+    def allocate_for_new(self, request: Request) -> bool:
+        """Give a request without blocks its cached prefix plus blocks for all its known tokens.
+
+        Called at first schedule and after preemption. Matches the longest run of
+        cached full blocks of `request.all_token_ids`, leaving at least one token
+        to compute so the step yields logits, and sets `num_computed_tokens`
+        (and `num_cached_tokens` at first schedule). All or nothing: returns
+        False, taking no block, when the free list cannot hold the rest.
+        Reserving every known token up front, not just the first chunk, means
+        an admitted prefill never preempts anyone to go on; only decode growth
+        (`ensure_capacity`) competes for blocks.
+        """
+        if request.request_id in self._holders or request.block_ids:
+            raise ValueError(f"request {request.request_id!r}: already holds KV blocks; "
+                             "free it before allocating again")
+        matched_hashes, matched_blocks = self._match_prefix(request)
+        num_cached = len(matched_blocks) * self.block_size
+        revived = sum(1 for block in matched_blocks if self._ref_counts[block] == 0)
+        missing = self._blocks_for(request.num_tokens) - len(matched_blocks)
+        if revived + missing > self.num_free_blocks:
+            return False
+        for block in matched_blocks:
+            if self._ref_counts[block] == 0:
+                del self._cached_free[block]
+            self._ref_counts[block] += 1
+        request.block_ids = matched_blocks
+        self._holders[request.request_id] = _Holder(request, matched_hashes)
+        request.num_computed_tokens = num_cached
+        if request.num_preemptions == 0:
+            request.num_cached_tokens = num_cached
+        request.block_ids.extend(self._take_free(missing))
+        return True
+
+    def ensure_capacity(self, request: Request, num_new_tokens: int) -> bool:
+        """Make blocks exist for positions [0, num_computed_tokens + num_new_tokens); False (taking none) if short."""
+        self._holder(request)
+        missing = self._blocks_for(request.num_computed_tokens + num_new_tokens) - len(request.block_ids)
+        if missing <= 0:
+            return True
+        if missing > self.num_free_blocks:
+            return False
+        request.block_ids.extend(self._take_free(missing))
+        return True
+
+    def commit(self, request: Request) -> None:
+        """Register the hashes of blocks that became full of computed tokens since the last commit."""
+        if not self.enable_prefix_caching:
+            return
+        holder = self._holder(request)
+        num_full = request.num_computed_tokens // self.block_size
+        if num_full <= len(holder.hashes):
+            return
+        token_ids = request.all_token_ids
+        for index in range(len(holder.hashes), num_full):
+            parent = holder.hashes[-1] if holder.hashes else _ROOT_HASH
+            digest = self._hash_block(parent, token_ids, index, request.cache_salt)
+            holder.hashes.append(digest)
+            block = request.block_ids[index]
+            # Two requests that computed the same prefix at once: the first
+            # registered copy stays the cached one, the second is plain KV.
+            if digest not in self._block_of_hash and self._hash_of_block[block] is None:
+                self._block_of_hash[digest] = block
+                self._hash_of_block[block] = digest
+
+    def free(self, request: Request) -> None:
+        """Drop the request's references; blocks nobody holds go back to the free list."""
+        if self._holders.pop(request.request_id, None) is None:
+            return
+        # Tail blocks first, so a shared prefix is the last part of a sequence
+        # to be evicted.
+        for block in reversed(request.block_ids):
+            self._ref_counts[block] -= 1
+            if self._ref_counts[block] == 0:
+                pool = self._blank_free if self._hash_of_block[block] is None else self._cached_free
+                pool[block] = None
+        request.block_ids = []
+
+    # ----------------------------------------------------------------- internals
+    def _hash_block(self, parent: bytes, token_ids: list[int], index: int, salt: str) -> bytes:
+        """Chained digest of block `index` of a sequence."""
+        return block_hash(parent, token_ids[index * self.block_size:(index + 1) * self.block_size], salt)
+
+    def _blocks_for(self, num_tokens: int) -> int:
+        return -(-num_tokens // self.block_size)
+
+    def _holder(self, request: Request) -> _Holder:
+        holder = self._holders.get(request.request_id)
+        if holder is None:
+            raise ValueError(f"request {request.request_id!r}: holds no KV blocks; call allocate_for_new first")
+        return holder
+
+    def _match_prefix(self, request: Request) -> tuple[list[bytes], list[int]]:
+        if not self.enable_prefix_caching:
+            return [], []
+        token_ids = request.all_token_ids
+        # Never the whole sequence: its last token must be computed for logits.
+        max_blocks = (len(token_ids) - 1) // self.block_size
+        hashes: list[bytes] = []
+        blocks: list[int] = []
+        parent = _ROOT_HASH
+        for index in range(max_blocks):
+            parent = self._hash_block(parent, token_ids, index, request.cache_salt)
+            block = self._block_of_hash.get(parent)
+            if block is None:
+                break
+            hashes.append(parent)
+            blocks.append(block)
+        return hashes, blocks
+
+    def _take_free(self, count: int) -> list[int]:
+        taken = []
+        for _ in range(count):
+            if self._blank_free:
+                block, _ = self._blank_free.popitem(last=False)
+            else:
+                block, _ = self._cached_free.popitem(last=False)
+                del self._block_of_hash[self._hash_of_block[block]]
+                self._hash_of_block[block] = None
+            self._ref_counts[block] = 1
+            taken.append(block)
+        return taken
+
+    # -------------------------------------------------------------------- checks
+    def check_invariants(self) -> None:
+        """Raise AssertionError if the bookkeeping is inconsistent (used by tests)."""
+        expected_refs = [0] * self.num_blocks
+        for request_id, holder in self._holders.items():
+            table = holder.request.block_ids
+            assert len(set(table)) == len(table), f"{request_id}: duplicate block in its table {table}"
+            assert len(holder.hashes) <= len(table), f"{request_id}: more hashes than blocks"
+            assert holder.request.num_computed_tokens <= len(table) * self.block_size, \
+                f"{request_id}: computed past its blocks"
+            for block in table:
+                expected_refs[block] += 1
+        assert expected_refs == self._ref_counts, "ref counts differ from the block tables that hold each block"
+        free = list(self._blank_free) + list(self._cached_free)
+        assert len(free) == len(set(free)), "a block is in the free list twice"
+        assert set(free) == {b for b in range(self.num_blocks) if self._ref_counts[b] == 0}, "free list != ref-0 blocks"
+        assert all(self._hash_of_block[b] is None for b in self._blank_free), "a blank free block has a hash"
+        assert all(self._hash_of_block[b] is not None for b in self._cached_free), "a cached free block has no hash"
+        for digest, block in self._block_of_hash.items():
+            assert self._hash_of_block[block] == digest, f"block {block}: hash index out of sync"
+        assert sum(h is not None for h in self._hash_of_block) == len(self._block_of_hash), "orphan block hash"

@@ -1,0 +1,253 @@
+"""Continuous-batching scheduler (pure Python, no torch).
+
+One rule drives every step: each request's computed tokens catch up with its
+known tokens (`num_computed_tokens` -> `num_tokens`). A prefill, a prefill
+chunk, a decode and the recompute after a preemption are the same loop; a
+step that reaches `num_tokens` samples the next token.
+
+A step, under a token budget (`max_num_batched_tokens`) and a sequence limit
+(`max_num_seqs`):
+
+1. Running requests, oldest first. Each takes what it still has to compute,
+   capped so that one token per younger running request stays in the budget:
+   a long prefill is chunked and never stalls the decodes beside it. When a
+   request needs a KV block and none is free, the youngest running request
+   (possibly itself) is preempted by recompute: its blocks and slot reference
+   are released and it returns to the waiting queue with its arrival order,
+   so it keeps its priority.
+2. If nothing was preempted, waiting requests are admitted oldest first while
+   budget, sequences, KV blocks and adapter slots allow. Running out of blocks
+   stops admission (younger requests never overtake an older one on memory).
+
+Adapter slots (the number of distinct adapters in a step). A waiting request
+whose adapter is not resident and finds every slot in use is *slot-blocked*:
+it is skipped, so base requests and requests for resident adapters behind it
+still run. So that it cannot starve, the oldest slot-blocked request reserves
+the slot that would be freed first, the in-use slot acquired least recently
+(`AdapterSlotTable.drain_candidate`): no younger request is admitted onto
+that adapter, its running requests finish, its reference count reaches 0 and
+the blocked request, being older than everything admitted since, takes the
+slot at the next admission. Its wait is therefore bounded by the time the
+draining adapter's running requests need to finish.
+"""
+from __future__ import annotations
+
+import bisect
+from collections import Counter
+from dataclasses import dataclass
+
+from loraloom.engine.adapter_slots import AdapterSlotTable
+from loraloom.engine.adapters import AdapterHandle
+from loraloom.engine.config import EngineConfig
+from loraloom.engine.kv_cache import BlockManager
+from loraloom.engine.request import Request, RequestStatus
+
+BASE_ADAPTER_LABEL = "base"  # the adapter name reported for requests without an adapter
+BASE_SLOT = -1
+
+
+@dataclass
+class ScheduledRequest:
+    request: Request
+    # Computes tokens [request.num_computed_tokens, + num_new_tokens) of request.all_token_ids.
+    num_new_tokens: int
+    slot: int  # adapter slot of every new token; BASE_SLOT (-1) for the base model
+    sample: bool  # the step reaches request.num_tokens: sample the next token from its last row
+
+
+@dataclass
+class SchedulerOutput:
+    scheduled: list[ScheduledRequest]
+    adapter_loads: list[tuple[int, AdapterHandle]]  # (slot, adapter) to copy in before the step runs
+    preempted_ids: list[str]
+    num_batched_tokens: int
+
+
+def _arrival(request: Request) -> int:
+    return request.arrival_order
+
+
+def _count_by_adapter(requests: list[Request]) -> dict[str, int]:
+    return dict(Counter(BASE_ADAPTER_LABEL if r.adapter is None else r.adapter.name for r in requests))
+
+
+class Scheduler:
+    def __init__(self, config: EngineConfig, block_manager: BlockManager, slot_table: AdapterSlotTable) -> None:
+        if config.max_num_batched_tokens < 1:
+            raise ValueError(f"max_num_batched_tokens: must be >= 1, got {config.max_num_batched_tokens}")
+        if config.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs: must be >= 1, got {config.max_num_seqs}")
+        if block_manager.block_size != config.block_size:
+            raise ValueError(f"block_size: the block manager uses {block_manager.block_size}, the config "
+                             f"{config.block_size}; build both from the same EngineConfig")
+        self.config = config
+        self.block_manager = block_manager
+        self.slot_table = slot_table
+        self._waiting: list[Request] = []  # by arrival_order, oldest first
+        self._running: list[Request] = []  # by arrival_order, oldest first
+        self._requests: dict[str, Request] = {}  # every unfinished request, waiting or running
+
+    # ------------------------------------------------------------------ queue
+    @property
+    def num_running(self) -> int:
+        return len(self._running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting)
+
+    def has_unfinished(self) -> bool:
+        return bool(self._requests)
+
+    def running_adapter_counts(self) -> dict[str, int]:
+        return _count_by_adapter(self._running)
+
+    def waiting_adapter_counts(self) -> dict[str, int]:
+        return _count_by_adapter(self._waiting)
+
+    def add_request(self, request: Request) -> None:
+        if request.request_id in self._requests:
+            raise ValueError(f"request_id: {request.request_id!r} is already scheduled; use a unique id")
+        if request.num_tokens == 0:
+            raise ValueError(f"prompt_token_ids: request {request.request_id!r} has no tokens; send at least one")
+        if request.adapter is not None and self.slot_table.num_slots == 0:
+            raise ValueError(f"adapter: this engine has max_loras=0 adapter slots; "
+                             f"raise max_loras to serve adapter {request.adapter.name!r}")
+        request.status = RequestStatus.WAITING
+        bisect.insort(self._waiting, request, key=_arrival)
+        self._requests[request.request_id] = request
+
+    def abort_request(self, request_id: str) -> Request | None:
+        """Remove a waiting or running request and free what it holds; None if unknown or already finished."""
+        request = self._remove(request_id)
+        if request is not None:
+            request.status = RequestStatus.FINISHED_ABORTED
+        return request
+
+    def finish_request(self, request_id: str, status: RequestStatus) -> None:
+        if not status.finished:
+            raise ValueError(f"status: finish_request needs a finished status, got {status}")
+        request = self._remove(request_id)
+        if request is None:
+            raise ValueError(f"request_id: {request_id!r} is not waiting or running in the scheduler")
+        request.status = status
+
+    # ------------------------------------------------------------------- step
+    def schedule(self) -> SchedulerOutput:
+        budget = self.config.max_num_batched_tokens
+        scheduled: list[ScheduledRequest] = []
+        preempted: list[Request] = []
+        index = 0
+        while index < len(self._running) and budget > 0:
+            request = self._running[index]
+            num_younger = len(self._running) - index - 1
+            num_new = min(request.num_tokens - request.num_computed_tokens, max(1, budget - num_younger))
+            if not self._make_room(request, num_new, preempted):
+                break  # it preempted itself, so it was the youngest: nobody is left after it
+            scheduled.append(self._scheduled(request, num_new, self._slot_of(request)))
+            budget -= num_new
+            index += 1
+
+        adapter_loads: list[tuple[int, AdapterHandle]] = []
+        # A step that had to preempt is short of blocks: admitting now would
+        # only preempt again (or re-admit the victims).
+        if not preempted:
+            budget = self._admit_waiting(budget, scheduled, adapter_loads)
+        return SchedulerOutput(
+            scheduled=scheduled,
+            adapter_loads=adapter_loads,
+            preempted_ids=[request.request_id for request in preempted],
+            num_batched_tokens=self.config.max_num_batched_tokens - budget,
+        )
+
+    def update_after_step(self, output: SchedulerOutput, sampled: dict[str, int]) -> None:
+        """Advance the scheduled requests by what the step computed and append their sampled tokens."""
+        for item in output.scheduled:
+            request = item.request
+            if self._requests.get(request.request_id) is not request:
+                continue  # aborted between schedule() and now; its blocks are already freed
+            request.num_computed_tokens += item.num_new_tokens
+            self.block_manager.commit(request)
+            if item.sample:
+                if request.request_id not in sampled:
+                    raise ValueError(f"sampled: no token for request {request.request_id!r}, "
+                                     "which this step scheduled with sample=True")
+                request.output_token_ids.append(sampled[request.request_id])
+
+    # -------------------------------------------------------------- internals
+    def _admit_waiting(self, budget: int, scheduled: list[ScheduledRequest],
+                       adapter_loads: list[tuple[int, AdapterHandle]]) -> int:
+        """Admit waiting requests oldest first; return the budget left."""
+        draining_key: str | None = None  # reserved for the oldest slot-blocked request (module docstring)
+        for request in list(self._waiting):
+            if budget == 0 or len(self._running) >= self.config.max_num_seqs:
+                break
+            key = request.adapter_key
+            if key is not None:
+                if not self.slot_table.can_acquire(key):
+                    if draining_key is None:
+                        draining_key = self.slot_table.drain_candidate()
+                    continue
+                if key == draining_key:
+                    continue
+            if not self.block_manager.allocate_for_new(request):
+                break
+            slot = BASE_SLOT
+            if key is not None:
+                slot, needs_load = self.slot_table.acquire(key)
+                if needs_load:
+                    adapter_loads.append((slot, request.adapter))
+            self._waiting.remove(request)
+            request.status = RequestStatus.RUNNING
+            bisect.insort(self._running, request, key=_arrival)
+            num_new = min(request.num_tokens - request.num_computed_tokens, budget)
+            scheduled.append(self._scheduled(request, num_new, slot))
+            budget -= num_new
+        return budget
+
+    def _make_room(self, request: Request, num_new: int, preempted: list[Request]) -> bool:
+        """Preempt the youngest running requests until `request` has blocks for `num_new` tokens.
+
+        Returns False when `request` itself had to go.
+        """
+        while not self.block_manager.ensure_capacity(request, num_new):
+            victim = self._running[-1]
+            self._preempt(victim)
+            preempted.append(victim)
+            if victim is request:
+                return False
+        return True
+
+    def _preempt(self, request: Request) -> None:
+        self._running.remove(request)
+        self._release(request)
+        request.num_computed_tokens = 0
+        request.num_preemptions += 1
+        request.status = RequestStatus.WAITING
+        bisect.insort(self._waiting, request, key=_arrival)
+
+    def _remove(self, request_id: str) -> Request | None:
+        request = self._requests.pop(request_id, None)
+        if request is None:
+            return None
+        if request.status is RequestStatus.RUNNING:
+            self._running.remove(request)
+            self._release(request)
+        else:
+            self._waiting.remove(request)
+        return request
+
+    def _release(self, request: Request) -> None:
+        """Give back a running request's KV blocks and its adapter slot reference."""
+        self.block_manager.free(request)
+        if request.adapter_key is not None:
+            self.slot_table.release(request.adapter_key)
+
+    def _slot_of(self, request: Request) -> int:
+        key = request.adapter_key
+        return BASE_SLOT if key is None else self.slot_table.lookup(key)
+
+    @staticmethod
+    def _scheduled(request: Request, num_new: int, slot: int) -> ScheduledRequest:
+        reaches_end = request.num_computed_tokens + num_new == request.num_tokens
+        return ScheduledRequest(request, num_new, slot, sample=reaches_end)
