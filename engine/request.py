@@ -14,6 +14,7 @@ from loraloom.engine.adapters import AdapterHandle
 # Bounds that the API also reports in its 400 messages.
 MAX_TEMPERATURE = 2.0
 MAX_TOP_LOGPROBS = 20
+BASE_ADAPTER_LABEL = "base"
 
 
 @dataclass
@@ -96,6 +97,11 @@ class Request:
     @property
     def adapter_key(self) -> str | None:
         return None if self.adapter is None else self.adapter.key
+
+    @property
+    def adapter_label(self) -> str:
+        """The adapter name reported in metrics and stats ("base" for none)."""
+        return BASE_ADAPTER_LABEL if self.adapter is None else self.adapter.name
 
     @property
     def cache_salt(self) -> str:

@@ -42,7 +42,6 @@ from loraloom.engine.config import EngineConfig
 from loraloom.engine.kv_cache import BlockManager
 from loraloom.engine.request import Request, RequestStatus
 
-BASE_ADAPTER_LABEL = "base"  # the adapter name reported for requests without an adapter
 BASE_SLOT = -1
 
 
@@ -68,7 +67,7 @@ def _arrival(request: Request) -> int:
 
 
 def _count_by_adapter(requests: list[Request]) -> dict[str, int]:
-    return dict(Counter(BASE_ADAPTER_LABEL if r.adapter is None else r.adapter.name for r in requests))
+    return dict(Counter(r.adapter_label for r in requests))
 
 
 class Scheduler:

@@ -1,0 +1,205 @@
+"""LLMEngine: the synchronous core. `add_request`, then `step()` until done.
+
+One step = schedule -> copy newly admitted adapters into their slots -> run the
+model -> sample -> advance the scheduler -> detokenize and check stops. The
+engine is single-threaded; AsyncEngine serializes all calls onto one thread.
+"""
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from loraloom.engine.adapter_cache import HostAdapterCache
+from loraloom.engine.adapter_slots import AdapterSlotTable
+from loraloom.engine.adapters import AdapterHandle
+from loraloom.engine.config import EngineConfig, ModelConfig
+from loraloom.engine.detokenizer import IncrementalDetokenizer
+from loraloom.engine.kv_cache import BlockManager
+from loraloom.engine.loader import load_model
+from loraloom.engine.lora import LoRASlotPool, attach_lora
+from loraloom.engine.model_runner import ModelRunner
+from loraloom.engine.outputs import EngineStats, RequestOutput, TokenLogprob
+from loraloom.engine.request import Request, RequestStatus, SamplingParams
+from loraloom.engine.sampler import make_generator
+from loraloom.engine.scheduler import Scheduler
+from loraloom.engine.stop import StopStringMatcher, check_stop
+from loraloom.engine.tokenizer import Tokenizer
+
+HOST_ADAPTER_CACHE_SIZE = 64
+
+
+@dataclass
+class _Tracked:
+    """Per-request state the scheduler does not need: text, stops, RNG."""
+
+    request: Request
+    detokenizer: IncrementalDetokenizer
+    stops: StopStringMatcher
+    generator: torch.Generator | None
+    arrival_time: float
+
+
+class LLMEngine:
+    def __init__(self, model_dir: Path, config: EngineConfig) -> None:
+        self.model_dir = Path(model_dir)
+        self.config = config
+        self.model_config = ModelConfig.from_dir(self.model_dir)
+        self.tokenizer = Tokenizer.from_dir(self.model_dir)
+        self.max_model_len = config.resolved_max_model_len(self.model_config)
+        model = load_model(self.model_dir, getattr(torch, config.dtype), torch.device(config.device))
+        lora_pool = LoRASlotPool(
+            model_config=self.model_config,
+            num_slots=config.max_loras,
+            max_rank=config.max_lora_rank,
+            dtype=getattr(torch, config.dtype),
+            device=torch.device(config.device),
+        )
+        attach_lora(model, lora_pool)
+        self.runner = ModelRunner(model=model, model_config=self.model_config, config=config, lora_pool=lora_pool)
+        self.block_manager = BlockManager(config.num_kv_blocks, config.block_size, config.enable_prefix_caching)
+        self.slot_table = AdapterSlotTable(config.max_loras)
+        self.scheduler = Scheduler(config, self.block_manager, self.slot_table)
+        self.adapter_cache = HostAdapterCache(
+            capacity=HOST_ADAPTER_CACHE_SIZE, model_config=self.model_config, max_rank=config.max_lora_rank
+        )
+        self._tracked: dict[str, _Tracked] = {}
+        self.prompt_tokens_total = 0
+        self.generation_tokens_total = 0
+        self.requests_per_adapter: Counter[str] = Counter()
+
+    # ----------------------------------------------------------------- requests
+    def load_adapter(self, adapter: AdapterHandle) -> None:
+        """Fetch, verify and validate an adapter into the host cache (raises AdapterLoadError)."""
+        self.adapter_cache.get(adapter)
+
+    def validate_request(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
+        """Raise ValueError naming the field for anything the engine cannot serve."""
+        params.validate()
+        if not prompt_token_ids:
+            raise ValueError("prompt: must contain at least one token")
+        vocab = self.model_config.vocab_size
+        if any(not 0 <= token < vocab for token in prompt_token_ids):
+            raise ValueError(f"prompt: token ids must be in [0, {vocab})")
+        if len(prompt_token_ids) >= self.max_model_len:
+            raise ValueError(
+                f"prompt: {len(prompt_token_ids)} tokens exceed the model's maximum context length of "
+                f"{self.max_model_len} tokens; shorten the prompt"
+            )
+        if len(prompt_token_ids) + params.max_tokens > self.max_model_len:
+            raise ValueError(
+                f"max_tokens: the model's maximum context length is {self.max_model_len} tokens, but "
+                f"{len(prompt_token_ids)} prompt tokens + max_tokens {params.max_tokens} exceed it; "
+                f"lower max_tokens to at most {self.max_model_len - len(prompt_token_ids)}"
+            )
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        adapter: AdapterHandle | None = None,
+    ) -> None:
+        if request_id in self._tracked:
+            raise ValueError(f"request_id: {request_id!r} is already running")
+        self.validate_request(prompt_token_ids, params)
+        if adapter is not None:
+            self.load_adapter(adapter)
+        request = Request(request_id, list(prompt_token_ids), params, adapter)
+        self._tracked[request_id] = _Tracked(
+            request=request,
+            detokenizer=IncrementalDetokenizer(self.tokenizer, request.prompt_token_ids),
+            stops=StopStringMatcher(params.stop),
+            generator=make_generator(params.seed, self.runner.device),
+            arrival_time=time.monotonic(),
+        )
+        self.scheduler.add_request(request)
+        self.prompt_tokens_total += len(prompt_token_ids)
+        self.requests_per_adapter[request.adapter_label] += 1
+
+    def abort_request(self, request_id: str) -> None:
+        """Stop a request wherever it is and free its KV blocks and adapter slot reference."""
+        if self._tracked.pop(request_id, None) is not None:
+            self.scheduler.abort_request(request_id)
+
+    def has_unfinished(self) -> bool:
+        return self.scheduler.has_unfinished()
+
+    # --------------------------------------------------------------------- step
+    def step(self) -> list[RequestOutput]:
+        step = self.scheduler.schedule()
+        if not step.scheduled:
+            return []
+        for slot, adapter in step.adapter_loads:
+            self.runner.load_adapter(slot, self.adapter_cache.get(adapter))
+        generators = {item.request.request_id: self._tracked[item.request.request_id].generator
+                      for item in step.scheduled if item.sample}
+        sampled = self.runner.execute(step, generators)
+        sampled_requests = [item.request for item in step.scheduled if item.sample]
+        new_tokens = {} if sampled is None else {
+            request.request_id: token for request, token in zip(sampled_requests, sampled.token_ids)
+        }
+        self.scheduler.update_after_step(step, new_tokens)
+        outputs = []
+        for row, request in enumerate(sampled_requests):
+            outputs.append(self._process_token(request, new_tokens[request.request_id], sampled, row))
+        return outputs
+
+    def _process_token(self, request: Request, token: int, sampled, row: int) -> RequestOutput:
+        tracked = self._tracked[request.request_id]
+        self.generation_tokens_total += 1
+        finish_reason = check_stop(request, token, self.tokenizer.eos_token_ids)
+        text = tracked.detokenizer.step(token)
+        if finish_reason is not None:
+            text += tracked.detokenizer.flush()
+        text, hit_stop_string = tracked.stops.feed(text)
+        if hit_stop_string:
+            finish_reason = "stop"
+        elif finish_reason is not None:
+            text += tracked.stops.flush()
+        if finish_reason is not None:
+            status = RequestStatus.FINISHED_LENGTH if finish_reason == "length" else RequestStatus.FINISHED_STOPPED
+            self.scheduler.finish_request(request.request_id, status)
+            del self._tracked[request.request_id]
+        return RequestOutput(
+            request_id=request.request_id,
+            text_delta=text,
+            token_ids=[token],
+            logprobs=self._logprobs(request, token, sampled, row),
+            finished=finish_reason is not None,
+            finish_reason=finish_reason,
+            num_prompt_tokens=request.num_prompt_tokens,
+            num_output_tokens=len(request.output_token_ids),
+            num_cached_tokens=request.num_cached_tokens,
+        )
+
+    def _logprobs(self, request: Request, token: int, sampled, row: int) -> list[TokenLogprob] | None:
+        if request.sampling_params.logprobs is None:
+            return None
+        top = sampled.top_logprobs[row] or []
+        return [TokenLogprob(
+            token_id=token,
+            token=self.tokenizer.decode([token], skip_special_tokens=False),
+            logprob=sampled.logprobs[row],
+            top=[(tid, self.tokenizer.decode([tid], skip_special_tokens=False), lp) for tid, lp in top],
+        )]
+
+    # -------------------------------------------------------------------- stats
+    def stats(self) -> EngineStats:
+        return EngineStats(
+            num_running=self.scheduler.num_running,
+            num_waiting=self.scheduler.num_waiting,
+            kv_blocks_used=self.block_manager.num_used_blocks,
+            kv_blocks_total=self.config.num_kv_blocks,
+            kv_blocks_cached=self.block_manager.num_cached_blocks,
+            adapter_slots_used=self.slot_table.num_used,
+            adapter_slots_total=self.config.max_loras,
+            prompt_tokens_total=self.prompt_tokens_total,
+            generation_tokens_total=self.generation_tokens_total,
+            running_per_adapter=self.scheduler.running_adapter_counts(),
+            waiting_per_adapter=self.scheduler.waiting_adapter_counts(),
+            requests_per_adapter_total=dict(self.requests_per_adapter),
+        )
