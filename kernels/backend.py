@@ -1,0 +1,64 @@
+"""Which implementation of the four per-step ops the model runs on a given device.
+
+Triton kernels on CUDA when Triton is installed; the plain-torch references of
+kernels/reference.py everywhere else (the CPU path). Importing this module never imports
+Triton, so the engine runs on machines without it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from loraloom.kernels import reference
+from loraloom.kernels.metadata import AttentionMetadata, SGMVMetadata
+
+WriteKVCache = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], None]
+PagedAttention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, AttentionMetadata, float], torch.Tensor]
+SGMVShrink = Callable[[torch.Tensor, list[torch.Tensor], SGMVMetadata, torch.Tensor], None]
+SGMVExpand = Callable[[torch.Tensor, list[torch.Tensor], SGMVMetadata, torch.Tensor, list[int]], None]
+
+
+@dataclass(frozen=True)
+class KernelBackend:
+    """One implementation of each op; every one keeps kernels/reference.py's signature."""
+
+    name: str  # "triton" or "reference"
+    write_kv_cache: WriteKVCache
+    paged_attention: PagedAttention
+    sgmv_shrink: SGMVShrink
+    sgmv_expand: SGMVExpand
+
+
+REFERENCE_BACKEND = KernelBackend(
+    name="reference",
+    write_kv_cache=reference.write_kv_cache,
+    paged_attention=reference.paged_attention,
+    sgmv_shrink=reference.sgmv_shrink,
+    sgmv_expand=reference.sgmv_expand,
+)
+
+
+def triton_available() -> bool:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def get_backend(device: torch.device | str) -> KernelBackend:
+    """Triton kernels for a CUDA device when Triton is installed, the references otherwise."""
+    if torch.device(device).type != "cuda" or not triton_available():
+        return REFERENCE_BACKEND
+    # Imported here so that a machine without Triton never imports it.
+    from loraloom.kernels import paged_attention, sgmv
+
+    return KernelBackend(
+        name="triton",
+        write_kv_cache=paged_attention.write_kv_cache,
+        paged_attention=paged_attention.paged_attention,
+        sgmv_shrink=sgmv.sgmv_shrink,
+        sgmv_expand=sgmv.sgmv_expand,
+    )

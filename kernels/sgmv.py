@@ -1,0 +1,342 @@
+"""Triton SGMV (segmented gather matrix-vector) kernels: the LoRA shrink and expand steps.
+
+Tokens come grouped by adapter slot (SGMVMetadata): segment a holds the flat-batch rows
+sorted_token_ids[segment_starts[a] : segment_starts[a] + segment_lens[a]], all using slot
+active_slots[a]. Base-only tokens are in no segment and cost nothing.
+
+Launch grid, both ops: (row tiles [x output tiles or K splits], slices, segments). A segment's
+tokens are cut into tiles of BLOCK_M = 16 rows (the M of one tensor-core MMA), so a decode batch of
+many one-token segments wastes rows only inside its own 16-row tile, never a whole segment's
+padding to the longest one; programs whose tile lies past their segment's length exit at once.
+The grid is sized from the host copies of the metadata (number of segments, longest segment).
+
+Slices (q/k/v of a fused projection, or gate/up) share one launch. Their weights arrive as
+separate tensors, so the kernels take up to MAX_SLICES weight pointers as plain arguments and
+each program picks its own by slice index. Stacking the weights would copy them every call, and
+a device table of data pointers would need a host-to-device copy (or a global cache) per call,
+which breaks CUDA-graph capture; plain pointer arguments need neither.
+
+Mixed ranks: every tile is sized for the largest rank in the batch, but loads and stores are
+masked to the slot's own rank, so a rank-8 adapter reads and writes only its 8 rows of weights.
+"""
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from loraloom.kernels.metadata import SGMVMetadata
+
+MAX_SLICES = 3  # q, k, v: the widest fused projection in a Llama layer
+BLOCK_M = 16  # token rows per tile: one m16n8k16 MMA; Triton would pad a smaller tile to it anyway
+SHRINK_BLOCK_K = 64  # input features per step of the shrink's K loop
+EXPAND_BLOCK_N = 64  # output features per expand program
+MAX_SPLIT_K = 16
+# Split the shrink's K until about this many programs run: enough to fill an H100's 132 SMs
+# twice over when a decode step has only a few segments.
+TARGET_PROGRAMS = 264
+
+
+@triton.jit
+def _select_slice(slice_id, v0, v1, v2):
+    """The argument of slice slice_id (0, 1 or 2): a pointer or a scalar."""
+    value = v0
+    if slice_id == 1:
+        value = v1
+    if slice_id == 2:
+        value = v2
+    return value
+
+
+@triton.jit
+def _segment_tile_rows(sorted_token_ids_ptr, segment_starts_ptr, segment, m_start, segment_len,
+                       BLOCK_M: tl.constexpr):
+    """Flat-batch rows of one BLOCK_M tile of a segment, and which of them exist."""
+    offs_m = m_start + tl.arange(0, BLOCK_M)
+    row_mask = offs_m < segment_len
+    segment_start = tl.load(segment_starts_ptr + segment)
+    rows = tl.load(sorted_token_ids_ptr + segment_start + offs_m, mask=row_mask, other=0)
+    return rows.to(tl.int64), row_mask
+
+
+@triton.jit
+def _sgmv_shrink_kernel(
+    x_ptr,  # [T, in_features]
+    a0_ptr, a1_ptr, a2_ptr,  # per slice: [S, max_rank, in_features]
+    target_ptr,  # [SPLIT_K, num_slices, T, max_rank]
+    sorted_token_ids_ptr, segment_starts_ptr, segment_lens_ptr, active_slots_ptr, slot_ranks_ptr,
+    in_features, k_per_split,
+    stride_x_row, stride_x_col,
+    stride_a_slot, stride_a_rank, stride_a_col,
+    stride_t_split, stride_t_slice, stride_t_row, stride_t_col,
+    SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    pid_mk = tl.program_id(0)
+    slice_id = tl.program_id(1)
+    segment = tl.program_id(2)
+    m_tile = pid_mk // SPLIT_K
+    k_split = pid_mk % SPLIT_K
+
+    segment_len = tl.load(segment_lens_ptr + segment)
+    m_start = m_tile * BLOCK_M
+    if m_start >= segment_len:
+        return
+    slot = tl.load(active_slots_ptr + segment)
+    rank = tl.load(slot_ranks_ptr + slot)
+    rows, row_mask = _segment_tile_rows(sorted_token_ids_ptr, segment_starts_ptr, segment, m_start,
+                                        segment_len, BLOCK_M)
+
+    a_ptr = _select_slice(slice_id, a0_ptr, a1_ptr, a2_ptr)
+    offs_n = tl.arange(0, BLOCK_N)
+    rank_mask = offs_n < rank
+    x_rows = x_ptr + rows[:, None] * stride_x_row  # [BLOCK_M, 1]
+    a_cols = a_ptr + slot.to(tl.int64) * stride_a_slot + offs_n[None, :] * stride_a_rank  # [1, BLOCK_N]
+
+    k_begin = k_split * k_per_split
+    k_end = tl.minimum(k_begin + k_per_split, in_features)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k in range(k_begin, k_end, BLOCK_K):
+        offs_k = k + tl.arange(0, BLOCK_K)
+        k_mask = offs_k < k_end
+        x_tile = tl.load(x_rows + offs_k[None, :] * stride_x_col,
+                         mask=row_mask[:, None] & k_mask[None, :], other=0.0)  # [BLOCK_M, BLOCK_K]
+        a_tile = tl.load(a_cols + offs_k[:, None] * stride_a_col,
+                         mask=k_mask[:, None] & rank_mask[None, :], other=0.0)  # [BLOCK_K, BLOCK_N]
+        # "ieee" keeps fp32 inputs exact (no TF32); fp16/bf16 inputs ignore it.
+        acc += tl.dot(x_tile, a_tile, input_precision="ieee")
+
+    target = (target_ptr + k_split * stride_t_split + slice_id * stride_t_slice
+              + rows[:, None] * stride_t_row + offs_n[None, :] * stride_t_col)
+    tl.store(target, acc.to(target_ptr.dtype.element_ty), mask=row_mask[:, None] & rank_mask[None, :])
+
+
+@triton.jit
+def _sgmv_shrink_reduce_kernel(
+    partial_ptr,  # [SPLIT_K, num_slices, T, max_rank] fp32
+    out_ptr,  # [num_slices, T, max_rank]
+    sorted_token_ids_ptr, segment_starts_ptr, segment_lens_ptr, active_slots_ptr, slot_ranks_ptr,
+    stride_p_split, stride_p_slice, stride_p_row,
+    stride_o_slice, stride_o_row,
+    SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    m_tile = tl.program_id(0)
+    slice_id = tl.program_id(1)
+    segment = tl.program_id(2)
+    segment_len = tl.load(segment_lens_ptr + segment)
+    m_start = m_tile * BLOCK_M
+    if m_start >= segment_len:
+        return
+    rank = tl.load(slot_ranks_ptr + tl.load(active_slots_ptr + segment))
+    rows, row_mask = _segment_tile_rows(sorted_token_ids_ptr, segment_starts_ptr, segment, m_start,
+                                        segment_len, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    mask = row_mask[:, None] & (offs_n < rank)[None, :]
+    partial = partial_ptr + slice_id * stride_p_slice + rows[:, None] * stride_p_row + offs_n[None, :]
+    total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for k_split in range(SPLIT_K):
+        total += tl.load(partial + k_split * stride_p_split, mask=mask, other=0.0)
+    out = out_ptr + slice_id * stride_o_slice + rows[:, None] * stride_o_row + offs_n[None, :]
+    tl.store(out, total.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+# Triton turns an int argument equal to 1 into a compile-time constant; _select_slice needs the
+# per-slice values to share one runtime type.
+@triton.jit(do_not_specialize=["out_features0", "out_features1", "out_features2",
+                               "col_offset0", "col_offset1", "col_offset2"])
+def _sgmv_expand_kernel(
+    y_ptr,  # [num_slices, T, max_rank]
+    b0_ptr, b1_ptr, b2_ptr,  # per slice: [S, out_features_i, max_rank]
+    base_out_ptr,  # [T, sum(out_features_i)]
+    out_features0, out_features1, out_features2,
+    col_offset0, col_offset1, col_offset2,
+    sorted_token_ids_ptr, segment_starts_ptr, segment_lens_ptr, active_slots_ptr, slot_ranks_ptr,
+    max_rank, n_tiles,
+    stride_y_slice, stride_y_row,
+    stride_o_row,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    pid_mn = tl.program_id(0)
+    slice_id = tl.program_id(1)
+    segment = tl.program_id(2)
+    m_tile = pid_mn // n_tiles
+    n_tile = pid_mn % n_tiles
+    out_features = _select_slice(slice_id, out_features0, out_features1, out_features2)
+
+    segment_len = tl.load(segment_lens_ptr + segment)
+    m_start = m_tile * BLOCK_M
+    n_start = n_tile * BLOCK_N
+    if (m_start >= segment_len) | (n_start >= out_features):
+        return
+    slot = tl.load(active_slots_ptr + segment)
+    rank = tl.load(slot_ranks_ptr + slot)
+    rows, row_mask = _segment_tile_rows(sorted_token_ids_ptr, segment_starts_ptr, segment, m_start,
+                                        segment_len, BLOCK_M)
+
+    b_ptr = _select_slice(slice_id, b0_ptr, b1_ptr, b2_ptr)
+    col_offset = _select_slice(slice_id, col_offset0, col_offset1, col_offset2)
+    offs_n = n_start + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    n_mask = offs_n < out_features
+    k_mask = offs_k < rank
+
+    y_tile = tl.load(y_ptr + slice_id * stride_y_slice + rows[:, None] * stride_y_row + offs_k[None, :],
+                     mask=row_mask[:, None] & k_mask[None, :], other=0.0)  # [BLOCK_M, BLOCK_K]
+    # lora_b[i] is contiguous, so slot s starts out_features * max_rank elements after slot s-1.
+    b_slot = b_ptr + slot.to(tl.int64) * out_features * max_rank
+    b_tile = tl.load(b_slot + offs_n[None, :] * max_rank + offs_k[:, None],
+                     mask=k_mask[:, None] & n_mask[None, :], other=0.0)  # [BLOCK_K, BLOCK_N]
+    delta = tl.dot(y_tile, b_tile, input_precision="ieee")  # [BLOCK_M, BLOCK_N] fp32
+
+    out = base_out_ptr + rows[:, None] * stride_o_row + (col_offset + offs_n)[None, :]
+    mask = row_mask[:, None] & n_mask[None, :]
+    current = tl.load(out, mask=mask, other=0.0)
+    tl.store(out, (current.to(tl.float32) + delta).to(base_out_ptr.dtype.element_ty), mask=mask)
+
+
+def _rank_block(max_rank: int) -> int:
+    """Tile width covering every rank in the batch; the expand's tl.dot needs K >= 16 for 16-bit inputs."""
+    return max(16, triton.next_power_of_2(max_rank))
+
+
+def _row_tiles(meta: SGMVMetadata) -> int:
+    """BLOCK_M tiles of the longest segment: the grid's row extent."""
+    return triton.cdiv(max(meta.segment_lens_host), BLOCK_M)
+
+
+def _check_metadata(meta: SGMVMetadata, device: torch.device) -> None:
+    for name in ("sorted_token_ids", "segment_starts", "segment_lens", "active_slots", "slot_ranks"):
+        tensor = getattr(meta, name)
+        assert tensor.dtype == torch.int32 and tensor.device == device and tensor.is_contiguous(), (
+            f"SGMVMetadata.{name} must be a contiguous int32 tensor on {device}; "
+            f"got {tensor.dtype} on {tensor.device}")
+
+
+def _check_slices(name: str, weights: list[torch.Tensor], activations: torch.Tensor) -> None:
+    assert 1 <= len(weights) <= MAX_SLICES, (
+        f"{name}: 1 to {MAX_SLICES} slices per launch, got {len(weights)}; split the call into groups")
+    for i, weight in enumerate(weights):
+        assert weight.dim() == 3 and weight.is_contiguous(), (
+            f"{name}[{i}] must be a contiguous [slots, ., .] tensor; got shape {tuple(weight.shape)}")
+        assert weight.dtype == activations.dtype and weight.device == activations.device, (
+            f"{name}[{i}] is {weight.dtype} on {weight.device} but the activations are "
+            f"{activations.dtype} on {activations.device}: keep LoRA weights in the activation dtype")
+        assert weight.shape[0] == weights[0].shape[0], f"{name}[{i}] has a different number of slots"
+
+
+def choose_split_k(num_row_tiles: int, num_segments: int, num_slices: int, in_features: int) -> int:
+    """K splits for the shrink: enough programs to fill the GPU, at least one K step per split."""
+    programs = max(1, num_row_tiles * num_segments * num_slices)
+    k_steps = triton.cdiv(in_features, SHRINK_BLOCK_K)
+    return max(1, min(MAX_SPLIT_K, k_steps, TARGET_PROGRAMS // programs))
+
+
+def sgmv_shrink(
+    x: torch.Tensor,  # [T, in_features]
+    lora_a: list[torch.Tensor],  # per slice: [S, max_rank, in_features]
+    meta: SGMVMetadata,
+    out: torch.Tensor,  # [num_slices, T, max_rank]; rows of base tokens are left untouched
+    *,
+    split_k: int | None = None,  # None: choose_split_k's heuristic
+) -> None:
+    """LoRA down-projection of every adapter token, all slices in one launch.
+
+    for each segment a (slot s, rank r), token t in it, slice i:
+        out[i, t, :r] = x[t] @ lora_a[i][s, :r].T
+    Everything else in out is left as it was.
+
+    With split_k > 1 the K (in_features) loop is cut into split_k ranges run by separate
+    programs; their fp32 partial sums go to a workspace and a second kernel adds them, which
+    keeps the result deterministic and lets out have any float dtype.
+    """
+    num_tokens, in_features = x.shape
+    _check_slices("lora_a", lora_a, x)
+    num_slots, max_rank, a_in = lora_a[0].shape
+    assert all(a.shape == lora_a[0].shape for a in lora_a), "lora_a: every slice must have the same shape"
+    assert a_in == in_features, f"lora_a has in_features {a_in}, x has {in_features}"
+    assert out.shape == (len(lora_a), num_tokens, max_rank), (
+        f"out must be [num_slices={len(lora_a)}, T={num_tokens}, max_rank={max_rank}]; got {tuple(out.shape)}")
+    assert out.is_contiguous() and out.device == x.device, "out must be contiguous and on x's device"
+    assert len(meta.slot_ranks_host) == num_slots, (
+        f"SGMVMetadata.slot_ranks has {len(meta.slot_ranks_host)} slots, lora_a has {num_slots}")
+    _check_metadata(meta, x.device)
+    if meta.num_segments == 0:
+        return  # base-only step: nothing to do, launch nothing
+
+    num_slices = len(lora_a)
+    row_tiles = _row_tiles(meta)
+    if split_k is None:
+        split_k = choose_split_k(row_tiles, meta.num_segments, num_slices, in_features)
+    assert split_k >= 1, f"split_k must be >= 1, got {split_k}"
+    # Whole BLOCK_K steps per split, so only the last split sees a ragged end.
+    k_per_split = triton.cdiv(triton.cdiv(in_features, split_k), SHRINK_BLOCK_K) * SHRINK_BLOCK_K
+    target = (out.unsqueeze(0) if split_k == 1 else
+              torch.empty((split_k, num_slices, num_tokens, max_rank), dtype=torch.float32, device=x.device))
+    slices = lora_a + [lora_a[0]] * (MAX_SLICES - num_slices)
+    block_n = _rank_block(max_rank)
+    _sgmv_shrink_kernel[(row_tiles * split_k, num_slices, meta.num_segments)](
+        x, *slices, target,
+        meta.sorted_token_ids, meta.segment_starts, meta.segment_lens, meta.active_slots, meta.slot_ranks,
+        in_features, k_per_split,
+        x.stride(0), x.stride(1),
+        *lora_a[0].stride(),
+        *target.stride(),
+        SPLIT_K=split_k, BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_K=SHRINK_BLOCK_K,
+    )
+    if split_k > 1:
+        _sgmv_shrink_reduce_kernel[(row_tiles, num_slices, meta.num_segments)](
+            target, out,
+            meta.sorted_token_ids, meta.segment_starts, meta.segment_lens, meta.active_slots, meta.slot_ranks,
+            target.stride(0), target.stride(1), target.stride(2),
+            out.stride(0), out.stride(1),
+            SPLIT_K=split_k, BLOCK_M=BLOCK_M, BLOCK_N=block_n,
+        )
+
+
+def sgmv_expand(
+    y: torch.Tensor,  # [num_slices, T, max_rank] from sgmv_shrink
+    lora_b: list[torch.Tensor],  # per slice: [S, out_features_i, max_rank], lora scaling folded in
+    meta: SGMVMetadata,
+    base_out: torch.Tensor,  # [T, sum(out_features_i)], updated in place
+    slice_offsets: list[int],  # [num_slices + 1] column offsets of each slice in base_out
+) -> None:
+    """LoRA up-projection added into the base layer's output, all slices in one launch.
+
+    for each segment a (slot s, rank r), token t in it, slice i:
+        base_out[t, off_i:off_{i+1}] += y[i, t, :r] @ lora_b[i][s, :, :r].T
+    K is the rank (at most a few dozen), so there is no K split: one program owns one
+    BLOCK_M x BLOCK_N tile of base_out and adds into it without atomics.
+    """
+    num_slices, num_tokens, max_rank = y.shape
+    _check_slices("lora_b", lora_b, y)
+    assert len(lora_b) == num_slices, f"y has {num_slices} slices, lora_b has {len(lora_b)}"
+    assert y.is_contiguous(), "y must be contiguous"
+    assert len(slice_offsets) == num_slices + 1, (
+        f"slice_offsets must have num_slices + 1 = {num_slices + 1} entries, got {len(slice_offsets)}")
+    out_features = [b.shape[1] for b in lora_b]
+    for i, b in enumerate(lora_b):
+        assert b.shape[2] == max_rank, f"lora_b[{i}] has max_rank {b.shape[2]}, y has {max_rank}"
+        assert slice_offsets[i + 1] - slice_offsets[i] == out_features[i], (
+            f"slice_offsets[{i}:{i + 2}] spans {slice_offsets[i + 1] - slice_offsets[i]} columns but "
+            f"lora_b[{i}] has {out_features[i]} output features")
+    assert base_out.dim() == 2 and base_out.shape[0] == num_tokens and base_out.shape[1] >= slice_offsets[-1], (
+        f"base_out must be [T={num_tokens}, >= {slice_offsets[-1]} columns]; got {tuple(base_out.shape)}")
+    assert base_out.stride(1) == 1 and base_out.device == y.device, (
+        "base_out must have contiguous rows and live on y's device")
+    assert len(meta.slot_ranks_host) == lora_b[0].shape[0], (
+        f"SGMVMetadata.slot_ranks has {len(meta.slot_ranks_host)} slots, lora_b has {lora_b[0].shape[0]}")
+    _check_metadata(meta, y.device)
+    if meta.num_segments == 0:
+        return  # base-only step: base_out stays as the base layer wrote it
+
+    n_tiles = triton.cdiv(max(out_features), EXPAND_BLOCK_N)
+    padding = MAX_SLICES - num_slices
+    _sgmv_expand_kernel[(_row_tiles(meta) * n_tiles, num_slices, meta.num_segments)](
+        y, *(lora_b + [lora_b[0]] * padding), base_out,
+        *(out_features + [0] * padding),
+        *(slice_offsets[:num_slices] + [0] * padding),
+        meta.sorted_token_ids, meta.segment_starts, meta.segment_lens, meta.active_slots, meta.slot_ranks,
+        max_rank, n_tiles,
+        y.stride(0), y.stride(1),
+        base_out.stride(0),
+        BLOCK_M=BLOCK_M, BLOCK_N=EXPAND_BLOCK_N, BLOCK_K=_rank_block(max_rank),
+    )

@@ -1,0 +1,74 @@
+"""Adapter popularity mixes and SGMV metadata for the kernel tests.
+
+A mix assigns each flat-batch token an adapter slot (-1 = base); `sgmv_metadata` groups the
+tokens into segments the way the model runner does, independently of engine code.
+"""
+from __future__ import annotations
+
+import torch
+
+from loraloom.kernels.metadata import SGMVMetadata
+
+# Ranks mixed in one batch; slot 5 stays empty (rank 0) and is never used.
+SLOT_RANKS = [8, 64, 16, 8, 64, 0]
+MAX_RANK = 64
+LOADED_SLOTS = [slot for slot, rank in enumerate(SLOT_RANKS) if rank > 0]
+
+
+def _decode_mix(num_tokens: int, weights: list[float], base_share: float, seed: int) -> list[int]:
+    """One token per request, slots drawn by popularity weights, a share of base requests."""
+    generator = torch.Generator().manual_seed(seed)
+    slots = torch.multinomial(torch.tensor(weights), num_tokens, replacement=True, generator=generator)
+    is_base = torch.rand(num_tokens, generator=generator) < base_share
+    return [-1 if base else LOADED_SLOTS[int(slot)] for slot, base in zip(slots, is_base)]
+
+
+def adapter_mix(name: str, num_tokens: int, seed: int) -> list[int]:
+    """token -> slot for one of the named popularity mixes."""
+    count = len(LOADED_SLOTS)
+    if name == "all_distinct":
+        # Every adapter token its own segment; the rest of the batch is base.
+        return [LOADED_SLOTS[t] if t < count else -1 for t in range(num_tokens)]
+    if name == "uniform":
+        return _decode_mix(num_tokens, [1.0] * count, base_share=0.2, seed=seed)
+    if name == "zipf":
+        return _decode_mix(num_tokens, [1.0 / (k + 1) ** 1.1 for k in range(count)], base_share=0.1, seed=seed)
+    if name == "one_adapter":
+        return [LOADED_SLOTS[1]] * num_tokens
+    if name == "all_base":
+        return [-1] * num_tokens
+    if name == "skewed":
+        # A long prefill of one adapter (several row tiles, an odd tail) next to one-token
+        # segments of every other adapter, in scrambled batch order.
+        single = [LOADED_SLOTS[k] for k in range(1, count)]
+        slots = single + [-1, -1] + [LOADED_SLOTS[0]] * (num_tokens - len(single) - 2)
+        order = torch.randperm(num_tokens, generator=torch.Generator().manual_seed(seed))
+        return [slots[i] for i in order]
+    raise ValueError(f"unknown adapter mix {name!r}")
+
+
+MIXES = ["all_distinct", "uniform", "zipf", "one_adapter", "all_base", "skewed"]
+
+
+def sgmv_metadata(token_slots: list[int], slot_ranks: list[int]) -> SGMVMetadata:
+    """Segments in ascending slot order, batch order inside a segment; no segments if all base."""
+    active = sorted({slot for slot in token_slots if slot >= 0})
+    sorted_rows = [row for slot in active for row, s in enumerate(token_slots) if s == slot]
+    lens = [token_slots.count(slot) for slot in active]
+    starts = [sum(lens[:a]) for a in range(len(lens))]
+
+    def int32(values: list[int]) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.int32)
+
+    return SGMVMetadata(
+        token_to_slot=int32(token_slots),
+        sorted_token_ids=int32(sorted_rows),
+        segment_starts=int32(starts),
+        segment_lens=int32(lens),
+        active_slots=int32(active),
+        slot_ranks=int32(slot_ranks),
+        segment_starts_host=starts,
+        segment_lens_host=lens,
+        active_slots_host=active,
+        slot_ranks_host=list(slot_ranks),
+    )

@@ -1,0 +1,132 @@
+"""Triton SGMV shrink/expand (interpreted on the CPU) against kernels/reference.py in fp64.
+
+Weights and activations carry NaN wherever a slot's rank ends, so any read past a slot's own
+rank poisons the result; out and base_out start from known values, so rows and columns the
+kernels must leave alone are checked too.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from loraloom.kernels import reference, sgmv
+from sgmv_cases import MAX_RANK, MIXES, SLOT_RANKS, adapter_mix, sgmv_metadata
+
+NUM_TOKENS = 40
+IN_FEATURES = 200  # not a multiple of the 64-wide K step
+OUT_FEATURES = [72, 24, 40]  # q/k/v-like slices, none a multiple of the 64-wide N tile
+TOLERANCES = {torch.float32: dict(atol=1e-4, rtol=1e-4), torch.float16: dict(atol=4e-3, rtol=4e-3)}
+
+
+def nan_past_rank(weight: torch.Tensor, rank_dim: int) -> torch.Tensor:
+    """Fill each slot's rows/columns beyond its rank with NaN."""
+    for slot, rank in enumerate(SLOT_RANKS):
+        weight[slot].narrow(rank_dim - 1, rank, MAX_RANK - rank).fill_(float("nan"))
+    return weight
+
+
+def lora_a_slices(num_slices: int, dtype: torch.dtype, generator: torch.Generator) -> list[torch.Tensor]:
+    slots = len(SLOT_RANKS)
+    weights = [torch.randn(slots, MAX_RANK, IN_FEATURES, generator=generator) / IN_FEATURES ** 0.5
+               for _ in range(num_slices)]
+    return [nan_past_rank(w.to(dtype), rank_dim=1) for w in weights]  # [S, R, in]
+
+
+def lora_b_slices(dtype: torch.dtype, generator: torch.Generator) -> list[torch.Tensor]:
+    weights = [torch.randn(len(SLOT_RANKS), out, MAX_RANK, generator=generator) / MAX_RANK ** 0.5
+               for out in OUT_FEATURES]
+    return [nan_past_rank(w.to(dtype), rank_dim=2) for w in weights]  # [S, out_i, R]
+
+
+def fp64(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    return [t.double() for t in tensors]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("mix", MIXES)
+def test_shrink_matches_reference(mix: str, dtype: torch.dtype) -> None:
+    generator = torch.Generator().manual_seed(1)
+    meta = sgmv_metadata(adapter_mix(mix, NUM_TOKENS, seed=2), SLOT_RANKS)
+    x = torch.randn(NUM_TOKENS, IN_FEATURES, generator=generator).to(dtype)  # [T, in]
+    lora_a = lora_a_slices(3, dtype, generator)
+    out = torch.full((3, NUM_TOKENS, MAX_RANK), -7.0, dtype=dtype)  # [slices, T, R]
+    expected = out.double()
+    reference.sgmv_shrink(x.double(), fp64(lora_a), meta, expected)
+
+    sgmv.sgmv_shrink(x, lora_a, meta, out)
+
+    torch.testing.assert_close(out.double(), expected, **TOLERANCES[dtype])
+
+
+@pytest.mark.parametrize("split_k", [1, 2, 3])
+def test_shrink_split_k_paths_agree(split_k: int) -> None:
+    """Direct store (split_k 1), an even split and one whose last split has no K steps (200 = 64 + 64 + 72)."""
+    generator = torch.Generator().manual_seed(3)
+    meta = sgmv_metadata(adapter_mix("skewed", NUM_TOKENS, seed=4), SLOT_RANKS)
+    x = torch.randn(NUM_TOKENS, IN_FEATURES, generator=generator)
+    lora_a = lora_a_slices(2, torch.float32, generator)
+    out = torch.full((2, NUM_TOKENS, MAX_RANK), 3.0)
+    expected = out.double()
+    reference.sgmv_shrink(x.double(), fp64(lora_a), meta, expected)
+
+    sgmv.sgmv_shrink(x, lora_a, meta, out, split_k=split_k)
+
+    torch.testing.assert_close(out.double(), expected, **TOLERANCES[torch.float32])
+
+
+def test_split_k_heuristic_splits_decode_not_long_prefill() -> None:
+    assert sgmv.choose_split_k(num_row_tiles=1, num_segments=4, num_slices=3, in_features=4096) > 1
+    assert sgmv.choose_split_k(num_row_tiles=256, num_segments=2, num_slices=3, in_features=4096) == 1
+    assert sgmv.choose_split_k(num_row_tiles=1, num_segments=1, num_slices=1, in_features=100) == 2  # K steps cap it
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("mix", MIXES)
+def test_expand_matches_reference(mix: str, dtype: torch.dtype) -> None:
+    generator = torch.Generator().manual_seed(5)
+    token_slots = adapter_mix(mix, NUM_TOKENS, seed=6)
+    meta = sgmv_metadata(token_slots, SLOT_RANKS)
+    y = torch.randn(3, NUM_TOKENS, MAX_RANK, generator=generator)  # [slices, T, R]
+    for row, slot in enumerate(token_slots):
+        y[:, row, SLOT_RANKS[slot] if slot >= 0 else 0:] = float("nan")  # shrink leaves these unwritten
+    y = y.to(dtype)
+    lora_b = lora_b_slices(dtype, generator)
+    offsets = [0, OUT_FEATURES[0], OUT_FEATURES[0] + OUT_FEATURES[1], sum(OUT_FEATURES)]
+    base_out = torch.randn(NUM_TOKENS, sum(OUT_FEATURES), generator=generator).to(dtype)  # [T, out]
+    expected = base_out.double()
+    reference.sgmv_expand(y.double(), fp64(lora_b), meta, expected, offsets)
+
+    sgmv.sgmv_expand(y, lora_b, meta, base_out, offsets)
+
+    torch.testing.assert_close(base_out.double(), expected, **TOLERANCES[dtype])
+
+
+def test_single_slice_shrink_then_expand_is_the_lora_delta() -> None:
+    """One slice (o_proj-like) end to end against x @ A.T @ B.T per token, written from the definition."""
+    generator = torch.Generator().manual_seed(7)
+    token_slots = adapter_mix("zipf", NUM_TOKENS, seed=8)
+    meta = sgmv_metadata(token_slots, SLOT_RANKS)
+    x = torch.randn(NUM_TOKENS, IN_FEATURES, generator=generator)
+    lora_a = lora_a_slices(1, torch.float32, generator)
+    lora_b = [lora_b_slices(torch.float32, generator)[0]]
+    base_out = torch.randn(NUM_TOKENS, OUT_FEATURES[0], generator=generator)
+    expected = base_out.double().clone()
+    for row, slot in enumerate(token_slots):
+        if slot >= 0:
+            rank = SLOT_RANKS[slot]
+            a, b = lora_a[0][slot, :rank].double(), lora_b[0][slot, :, :rank].double()
+            expected[row] += b @ (a @ x[row].double())
+
+    shrunk = torch.zeros(1, NUM_TOKENS, MAX_RANK)
+    sgmv.sgmv_shrink(x, lora_a, meta, shrunk)
+    sgmv.sgmv_expand(shrunk, lora_b, meta, base_out, [0, OUT_FEATURES[0]])
+
+    torch.testing.assert_close(base_out.double(), expected, **TOLERANCES[torch.float32])
+
+
+def test_rejects_weights_in_another_dtype() -> None:
+    meta = sgmv_metadata([0] * 4, SLOT_RANKS)
+    x = torch.randn(4, IN_FEATURES)
+    lora_a = [torch.zeros(len(SLOT_RANKS), MAX_RANK, IN_FEATURES, dtype=torch.float16)]
+    with pytest.raises(AssertionError, match="lora_a"):
+        sgmv.sgmv_shrink(x, lora_a, meta, torch.zeros(1, 4, MAX_RANK))
