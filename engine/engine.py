@@ -28,6 +28,7 @@ from loraloom.engine.sampler import make_generator
 from loraloom.engine.scheduler import Scheduler
 from loraloom.engine.stop import StopStringMatcher, check_stop
 from loraloom.engine.tokenizer import Tokenizer
+from loraloom.kernels.backend import get_backend
 
 HOST_ADAPTER_CACHE_SIZE = 64
 
@@ -50,15 +51,17 @@ class LLMEngine:
         self.model_config = ModelConfig.from_dir(self.model_dir)
         self.tokenizer = Tokenizer.from_dir(self.model_dir)
         self.max_model_len = config.resolved_max_model_len(self.model_config)
-        model = load_model(self.model_dir, getattr(torch, config.dtype), torch.device(config.device))
+        device = torch.device(config.device)
+        kernels = get_backend(device)
+        model = load_model(self.model_dir, getattr(torch, config.dtype), device, kernels)
         lora_pool = LoRASlotPool(
             model_config=self.model_config,
             num_slots=config.max_loras,
             max_rank=config.max_lora_rank,
             dtype=getattr(torch, config.dtype),
-            device=torch.device(config.device),
+            device=device,
         )
-        attach_lora(model, lora_pool)
+        attach_lora(model, lora_pool, kernels)
         self.runner = ModelRunner(model=model, model_config=self.model_config, config=config, lora_pool=lora_pool)
         self.block_manager = BlockManager(config.num_kv_blocks, config.block_size, config.enable_prefix_caching)
         self.slot_table = AdapterSlotTable(config.max_loras)

@@ -15,7 +15,8 @@ import torch
 from safetensors.torch import load_file
 
 from loraloom.engine.config import ModelConfig
-from loraloom.engine.model import REFERENCE_ATTENTION, AttentionBackend, LlamaModel
+from loraloom.engine.model import LlamaModel
+from loraloom.kernels.backend import REFERENCE_BACKEND, KernelBackend
 
 SINGLE_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
@@ -135,7 +136,7 @@ def load_model(
     model_dir: str | Path,
     dtype: torch.dtype,
     device: torch.device | str,
-    attention: AttentionBackend = REFERENCE_ATTENTION,
+    attention: KernelBackend = REFERENCE_BACKEND,
 ) -> LlamaModel:
     """A LlamaModel built from model_dir/config.json, with the checkpoint's weights cast to `dtype`."""
     config = ModelConfig.from_dir(model_dir)

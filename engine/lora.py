@@ -8,8 +8,6 @@ of a step, and the Llama forward (engine/model.py) stays LoRA-free.
 """
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -17,7 +15,7 @@ from torch import nn
 from loraloom.engine.config import ModelConfig
 from loraloom.engine.layers import Linear
 from loraloom.engine.lora_weights import AdapterLoadError, AdapterWeights, load_adapter_weights, lora_module_shapes
-from loraloom.kernels import reference
+from loraloom.kernels.backend import REFERENCE_BACKEND, KernelBackend
 from loraloom.kernels.metadata import SGMVMetadata
 
 __all__ = [
@@ -26,8 +24,6 @@ __all__ = [
     "LoRALinear",
     "LoRASlotPool",
     "PACKED_MODULES",
-    "REFERENCE_SGMV",
-    "SGMVBackend",
     "attach_lora",
     "build_sgmv_metadata",
     "load_adapter_weights",
@@ -40,17 +36,6 @@ PACKED_MODULES: dict[str, tuple[str, ...]] = {
     "mlp.gate_up_proj": ("gate_proj", "up_proj"),
     "mlp.down_proj": ("down_proj",),
 }
-
-
-@dataclass(frozen=True)
-class SGMVBackend:
-    """The shrink/expand pair LoRALinear calls, with the signatures of kernels/reference.py."""
-
-    shrink: Callable[[torch.Tensor, list[torch.Tensor], SGMVMetadata, torch.Tensor], None]
-    expand: Callable[[torch.Tensor, list[torch.Tensor], SGMVMetadata, torch.Tensor, list[int]], None]
-
-
-REFERENCE_SGMV = SGMVBackend(reference.sgmv_shrink, reference.sgmv_expand)
 
 
 class LoRASlotPool:
@@ -116,7 +101,7 @@ class LoRALinear(nn.Module):
         base: Linear,
         lora_a: list[torch.Tensor],  # per slice: [S, R, in] (views of the pool's stacks)
         lora_b: list[torch.Tensor],  # per slice: [S, out_slice, R]
-        sgmv: SGMVBackend,
+        sgmv: KernelBackend,
     ) -> None:
         super().__init__()
         if len(lora_a) != len(base.slice_sizes) or len(lora_b) != len(base.slice_sizes):
@@ -147,12 +132,12 @@ class LoRALinear(nn.Module):
         max_rank = self.lora_a[0].shape[1]
         # Zeroed, not empty: a kernel may read the rank padding, and 0 * NaN would poison the sum.
         shrunk = torch.zeros(len(self.lora_a), x.shape[0], max_rank, dtype=self.lora_a[0].dtype, device=x.device)
-        self.sgmv.shrink(x, self.lora_a, lora, shrunk)  # shrunk: [num_slices, T, R]
-        self.sgmv.expand(shrunk, self.lora_b, lora, out, self.slice_offsets)
+        self.sgmv.sgmv_shrink(x, self.lora_a, lora, shrunk)  # shrunk: [num_slices, T, R]
+        self.sgmv.sgmv_expand(shrunk, self.lora_b, lora, out, self.slice_offsets)
         return out
 
 
-def attach_lora(model: nn.Module, pool: LoRASlotPool, sgmv: SGMVBackend = REFERENCE_SGMV) -> None:
+def attach_lora(model: nn.Module, pool: LoRASlotPool, sgmv: KernelBackend = REFERENCE_BACKEND) -> None:
     """Replace the four projections of every decoder layer by LoRALinear wrappers over the pool's stacks."""
     if len(model.layers) != pool.num_layers:
         raise ValueError(f"attach_lora: the model has {len(model.layers)} layers but the pool was built for "

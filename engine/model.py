@@ -8,8 +8,6 @@ LoRA and FP8 are not here: they replace the `Linear` modules by name
 """
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -17,25 +15,14 @@ from torch import nn
 
 from loraloom.engine.config import ModelConfig
 from loraloom.engine.layers import Embedding, Linear, RMSNorm, RotaryEmbedding, apply_rotary
-from loraloom.kernels import reference
+from loraloom.kernels.backend import REFERENCE_BACKEND, KernelBackend
 from loraloom.kernels.metadata import AttentionMetadata, SGMVMetadata
 
 KVCache = tuple[torch.Tensor, torch.Tensor]  # (k_cache, v_cache), each [num_blocks, block_size, KVH, D]
 
 
-@dataclass(frozen=True)
-class AttentionBackend:
-    """The two cache operations of attention, with the signatures of kernels/reference.py."""
-
-    write_kv_cache: Callable[..., None]
-    paged_attention: Callable[..., torch.Tensor]
-
-
-REFERENCE_ATTENTION = AttentionBackend(reference.write_kv_cache, reference.paged_attention)
-
-
 class LlamaAttention(nn.Module):
-    def __init__(self, config: ModelConfig, backend: AttentionBackend, dtype: torch.dtype, device: torch.device | str):
+    def __init__(self, config: ModelConfig, backend: KernelBackend, dtype: torch.dtype, device: torch.device | str):
         super().__init__()
         self.num_heads = config.num_heads
         self.num_kv_heads = config.num_kv_heads
@@ -79,7 +66,7 @@ class LlamaMLP(nn.Module):
 
 
 class LlamaDecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, backend: AttentionBackend, dtype: torch.dtype, device: torch.device | str):
+    def __init__(self, config: ModelConfig, backend: KernelBackend, dtype: torch.dtype, device: torch.device | str):
         super().__init__()
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, device)
         self.self_attn = LlamaAttention(config, backend, dtype, device)
@@ -106,7 +93,7 @@ class LlamaModel(nn.Module):
         config: ModelConfig,
         dtype: torch.dtype,
         device: torch.device | str,
-        attention: AttentionBackend = REFERENCE_ATTENTION,
+        attention: KernelBackend = REFERENCE_BACKEND,
     ):
         super().__init__()
         self.config = config

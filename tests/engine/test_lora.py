@@ -16,7 +16,6 @@ from loraloom.engine.config import ModelConfig
 from loraloom.engine.layers import Linear
 from loraloom.engine.loader import load_model
 from loraloom.engine.lora import (
-    REFERENCE_SGMV,
     AdapterLoadError,
     LoRALinear,
     LoRASlotPool,
@@ -26,6 +25,7 @@ from loraloom.engine.lora import (
 )
 from loraloom.engine.lora_weights import ADAPTER_WEIGHTS_FILE
 from loraloom.engine.model import allocate_kv_cache
+from loraloom.kernels.backend import REFERENCE_BACKEND
 from loraloom.kernels.metadata import AttentionMetadata
 
 ALL_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -202,7 +202,7 @@ def test_lora_linear_matches_fp64_loop():
         for slot, rank in enumerate(slot_ranks):
             a[slot, :rank] = torch.randn(rank, in_features, generator=gen, dtype=torch.float64)
             b[slot, :, :rank] = torch.randn(b.shape[1], rank, generator=gen, dtype=torch.float64)
-    layer = LoRALinear(base, lora_a, lora_b, REFERENCE_SGMV)
+    layer = LoRALinear(base, lora_a, lora_b, REFERENCE_BACKEND)
     token_slots = [1, -1, 0, 1, 0, -1, 1]
     x = torch.randn(len(token_slots), in_features, generator=gen, dtype=torch.float64)
 

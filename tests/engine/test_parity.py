@@ -59,22 +59,26 @@ def reference_greedy(model_dir, adapters, prompts, assignment):
     results = []
     with torch.inference_mode():
         for prompt, which in zip(prompts, assignment):
-            ids = torch.tensor([prompt])
-            kwargs = dict(max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False,
-                          output_scores=True, return_dict_in_generate=True, pad_token_id=0)
             if which is None:
                 with model.disable_adapter():
-                    out = model.generate(input_ids=ids, **kwargs)
+                    results.append(_greedy_with_gaps(model, prompt))
             else:
                 model.set_adapter(adapters[which].name)
-                out = model.generate(input_ids=ids, **kwargs)
-            tokens = out.sequences[0, len(prompt):].tolist()
-            gaps = []
-            for scores in out.scores:
-                top2 = torch.topk(scores[0].float(), 2).values
-                gaps.append(float(top2[0] - top2[1]))
-            results.append((tokens, gaps))
+                results.append(_greedy_with_gaps(model, prompt))
     return results
+
+
+def _greedy_with_gaps(model, prompt: list[int]) -> tuple[list[int], list[float]]:
+    """Plain greedy decoding on raw logits (HF's generate would mask EOS under min_new_tokens)."""
+    tokens, gaps = [], []
+    out = model(input_ids=torch.tensor([prompt]), use_cache=True)
+    for _ in range(NEW_TOKENS):
+        logits = out.logits[0, -1].float()
+        top2 = torch.topk(logits, 2)
+        tokens.append(int(top2.indices[0]))
+        gaps.append(float(top2.values[0] - top2.values[1]))
+        out = model(input_ids=torch.tensor([[tokens[-1]]]), past_key_values=out.past_key_values, use_cache=True)
+    return tokens, gaps
 
 
 def test_mixed_batch_greedy_matches_peft(model_dir, adapters):
