@@ -47,7 +47,7 @@ def chat_prompts(engine: LLMEngine, count: int, seed: int) -> list[list[int]]:
         topic = rng.choice(TOPICS)
         detail = rng.choice(["in simple words", "with one example", "briefly, in two sentences", "for a ten year old"])
         messages = [
-            {"role": "system", "content": "You are a concise assistant."},
+            {"role": "system", "content": "You are a concise, friendly assistant. Answer accurately, avoid jargon, and keep every answer short."},
             {"role": "user", "content": f"Please explain {topic} {detail}."},
         ]
         prompts.append(engine.tokenizer.encode(engine.tokenizer.apply_chat_template(messages), add_special_tokens=False))
@@ -107,31 +107,31 @@ def host_overhead(model_dir, adapters_root: Path, requests: int, num_adapters: i
                           max_num_batched_tokens=max(2048, requests * 16), num_kv_blocks=requests * 4)
     engine = LLMEngine(model_dir, config)
     model = engine.runner.model
-    forward_time = [0.0]
-    inner_forward = model.forward
+    model_time = [0.0]
 
-    def timed_forward(*args):
-        start = time.perf_counter()
-        result = inner_forward(*args)
-        forward_time[0] += time.perf_counter() - start
-        return result
+    def timed(method):
+        def wrapper(*args):
+            start = time.perf_counter()
+            result = method(*args)
+            model_time[0] += time.perf_counter() - start
+            return result
+        return wrapper
 
-    model.forward = timed_forward
+    # The model's own compute (forward + lm_head) is not host overhead.
+    model.forward = timed(model.forward)
+    model.compute_logits = timed(model.compute_logits)
     params = SamplingParams(max_tokens=steps + 4, temperature=0.0, ignore_eos=True)
     for i in range(requests):
         engine.add_request(f"h{i}", [1 + (i * 7 + j) % 1000 for j in range(8)], params, adapters[i % num_adapters])
-    while engine.scheduler.num_waiting or any(  # run until every request is decoding
-        r.num_computed_tokens < r.num_prompt_tokens for r in engine.scheduler.running
-    ):
+    while engine.scheduler.num_waiting or engine.generation_tokens_total < requests:  # until all decode
         engine.step()
-    engine.step()
     totals, models = [], []
     for _ in range(steps):
-        forward_time[0] = 0.0
+        model_time[0] = 0.0
         start = time.perf_counter()
         engine.step()
         totals.append(time.perf_counter() - start)
-        models.append(forward_time[0])
+        models.append(model_time[0])
     overheads = sorted((t - m) * 1000 for t, m in zip(totals, models))
     return {"median_ms": overheads[len(overheads) // 2], "max_ms": overheads[-1],
             "model_ms": sorted(models)[len(models) // 2] * 1000, "running": engine.scheduler.num_running}

@@ -48,30 +48,29 @@ class ModelRunner:
         query_start_loc = [0]
         seq_lens: list[int] = []
         logits_rows: list[int] = []
+        block_tables: list[list[int]] = []
         for item in step.scheduled:
             request = item.request
             start = request.num_computed_tokens
             end = start + item.num_new_tokens
-            input_ids.extend(request.all_token_ids[start:end])
+            input_ids.extend(request.token_ids_between(start, end))
             positions.extend(range(start, end))
             blocks = request.block_ids
             slot_mapping.extend(blocks[pos // block_size] * block_size + pos % block_size for pos in range(start, end))
             token_slots.extend([item.slot] * item.num_new_tokens)
             query_start_loc.append(query_start_loc[-1] + item.num_new_tokens)
             seq_lens.append(end)
+            block_tables.append(blocks)
             if item.sample:
                 logits_rows.append(query_start_loc[-1] - 1)
-
-        max_blocks = max(len(item.request.block_ids) for item in step.scheduled)
-        block_tables = torch.zeros((len(step.scheduled), max_blocks), dtype=torch.int32)
-        for row, item in enumerate(step.scheduled):
-            block_tables[row, : len(item.request.block_ids)] = torch.tensor(item.request.block_ids, dtype=torch.int32)
+        max_blocks = max(len(blocks) for blocks in block_tables)
+        padded_tables = [blocks + [0] * (max_blocks - len(blocks)) for blocks in block_tables]
 
         device = self.device
         attn = AttentionMetadata(
             query_start_loc=torch.tensor(query_start_loc, dtype=torch.int32, device=device),
             seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
-            block_tables=block_tables.to(device),
+            block_tables=torch.tensor(padded_tables, dtype=torch.int32, device=device),
             slot_mapping=torch.tensor(slot_mapping, dtype=torch.int64, device=device),
             query_start_loc_host=query_start_loc,
             seq_lens_host=seq_lens,

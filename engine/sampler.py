@@ -39,6 +39,18 @@ def make_generator(seed: int | None, device: torch.device | str = "cpu") -> torc
     return generator
 
 
+def row_argmax(values: torch.Tensor) -> torch.Tensor:  # [rows, vocab] -> [rows] int64
+    """Index of each row's maximum (first one on ties).
+
+    torch's CPU argmax is not vectorized (16 ms for 256 x 49k floats here, numpy's
+    is 9x faster), and this sits on the per-step path, so the CPU path goes
+    through numpy without a copy.
+    """
+    if values.device.type != "cpu":
+        return values.argmax(dim=-1)
+    return torch.from_numpy(values.contiguous().numpy().argmax(axis=-1))
+
+
 class Sampler:
     def sample(
         self,
@@ -49,11 +61,11 @@ class Sampler:
         _check_inputs(logits, params, generators)
         random_rows = [row for row, p in enumerate(params) if not p.greedy]
         if not random_rows:
-            token_ids = logits.argmax(dim=-1)  # [num_rows]
+            token_ids = row_argmax(logits)  # [num_rows]
         elif len(random_rows) == len(params):
             token_ids = _sample_filtered(logits, params, generators)
         else:
-            token_ids = logits.argmax(dim=-1)
+            token_ids = row_argmax(logits)
             index = torch.tensor(random_rows, device=logits.device)
             token_ids[index] = _sample_filtered(
                 logits[index], [params[r] for r in random_rows], [generators[r] for r in random_rows]
@@ -109,7 +121,7 @@ def _sample_filtered(
     probs = scaled.softmax(dim=-1)  # [rows, vocab]
     # Exponential race: argmax(p_i / E_i) with E_i ~ Exp(1) picks i with probability p_i.
     noise = _exponential_noise(probs, generators)
-    return (probs / noise).argmax(dim=-1)
+    return row_argmax(probs / noise)
 
 
 def _mask_below_kth(
