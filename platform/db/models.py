@@ -1,0 +1,337 @@
+"""The control plane's tables, as typed SQLAlchemy 2.0 models.
+
+Ownership runs tenant -> adapters -> versions -> files; aliases point a name at one version
+of the same adapter. Versions are immutable once written (see _refuse_changes_to_immutable_columns);
+only their status moves (pending -> ready | failed).
+
+The two log tables (usage_records, audit_log) keep plain ids without foreign keys on
+purpose: billing and audit history must outlive the tenants, keys and adapters they mention.
+
+Any change here needs a new Alembic revision in migrations/versions; the test suite fails
+while the models and the migrated schema differ.
+"""
+from __future__ import annotations
+
+import enum
+import uuid
+from datetime import datetime, timezone
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    CheckConstraint,
+    DateTime,
+    Double,
+    Enum,
+    ForeignKey,
+    ForeignKeyConstraint,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+    event,
+    inspect,
+)
+from sqlalchemy.dialects.postgresql import JSONB
+from sqlalchemy.engine import Dialect
+from sqlalchemy.orm import DeclarativeBase, Mapped, Mapper, mapped_column, relationship
+from sqlalchemy.types import TypeDecorator
+
+# Deterministic constraint names, so migrations can address constraints on every backend
+# (SQLite's batch mode needs names to drop or alter them). Kept under PostgreSQL's 63 chars.
+NAMING_CONVENTION = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_N_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+
+def utcnow() -> datetime:
+    return datetime.now(timezone.utc)
+
+
+class UTCDateTime(TypeDecorator[datetime]):
+    """Timezone-aware UTC datetimes on every backend.
+
+    PostgreSQL keeps the offset; SQLite stores text without one, so values are normalized
+    to UTC on the way in and marked UTC on the way out. Naive datetimes are refused
+    rather than guessed at.
+    """
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError(f"datetime {value.isoformat()} has no timezone; pass an aware datetime such as utcnow()")
+        return value.astimezone(timezone.utc)
+
+    def process_result_value(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        return value.replace(tzinfo=timezone.utc) if value.tzinfo is None else value.astimezone(timezone.utc)
+
+
+# JSONB on PostgreSQL (indexable, e.g. tag containment), plain JSON text elsewhere.
+JSONDocument = JSON().with_variant(JSONB(), "postgresql")
+# 64-bit ids for append-only tables; SQLite autoincrements only an INTEGER primary key.
+BigIntId = BigInteger().with_variant(Integer(), "sqlite")
+
+
+def _enum_column(enum_class: type[enum.Enum], name: str) -> Enum:
+    # Stored as VARCHAR holding the enum's values: adding a value later needs no
+    # PostgreSQL ALTER TYPE, and the same migration runs on SQLite.
+    return Enum(
+        enum_class,
+        name=name,
+        native_enum=False,
+        length=16,
+        values_callable=lambda members: [member.value for member in members],
+    )
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+    type_annotation_map = {datetime: UTCDateTime(), dict[str, Any]: JSONDocument, list[str]: JSONDocument}
+
+
+class ApiKeyRole(str, enum.Enum):
+    admin = "admin"  # everything in the tenant, including keys
+    developer = "developer"  # manage adapters, aliases, training; run inference
+    inference = "inference"  # inference only
+
+
+class AdapterVersionStatus(str, enum.Enum):
+    pending = "pending"  # registered, files not yet uploaded or verified
+    ready = "ready"  # verified and servable
+    failed = "failed"  # verification or validation refused it; see status_detail
+
+
+class AdapterVersionSource(str, enum.Enum):
+    upload = "upload"
+    training = "training"  # training_job_id names the job
+
+
+class Tenant(Base):
+    __tablename__ = "tenants"
+
+    id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=uuid.uuid4)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    # Children are deleted with their parent by the database's ON DELETE CASCADE
+    # (passive_deletes: the ORM does not load them first).
+    api_keys: Mapped[list[ApiKey]] = relationship(
+        back_populates="tenant", cascade="all, delete-orphan", passive_deletes=True
+    )
+    adapters: Mapped[list[Adapter]] = relationship(
+        back_populates="tenant", cascade="all, delete-orphan", passive_deletes=True
+    )
+
+
+class ApiKey(Base):
+    """A bearer key. Only its sha256 is stored (see api_keys.py); `prefix` is the visible start
+    shown in listings so users can tell their keys apart."""
+
+    __tablename__ = "api_keys"
+
+    id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=uuid.uuid4)
+    tenant_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"), index=True)
+    name: Mapped[str] = mapped_column(String(128))
+    prefix: Mapped[str] = mapped_column(String(16))
+    key_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    role: Mapped[ApiKeyRole] = mapped_column(_enum_column(ApiKeyRole, "api_key_role"))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    expires_at: Mapped[datetime | None]
+    revoked_at: Mapped[datetime | None]
+    last_used_at: Mapped[datetime | None]
+
+    tenant: Mapped[Tenant] = relationship(back_populates="api_keys")
+
+    def is_usable(self, now: datetime) -> bool:
+        return self.revoked_at is None and (self.expires_at is None or now < self.expires_at)
+
+
+class Adapter(Base):
+    __tablename__ = "adapters"
+    __table_args__ = (UniqueConstraint("tenant_id", "name"),)
+
+    id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=uuid.uuid4)
+    tenant_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
+    name: Mapped[str] = mapped_column(String(128))
+    description: Mapped[str] = mapped_column(Text, default="")
+    tags: Mapped[list[str]] = mapped_column(default=list)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+
+    tenant: Mapped[Tenant] = relationship(back_populates="adapters")
+    versions: Mapped[list[AdapterVersion]] = relationship(
+        back_populates="adapter",
+        order_by="AdapterVersion.number",
+        cascade="all, delete-orphan",
+        passive_deletes=True,
+    )
+    aliases: Mapped[list[Alias]] = relationship(
+        back_populates="adapter", cascade="all, delete-orphan", passive_deletes=True
+    )
+
+
+class AdapterVersion(Base):
+    """One immutable set of adapter weights. `number` counts up per adapter from 1."""
+
+    __tablename__ = "adapter_versions"
+    __table_args__ = (
+        UniqueConstraint("adapter_id", "number"),
+        # Target of the aliases' composite foreign key: an alias may only name a version
+        # of its own adapter, and the database itself enforces it.
+        UniqueConstraint("adapter_id", "id"),
+        CheckConstraint("number >= 1", name="number_positive"),
+        CheckConstraint("rank >= 1", name="rank_positive"),
+    )
+
+    id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=uuid.uuid4)
+    adapter_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("adapters.id", ondelete="CASCADE"))
+    number: Mapped[int]
+    status: Mapped[AdapterVersionStatus] = mapped_column(
+        _enum_column(AdapterVersionStatus, "adapter_version_status"), default=AdapterVersionStatus.pending
+    )
+    status_detail: Mapped[str | None] = mapped_column(Text)  # why it failed, for the user
+    base_model: Mapped[str] = mapped_column(String(256))
+    rank: Mapped[int]
+    alpha: Mapped[float] = mapped_column(Double)
+    target_modules: Mapped[list[str]]
+    dtype: Mapped[str] = mapped_column(String(16))
+    source: Mapped[AdapterVersionSource] = mapped_column(_enum_column(AdapterVersionSource, "adapter_version_source"))
+    # A plain id for now; the fine-tuning jobs table and its foreign key come with the training migration.
+    training_job_id: Mapped[str | None] = mapped_column(String(64))
+    created_by_key_id: Mapped[uuid.UUID | None] = mapped_column(ForeignKey("api_keys.id", ondelete="SET NULL"))
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    adapter: Mapped[Adapter] = relationship(back_populates="versions")
+    files: Mapped[list[AdapterVersionFile]] = relationship(
+        back_populates="version",
+        order_by="AdapterVersionFile.filename",
+        cascade="all, delete-orphan",
+        passive_deletes=True,
+    )
+
+
+class AdapterVersionFile(Base):
+    """One file of a version (adapter_config.json, adapter_model.safetensors). The blob's
+    storage key is derived from sha256 (loraloom.platform.storage.content_key)."""
+
+    __tablename__ = "adapter_version_files"
+    __table_args__ = (UniqueConstraint("version_id", "filename"),)
+
+    id: Mapped[int] = mapped_column(BigIntId, primary_key=True)
+    version_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("adapter_versions.id", ondelete="CASCADE"))
+    filename: Mapped[str] = mapped_column(String(255))
+    sha256: Mapped[str] = mapped_column(String(64), index=True)  # indexed: "is this blob still referenced?"
+    size_bytes: Mapped[int] = mapped_column(BigInteger)
+
+    version: Mapped[AdapterVersion] = relationship(back_populates="files")
+
+
+class Alias(Base):
+    """A movable name for one version, e.g. support-bot:prod. Every move is recorded in
+    alias_history (see aliases.py)."""
+
+    __tablename__ = "aliases"
+    __table_args__ = (
+        UniqueConstraint("adapter_id", "name"),
+        ForeignKeyConstraint(["adapter_id", "version_id"], ["adapter_versions.adapter_id", "adapter_versions.id"]),
+    )
+
+    id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=uuid.uuid4)
+    adapter_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("adapters.id", ondelete="CASCADE"))
+    name: Mapped[str] = mapped_column(String(64))
+    version_id: Mapped[uuid.UUID]
+    updated_by_key_id: Mapped[uuid.UUID | None] = mapped_column(ForeignKey("api_keys.id", ondelete="SET NULL"))
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+    adapter: Mapped[Adapter] = relationship(back_populates="aliases")
+    # Joined on version_id alone: the composite key's adapter_id is owned by `adapter`.
+    version: Mapped[AdapterVersion] = relationship(
+        primaryjoin="Alias.version_id == AdapterVersion.id", foreign_keys="Alias.version_id"
+    )
+
+
+class AliasHistory(Base):
+    """Which version an alias pointed at, when, and who moved it. Rows are only ever added;
+    a version never disappears from under its history (no ON DELETE on the version keys)."""
+
+    __tablename__ = "alias_history"
+    __table_args__ = (Index(None, "adapter_id", "alias_name", "id"),)
+
+    id: Mapped[int] = mapped_column(BigIntId, primary_key=True)  # increasing: orders the moves
+    adapter_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("adapters.id", ondelete="CASCADE"))
+    alias_name: Mapped[str] = mapped_column(String(64))
+    from_version_id: Mapped[uuid.UUID | None] = mapped_column(ForeignKey("adapter_versions.id"))  # None: created
+    to_version_id: Mapped[uuid.UUID | None] = mapped_column(ForeignKey("adapter_versions.id"))  # None: deleted
+    changed_by_key_id: Mapped[uuid.UUID | None] = mapped_column(ForeignKey("api_keys.id", ondelete="SET NULL"))
+    changed_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class UsageRecord(Base):
+    """Tokens metered for one inference request."""
+
+    __tablename__ = "usage_records"
+    __table_args__ = (Index(None, "tenant_id", "created_at"),)
+
+    id: Mapped[int] = mapped_column(BigIntId, primary_key=True)
+    tenant_id: Mapped[uuid.UUID]
+    api_key_id: Mapped[uuid.UUID | None]
+    adapter_version_id: Mapped[uuid.UUID | None]  # None: the base model
+    model: Mapped[str] = mapped_column(String(256))  # what the client asked for, e.g. "support-bot:prod"
+    request_id: Mapped[str] = mapped_column(String(64))
+    endpoint: Mapped[str] = mapped_column(String(32))  # "chat.completions" | "completions"
+    prompt_tokens: Mapped[int]
+    completion_tokens: Mapped[int]
+    cached_tokens: Mapped[int] = mapped_column(default=0)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class AuditLogEntry(Base):
+    """One mutating API call: who did what to which resource, and whether it succeeded."""
+
+    __tablename__ = "audit_log"
+    __table_args__ = (Index(None, "tenant_id", "created_at"),)
+
+    id: Mapped[int] = mapped_column(BigIntId, primary_key=True)
+    tenant_id: Mapped[uuid.UUID | None]  # None: a server-wide action (e.g. creating a tenant)
+    actor_key_id: Mapped[uuid.UUID | None]
+    action: Mapped[str] = mapped_column(String(64))  # e.g. "adapter.create", "alias.move"
+    resource_type: Mapped[str] = mapped_column(String(32))
+    resource_id: Mapped[str | None] = mapped_column(String(64))
+    request_id: Mapped[str | None] = mapped_column(String(64))
+    status_code: Mapped[int]
+    client_ip: Mapped[str | None] = mapped_column(String(45))  # fits an IPv6 address
+    details: Mapped[dict[str, Any]] = mapped_column(default=dict)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+MUTABLE_VERSION_COLUMNS = frozenset({"status", "status_detail"})
+
+
+@event.listens_for(AdapterVersion, "before_update")
+@event.listens_for(AdapterVersionFile, "before_update")
+def _refuse_changes_to_immutable_columns(mapper: Mapper[Any], connection: Any, target: Base) -> None:
+    # Served weights are identified by version id everywhere (engine keys, prefix-cache
+    # hashes, usage): if a version's content could change, all of those would silently lie.
+    state = inspect(target)
+    changed = [
+        attr.key
+        for attr in mapper.column_attrs
+        if attr.key not in MUTABLE_VERSION_COLUMNS and state.attrs[attr.key].history.has_changes()
+    ]
+    if changed:
+        raise ValueError(
+            f"{type(target).__name__}: {', '.join(changed)} cannot change after it is written; register a new version"
+        )

@@ -1,0 +1,47 @@
+"""The control plane's one configuration object, read from LORALOOM_* environment variables.
+
+Everything has a laptop default under `data_dir` (a SQLite file and a blob folder), so
+`loraloom serve` works with no configuration; a deployment points `database_url` at
+PostgreSQL and `storage_url` at `s3://bucket/prefix`.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+MIB = 1024 * 1024
+DEFAULT_MULTIPART_THRESHOLD_BYTES = 64 * MIB
+DEFAULT_MULTIPART_CHUNK_BYTES = 16 * MIB
+
+
+def default_data_dir() -> Path:
+    # User data (database, adapter blobs) is not a cache: it lives apart from ~/.cache/loraloom,
+    # which holds only re-creatable files such as the converted bundled model.
+    return Path.home() / ".local" / "share" / "loraloom"
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="LORALOOM_", extra="forbid")
+
+    data_dir: Path = Field(default_factory=default_data_dir)
+    # None = derived from data_dir after validation (see fill_data_dir_defaults).
+    database_url: str | None = None  # e.g. postgresql+psycopg://user@host:5432/loraloom
+    storage_url: str | None = None  # file:///abs/dir or s3://bucket/prefix
+    s3_endpoint_url: str | None = None  # MinIO, R2 or any S3-compatible server; None = AWS
+    s3_region: str | None = None
+    # Files at least this large are uploaded to S3 in parts of storage_multipart_chunk_bytes.
+    storage_multipart_threshold_bytes: int = Field(default=DEFAULT_MULTIPART_THRESHOLD_BYTES, ge=1)
+    storage_multipart_chunk_bytes: int = DEFAULT_MULTIPART_CHUNK_BYTES  # S3BlobStore enforces S3's 5 MiB minimum
+    presigned_url_expires_s: int = Field(default=3600, ge=1, le=7 * 24 * 3600)  # SigV4's maximum is 7 days
+
+    @model_validator(mode="after")
+    def fill_data_dir_defaults(self) -> "Settings":
+        data_dir = self.data_dir.expanduser().resolve()
+        self.data_dir = data_dir
+        if self.database_url is None:
+            self.database_url = f"sqlite:///{data_dir / 'loraloom.db'}"
+        if self.storage_url is None:
+            self.storage_url = (data_dir / "blobs").as_uri()
+        return self
