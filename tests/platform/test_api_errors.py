@@ -1,0 +1,71 @@
+"""Error plumbing that needs no engine: OpenAI error shape for unexpected errors, field
+names in engine errors, and the body size cap (on a small app with real routes)."""
+from __future__ import annotations
+
+import pytest
+from fastapi import FastAPI, Request
+from fastapi.testclient import TestClient
+
+from loraloom.platform.api.body_limit import BodySizeLimit
+from loraloom.platform.api.errors import field_error, install_error_handlers
+
+BODY_LIMIT = 1000
+
+
+@pytest.fixture(scope="module")
+def client() -> TestClient:
+    app = FastAPI()
+    install_error_handlers(app)
+    app.add_middleware(BodySizeLimit, max_body_bytes=BODY_LIMIT)
+
+    @app.post("/echo-length")
+    async def echo_length(request: Request) -> dict[str, int]:
+        return {"length": len(await request.body())}
+
+    @app.get("/fail")
+    async def fail() -> None:
+        raise RuntimeError("secret internal detail")
+
+    # Starlette re-raises after answering (for the server's log); the client must still get the 500.
+    return TestClient(app, raise_server_exceptions=False)
+
+
+def test_unexpected_error_is_500_in_openai_shape_without_details(client):
+    response = client.get("/fail")
+    assert response.status_code == 500
+    assert response.json() == {
+        "error": {"message": "Internal server error", "type": "server_error", "param": None, "code": None}
+    }
+    assert "secret" not in response.text and "Traceback" not in response.text
+
+
+@pytest.mark.parametrize("size", [0, BODY_LIMIT])
+def test_body_up_to_the_limit_reaches_the_route(client, size):
+    response = client.post("/echo-length", content=b"x" * size)
+    assert response.status_code == 200 and response.json() == {"length": size}
+
+
+def test_body_over_the_limit_is_413(client):
+    response = client.post("/echo-length", content=b"x" * (BODY_LIMIT + 1))
+    assert response.status_code == 413
+    error = response.json()["error"]
+    assert error["code"] == "request_too_large" and str(BODY_LIMIT) in error["message"]
+
+
+def test_chunked_body_over_the_limit_is_413(client):
+    chunks = (b"x" * 300 for _ in range(4))  # no Content-Length: the cap counts what arrives
+    assert client.post("/echo-length", content=chunks).status_code == 413
+
+
+def test_field_error_names_the_clients_field():
+    error = field_error(
+        ValueError("max_tokens: must be an integer >= 1, got 0"), {"max_tokens": "max_completion_tokens"}
+    )
+    assert (error.status_code, error.param) == (400, "max_completion_tokens")
+    assert error.message == "max_completion_tokens: must be an integer >= 1, got 0"
+
+    nested = field_error(ValueError("messages[0].role: 'robot' is not one of system, user"), {})
+    assert nested.param == "messages[0].role"
+
+    unnamed = field_error(ValueError("something went wrong: details"), {})
+    assert unnamed.param is None and unnamed.message == "something went wrong: details"
