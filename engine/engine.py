@@ -72,6 +72,7 @@ class LLMEngine:
         self._tracked: dict[str, _Tracked] = {}
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
+        self.preemptions_total = 0
         self.requests_per_adapter: Counter[str] = Counter()
 
     # ----------------------------------------------------------------- requests
@@ -134,6 +135,7 @@ class LLMEngine:
     # --------------------------------------------------------------------- step
     def step(self) -> list[RequestOutput]:
         step = self.scheduler.schedule()
+        self.preemptions_total += len(step.preempted_ids)
         if not step.scheduled:
             return []
         for slot, adapter in step.adapter_loads:
@@ -202,6 +204,7 @@ class LLMEngine:
             adapter_slots_total=self.config.max_loras,
             prompt_tokens_total=self.prompt_tokens_total,
             generation_tokens_total=self.generation_tokens_total,
+            preemptions_total=self.preemptions_total,
             running_per_adapter=self.scheduler.running_adapter_counts(),
             waiting_per_adapter=self.scheduler.waiting_adapter_counts(),
             requests_per_adapter_total=dict(self.requests_per_adapter),

@@ -38,6 +38,7 @@ class EngineStats:
     adapter_slots_total: int
     prompt_tokens_total: int
     generation_tokens_total: int
+    preemptions_total: int
     running_per_adapter: dict[str, int]  # adapter name ("base" for none) -> running requests
     waiting_per_adapter: dict[str, int]
     requests_per_adapter_total: dict[str, int]
