@@ -101,40 +101,28 @@ def run_peer(model_dir, prompts, adapters, assignment, new_tokens) -> tuple[floa
 
 
 def host_overhead(model_dir, adapters_root: Path, requests: int, num_adapters: int, steps: int) -> dict:
-    """Per decode step: total step time minus the model forward, at `requests` running over `num_adapters`."""
+    """Per decode step at `requests` running over `num_adapters`: where the time goes besides the model."""
     adapters = make_adapters(model_dir, adapters_root, num_adapters, rank=8)
     config = EngineConfig(max_loras=num_adapters, max_lora_rank=8, max_num_seqs=requests,
                           max_num_batched_tokens=max(2048, requests * 16), num_kv_blocks=requests * 4)
     engine = LLMEngine(model_dir, config)
-    model = engine.runner.model
-    model_time = [0.0]
-
-    def timed(method):
-        def wrapper(*args):
-            start = time.perf_counter()
-            result = method(*args)
-            model_time[0] += time.perf_counter() - start
-            return result
-        return wrapper
-
-    # The model's own compute (forward + lm_head) is not host overhead.
-    model.forward = timed(model.forward)
-    model.compute_logits = timed(model.compute_logits)
     params = SamplingParams(max_tokens=steps + 4, temperature=0.0, ignore_eos=True)
     for i in range(requests):
         engine.add_request(f"h{i}", [1 + (i * 7 + j) % 1000 for j in range(8)], params, adapters[i % num_adapters])
     while engine.scheduler.num_waiting or engine.generation_tokens_total < requests:  # until all decode
         engine.step()
-    totals, models = [], []
+    samples = []
     for _ in range(steps):
-        model_time[0] = 0.0
-        start = time.perf_counter()
         engine.step()
-        totals.append(time.perf_counter() - start)
-        models.append(model_time[0])
-    overheads = sorted((t - m) * 1000 for t, m in zip(totals, models))
-    return {"median_ms": overheads[len(overheads) // 2], "max_ms": overheads[-1],
-            "model_ms": sorted(models)[len(models) // 2] * 1000, "running": engine.scheduler.num_running}
+        samples.append(engine.last_step_timings)
+
+    def median_ms(field: str) -> float:
+        values = sorted(getattr(t, field) for t in samples)
+        return values[len(values) // 2] * 1000
+
+    return {field: median_ms(field) for field in
+            ("schedule_s", "prepare_s", "sample_s", "postprocess_s", "model_s", "host_overhead_s")} | {
+        "running": engine.scheduler.num_running}
 
 
 def main() -> None:
@@ -167,9 +155,11 @@ def main() -> None:
             print(f"ratio         : {ours / peer:.2f}x (target >= 3x)")
         overhead = host_overhead(model_dir, root / "h", args.overhead_requests, args.overhead_adapters,
                                  args.overhead_steps)
-        print(f"host overhead : median {overhead['median_ms']:.2f} ms, max {overhead['max_ms']:.2f} ms per decode "
-              f"step at {overhead['running']} running over {args.overhead_adapters} adapters "
-              f"(model forward {overhead['model_ms']:.0f} ms; target <= 1 ms)")
+        print(f"decode step at {overhead['running']} running over {args.overhead_adapters} adapters (median ms): "
+              f"schedule {overhead['schedule_s']:.2f}, prepare {overhead['prepare_s']:.2f}, "
+              f"sample {overhead['sample_s']:.2f}, detokenize+stops {overhead['postprocess_s']:.2f}; "
+              f"host overhead total {overhead['host_overhead_s']:.2f} (target <= 1 ms); "
+              f"model {overhead['model_s']:.0f}")
 
 
 if __name__ == "__main__":

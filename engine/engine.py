@@ -21,7 +21,7 @@ from loraloom.engine.detokenizer import IncrementalDetokenizer
 from loraloom.engine.kv_cache import BlockManager
 from loraloom.engine.loader import load_model
 from loraloom.engine.lora import LoRASlotPool, attach_lora
-from loraloom.engine.model_runner import ModelRunner
+from loraloom.engine.model_runner import ModelRunner, StepTimings
 from loraloom.engine.outputs import EngineStats, RequestOutput, TokenLogprob
 from loraloom.engine.request import Request, RequestStatus, SamplingParams
 from loraloom.engine.sampler import make_generator
@@ -73,6 +73,7 @@ class LLMEngine:
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
         self.preemptions_total = 0
+        self.last_step_timings = StepTimings()
         self.requests_per_adapter: Counter[str] = Counter()
 
     # ----------------------------------------------------------------- requests
@@ -134,23 +135,29 @@ class LLMEngine:
 
     # --------------------------------------------------------------------- step
     def step(self) -> list[RequestOutput]:
+        timings = StepTimings()
+        started = time.perf_counter()
         step = self.scheduler.schedule()
+        timings.schedule_s = time.perf_counter() - started
         self.preemptions_total += len(step.preempted_ids)
         if not step.scheduled:
             return []
-        for slot, adapter in step.adapter_loads:
+        for slot, adapter in step.adapter_loads:  # rare, and timed by nobody: a copy into a GPU slot
             self.runner.load_adapter(slot, self.adapter_cache.get(adapter))
-        generators = {item.request.request_id: self._tracked[item.request.request_id].generator
-                      for item in step.scheduled if item.sample}
-        sampled = self.runner.execute(step, generators)
         sampled_requests = [item.request for item in step.scheduled if item.sample]
+        generators = {request.request_id: self._tracked[request.request_id].generator for request in sampled_requests}
+        sampled = self.runner.execute(step, generators, timings)
+        executed = time.perf_counter()
         new_tokens = {} if sampled is None else {
             request.request_id: token for request, token in zip(sampled_requests, sampled.token_ids)
         }
         self.scheduler.update_after_step(step, new_tokens)
-        outputs = []
-        for row, request in enumerate(sampled_requests):
-            outputs.append(self._process_token(request, new_tokens[request.request_id], sampled, row))
+        outputs = [
+            self._process_token(request, new_tokens[request.request_id], sampled, row)
+            for row, request in enumerate(sampled_requests)
+        ]
+        timings.postprocess_s = time.perf_counter() - executed
+        self.last_step_timings = timings
         return outputs
 
     def _process_token(self, request: Request, token: int, sampled, row: int) -> RequestOutput:
