@@ -14,5 +14,5 @@ from dataclasses import dataclass
 class AdapterHandle:
     key: str  # runtime adapter key, unique per immutable weights (e.g. "support-bot@<sha256[:16]>")
     name: str  # the name the client used, echoed in responses and metrics
-    uri: str  # where the PEFT files are: "file:///abs/dir" now; object storage later
+    uri: str  # where the PEFT files are: "file:///abs/dir", or a URI the engine's adapter fetcher understands
     sha256: str | None = None  # of adapter_model.safetensors, verified when fetched

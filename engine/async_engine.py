@@ -12,6 +12,7 @@ from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from loraloom.engine.adapter_cache import AdapterFetcher, fetch_local_dir
 from loraloom.engine.adapters import AdapterHandle
 from loraloom.engine.config import EngineConfig
 from loraloom.engine.engine import LLMEngine
@@ -39,8 +40,10 @@ class AsyncEngine:
         self._loop_task: asyncio.Task | None = None
 
     @classmethod
-    def create(cls, model_dir: Path, config: EngineConfig) -> "AsyncEngine":
-        return cls(LLMEngine(model_dir, config))
+    def create(
+        cls, model_dir: Path, config: EngineConfig, adapter_fetch: AdapterFetcher = fetch_local_dir
+    ) -> "AsyncEngine":
+        return cls(LLMEngine(model_dir, config, adapter_fetch))
 
     async def start(self) -> None:
         if self._loop_task is None:
@@ -60,6 +63,10 @@ class AsyncEngine:
     async def load_adapter(self, adapter: AdapterHandle) -> None:
         """Fetch and validate into the host cache off the step thread; raises AdapterLoadError."""
         await asyncio.get_running_loop().run_in_executor(self._fetch_threads, self.engine.load_adapter, adapter)
+
+    def unload_adapter(self, key: str) -> None:
+        """Forget an adapter's host copy (thread-safe: the cache has its own lock)."""
+        self.engine.unload_adapter(key)
 
     def stats(self) -> EngineStats:
         return self.engine.stats()

@@ -22,6 +22,7 @@ class ModelConfig:
     rope_scaling: dict | None = None  # the "llama3" scaling of Llama 3.1, or None
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
+    quantization: Fp8CheckpointScheme | None = None  # how an FP8 checkpoint stores its linears; None = unquantized
 
     @classmethod
     def from_dir(cls, model_dir: str | Path) -> "ModelConfig":
@@ -51,6 +52,7 @@ class ModelConfig:
             rope_scaling=rope_scaling,
             bos_token_id=raw.get("bos_token_id"),
             eos_token_ids=eos_ids,
+            quantization=_read_quantization(raw),
         )
 
 
@@ -72,10 +74,96 @@ def _read_rope(raw: dict) -> tuple[float, dict | None]:
     return float(theta), {"rope_type": rope_type, **extra}
 
 
+DEFAULT_NUM_KV_BLOCKS = 1024  # the KV pool when num_kv_blocks is None and there is no GPU to plan for
+
+
+@dataclass(frozen=True)
+class Fp8CheckpointScheme:
+    """The layout of a pre-quantized FP8 checkpoint (compressed-tensors "float-quantized", as written by
+    llm-compressor: the public Llama-3.1-8B-Instruct-FP8 checkpoints). Every q/k/v/o/gate/up/down
+    `*.weight` is float8_e4m3fn with a `*.weight_scale`; lm_head stays unquantized."""
+
+    weight_strategy: str  # "channel": weight_scale [out, 1]; "tensor": one scale per weight matrix
+    static_input_scale: bool  # True: a calibrated per-tensor `*.input_scale` per linear; False: per token at run time
+
+
+def _read_quantization(raw: dict) -> Fp8CheckpointScheme | None:
+    """config.json `quantization_config` -> the FP8 scheme, or None for an unquantized checkpoint.
+
+    Anything but symmetric FP8 W8A8 in the compressed-tensors layout is refused, naming the field:
+    a misread quantization scheme would serve garbage without any error.
+    """
+    config = raw.get("quantization_config")
+    if config is None:
+        if "compression_config" in raw:
+            raise ValueError("model: config.json has 'compression_config', the old name of 'quantization_config'; "
+                             "rename the key to 'quantization_config'")
+        return None
+
+    if config.get("quant_method") != "compressed-tensors":
+        raise _refuse("quant_method", config.get("quant_method"), "only 'compressed-tensors' FP8 checkpoints are "
+                      "supported; to serve FP8 from a BF16 checkpoint, load the BF16 one with quantization 'fp8'")
+    if config.get("format") != "float-quantized":
+        raise _refuse("format", config.get("format"), "only 'float-quantized' (float8_e4m3fn weights) is supported")
+    groups = config.get("config_groups") or {}
+    if len(groups) != 1:
+        raise _refuse("config_groups", sorted(groups), "expected exactly one group, targeting ['Linear']")
+    name, group = next(iter(groups.items()))
+    prefix = f"config_groups.{name}"
+    if group.get("targets") != ["Linear"]:
+        raise _refuse(f"{prefix}.targets", group.get("targets"), "expected ['Linear']")
+    weights = group.get("weights") or {}
+    _check_fp8_args(weights, f"{prefix}.weights")
+    if weights.get("strategy") not in ("channel", "tensor") or weights.get("dynamic"):
+        raise _refuse(f"{prefix}.weights", {key: weights.get(key) for key in ("strategy", "dynamic")},
+                      "expected static weight scales per 'channel' or per 'tensor'")
+    activations = group.get("input_activations")
+    if activations is None:
+        raise _refuse(f"{prefix}.input_activations", None, "weight-only FP8 (W8A16) is not supported; use a W8A8 "
+                      "checkpoint (FP8 activations too, e.g. an '-FP8-dynamic' one)")
+    _check_fp8_args(activations, f"{prefix}.input_activations")
+    layout = (activations.get("strategy"), bool(activations.get("dynamic")))
+    if layout not in (("token", True), ("tensor", False)):
+        raise _refuse(f"{prefix}.input_activations", {"strategy": layout[0], "dynamic": layout[1]},
+                      "expected dynamic per-'token' scales or a static per-'tensor' input_scale")
+    if group.get("output_activations") is not None:
+        raise _refuse(f"{prefix}.output_activations", group["output_activations"],
+                      "output quantization is not supported")
+    if config.get("kv_cache_scheme") is not None:
+        raise _refuse("kv_cache_scheme", config["kv_cache_scheme"], "an FP8 KV cache is not supported yet")
+    if any(entry != "lm_head" for entry in config.get("ignore") or []):
+        raise _refuse("ignore", config["ignore"], "only lm_head may stay unquantized: every q/k/v/o/gate/up/down "
+                      "projection must be FP8")
+    return Fp8CheckpointScheme(weight_strategy=weights["strategy"], static_input_scale=not layout[1])
+
+
+def _refuse(field: str, value: object, fix: str) -> ValueError:
+    return ValueError(f"model: config.json quantization_config.{field} is {value!r}; {fix}")
+
+
+# compressed-tensors QuantizationArgs that must be present, and those whose absence means the default.
+_FP8_ARGS_REQUIRED = {"type": "float", "num_bits": 8}
+_FP8_ARGS_DEFAULTED = {"symmetric": True, "group_size": None, "block_structure": None}
+
+
+def _check_fp8_args(args: dict, field: str) -> None:
+    """One compressed-tensors QuantizationArgs must describe symmetric, unblocked 8-bit floats."""
+    for key, expected in {**_FP8_ARGS_REQUIRED, **_FP8_ARGS_DEFAULTED}.items():
+        if args.get(key, _FP8_ARGS_DEFAULTED.get(key)) != expected:
+            raise _refuse(f"{field}.{key}", args.get(key),
+                          f"expected {expected!r} (symmetric FP8 e4m3, no groups or blocks)")
+
+
+QUANTIZATION_METHODS = ("fp8",)
+
+
 @dataclass
 class EngineConfig:
     block_size: int = 16
-    num_kv_blocks: int = 1024
+    # None = planned at start (engine/memory.py): on CUDA, what gpu_memory_utilization leaves
+    # after the weights and the activation peak; elsewhere DEFAULT_NUM_KV_BLOCKS.
+    num_kv_blocks: int | None = None
+    gpu_memory_utilization: float = 0.9  # share of the device's total memory the engine may use
     max_num_seqs: int = 256  # running requests at once
     max_num_batched_tokens: int = 1024  # token budget of one step (prefill chunks + decodes)
     max_model_len: int | None = None  # None = the model's max_position_embeddings, capped at 8192
@@ -84,7 +172,18 @@ class EngineConfig:
     enable_prefix_caching: bool = True
     dtype: str = "float32"
     device: str = "cpu"
+    # "fp8": quantize the q/k/v/o/gate/up/down projections of a BF16 checkpoint at load (FP8 weights
+    # per output channel, activations per token); lm_head stays in `dtype`. None: serve the checkpoint
+    # as stored; a pre-quantized FP8 checkpoint (config.json quantization_config) is FP8 either way.
+    quantization: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.quantization is not None and self.quantization not in QUANTIZATION_METHODS:
+            raise ValueError(f"EngineConfig.quantization is {self.quantization!r}; "
+                             f"use None or one of {list(QUANTIZATION_METHODS)}")
 
     def resolved_max_model_len(self, model: ModelConfig) -> int:
+        if self.num_kv_blocks is None:
+            raise ValueError("num_kv_blocks: not planned yet; resolve it with engine/memory.py plan_memory first")
         limit = self.max_model_len or min(model.max_position_embeddings, 8192)
         return min(limit, self.num_kv_blocks * self.block_size)

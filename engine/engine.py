@@ -6,6 +6,7 @@ engine is single-threaded; AsyncEngine serializes all calls onto one thread.
 """
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections import Counter
 from dataclasses import dataclass
@@ -13,14 +14,17 @@ from pathlib import Path
 
 import torch
 
-from loraloom.engine.adapter_cache import HostAdapterCache
+from loraloom.engine.adapter_cache import AdapterFetcher, HostAdapterCache, fetch_local_dir
 from loraloom.engine.adapter_slots import AdapterSlotTable
 from loraloom.engine.adapters import AdapterHandle
-from loraloom.engine.config import EngineConfig, ModelConfig
+from loraloom.engine.config import EngineConfig
 from loraloom.engine.detokenizer import IncrementalDetokenizer
+from loraloom.engine.fp8 import quantize_model_fp8
 from loraloom.engine.kv_cache import BlockManager
 from loraloom.engine.loader import load_model
 from loraloom.engine.lora import LoRASlotPool, attach_lora
+from loraloom.engine.memory import plan_memory
+from loraloom.engine.model import LlamaModel
 from loraloom.engine.model_runner import ModelRunner, StepTimings
 from loraloom.engine.outputs import EngineStats, RequestOutput, TokenLogprob
 from loraloom.engine.request import Request, RequestStatus, SamplingParams
@@ -38,22 +42,60 @@ class _Tracked:
     """Per-request state the scheduler does not need: text, stops, RNG."""
 
     request: Request
-    detokenizer: IncrementalDetokenizer
+    detokenizer: IncrementalDetokenizer | None  # None: the engine has no tokenizer, outputs are token ids only
     stops: StopStringMatcher
     generator: torch.Generator | None
     arrival_time: float
 
 
 class LLMEngine:
-    def __init__(self, model_dir: Path, config: EngineConfig) -> None:
-        self.model_dir = Path(model_dir)
-        self.config = config
-        self.model_config = ModelConfig.from_dir(self.model_dir)
-        self.tokenizer = Tokenizer.from_dir(self.model_dir)
-        self.max_model_len = config.resolved_max_model_len(self.model_config)
+    def __init__(self, model_dir: Path, config: EngineConfig, adapter_fetch: AdapterFetcher = fetch_local_dir) -> None:
+        """Serve the Hugging Face checkpoint in `model_dir` (config.json, safetensors weights, tokenizer)."""
+        device = torch.device(config.device)
+        model = load_model(model_dir, getattr(torch, config.dtype), device, get_backend(device),
+                           quantize_to_fp8=config.quantization == "fp8")
+        self._setup(model, config, Tokenizer.from_dir(model_dir), adapter_fetch, Path(model_dir))
+
+    @classmethod
+    def from_model(
+        cls,
+        model: LlamaModel,
+        config: EngineConfig,
+        tokenizer: Tokenizer | None = None,
+        adapter_fetch: AdapterFetcher = fetch_local_dir,
+    ) -> "LLMEngine":
+        """Serve an already-built, unquantized model, e.g. engine/random_model.py's random weights made on the device.
+
+        `config.quantization` applies as it does to a checkpoint: "fp8" quantizes the model's projections here.
+        Without a tokenizer the engine works on token ids alone: outputs carry no text, and
+        requests asking for stop strings or logprobs are refused.
+        """
+        embedding = model.embed_tokens.weight
+        if embedding.device.type != torch.device(config.device).type or embedding.dtype != getattr(torch, config.dtype):
+            raise ValueError(
+                f"model: its weights are {embedding.dtype} on {embedding.device}, but the EngineConfig asks for "
+                f"dtype={config.dtype!r} on device={config.device!r}; build the model in the config's dtype and device"
+            )
+        if config.quantization == "fp8":
+            quantize_model_fp8(model)
+        engine = cls.__new__(cls)  # __init__ is the checkpoint path; both paths end in _setup
+        engine._setup(model, config, tokenizer, adapter_fetch, model_dir=None)
+        return engine
+
+    def _setup(
+        self,
+        model: LlamaModel,
+        config: EngineConfig,
+        tokenizer: Tokenizer | None,
+        adapter_fetch: AdapterFetcher,
+        model_dir: Path | None,
+    ) -> None:
+        self.model_dir = model_dir
+        self.model_config = model.config
+        self.tokenizer = tokenizer
+        self.eos_token_ids = self.model_config.eos_token_ids if tokenizer is None else tokenizer.eos_token_ids
         device = torch.device(config.device)
         kernels = get_backend(device)
-        model = load_model(self.model_dir, getattr(torch, config.dtype), device, kernels)
         lora_pool = LoRASlotPool(
             model_config=self.model_config,
             num_slots=config.max_loras,
@@ -62,12 +104,20 @@ class LLMEngine:
             device=device,
         )
         attach_lora(model, lora_pool, kernels)
+        # Sized after the weights and LoRA slots are resident: on CUDA the plan measures what is left.
+        self.memory_plan = plan_memory(model, self.model_config, config, lora_pool)
+        config = dataclasses.replace(config, num_kv_blocks=self.memory_plan.num_kv_blocks)
+        self.config = config
+        self.max_model_len = config.resolved_max_model_len(self.model_config)
         self.runner = ModelRunner(model=model, model_config=self.model_config, config=config, lora_pool=lora_pool)
         self.block_manager = BlockManager(config.num_kv_blocks, config.block_size, config.enable_prefix_caching)
         self.slot_table = AdapterSlotTable(config.max_loras)
         self.scheduler = Scheduler(config, self.block_manager, self.slot_table)
         self.adapter_cache = HostAdapterCache(
-            capacity=HOST_ADAPTER_CACHE_SIZE, model_config=self.model_config, max_rank=config.max_lora_rank
+            capacity=HOST_ADAPTER_CACHE_SIZE,
+            model_config=self.model_config,
+            max_rank=config.max_lora_rank,
+            fetch=adapter_fetch,
         )
         self._tracked: dict[str, _Tracked] = {}
         self.prompt_tokens_total = 0
@@ -81,9 +131,17 @@ class LLMEngine:
         """Fetch, verify and validate an adapter into the host cache (raises AdapterLoadError)."""
         self.adapter_cache.get(adapter)
 
+    def unload_adapter(self, key: str) -> None:
+        """Drop an adapter's weights from the host cache. Requests already holding its GPU slot finish on it."""
+        self.adapter_cache.discard(key)
+
     def validate_request(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
         """Raise ValueError naming the field for anything the engine cannot serve."""
         params.validate()
+        if self.tokenizer is None and params.stop:
+            raise ValueError("stop: stop strings need a tokenizer and this engine has none; use stop_token_ids")
+        if self.tokenizer is None and params.logprobs is not None:
+            raise ValueError("logprobs: token texts need a tokenizer and this engine has none; leave logprobs unset")
         if not prompt_token_ids:
             raise ValueError("prompt: must contain at least one token")
         vocab = self.model_config.vocab_size
@@ -116,7 +174,8 @@ class LLMEngine:
         request = Request(request_id, list(prompt_token_ids), params, adapter)
         self._tracked[request_id] = _Tracked(
             request=request,
-            detokenizer=IncrementalDetokenizer(self.tokenizer, request.prompt_token_ids),
+            detokenizer=(None if self.tokenizer is None
+                         else IncrementalDetokenizer(self.tokenizer, request.prompt_token_ids)),
             stops=StopStringMatcher(params.stop),
             generator=make_generator(params.seed, self.runner.device),
             arrival_time=time.monotonic(),
@@ -163,10 +222,12 @@ class LLMEngine:
     def _process_token(self, request: Request, token: int, sampled, row: int) -> RequestOutput:
         tracked = self._tracked[request.request_id]
         self.generation_tokens_total += 1
-        finish_reason = check_stop(request, token, self.tokenizer.eos_token_ids)
-        text = tracked.detokenizer.step(token)
-        if finish_reason is not None:
-            text += tracked.detokenizer.flush()
+        finish_reason = check_stop(request, token, self.eos_token_ids)
+        text = ""
+        if tracked.detokenizer is not None:
+            text = tracked.detokenizer.step(token)
+            if finish_reason is not None:
+                text += tracked.detokenizer.flush()
         text, hit_stop_string = tracked.stops.feed(text)
         if hit_stop_string:
             finish_reason = "stop"

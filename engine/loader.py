@@ -15,6 +15,7 @@ import torch
 from safetensors.torch import load_file
 
 from loraloom.engine.config import ModelConfig
+from loraloom.engine.fp8 import quantize_model_fp8, take_fp8_scales, use_fp8_linears
 from loraloom.engine.model import LlamaModel
 from loraloom.kernels.backend import REFERENCE_BACKEND, KernelBackend
 
@@ -128,8 +129,10 @@ def load_weights(model_dir: str | Path, config: ModelConfig) -> dict[str, torch.
     tensors: dict[str, torch.Tensor] = {}
     for path in checkpoint_files(model_dir):
         tensors.update(load_file(str(path)))
+    # An FP8 checkpoint's scales leave `tensors` here, already fused; its weights are checked like any other.
+    fp8_scales = take_fp8_scales(tensors, config) if config.quantization is not None else {}
     _check_checkpoint(tensors, config, model_dir)
-    return _fuse(tensors, config)
+    return {**_fuse(tensors, config), **fp8_scales}
 
 
 def load_model(
@@ -137,10 +140,19 @@ def load_model(
     dtype: torch.dtype,
     device: torch.device | str,
     attention: KernelBackend = REFERENCE_BACKEND,
+    quantize_to_fp8: bool = False,
 ) -> LlamaModel:
-    """A LlamaModel built from model_dir/config.json, with the checkpoint's weights cast to `dtype`."""
+    """A LlamaModel built from model_dir/config.json, with the checkpoint's weights cast to `dtype`.
+
+    An FP8 checkpoint (config.json quantization_config) loads its projections as FP8 as stored;
+    `quantize_to_fp8` quantizes an unquantized checkpoint's projections at load (engine/fp8.py).
+    """
     config = ModelConfig.from_dir(model_dir)
     weights = load_weights(model_dir, config)
     model = LlamaModel(config, dtype, device, attention)
+    if config.quantization is not None:
+        use_fp8_linears(model, static_input_scale=config.quantization.static_input_scale)
     model.load_state_dict(weights, strict=True)
+    if quantize_to_fp8 and config.quantization is None:
+        quantize_model_fp8(model)
     return model.eval()

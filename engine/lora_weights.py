@@ -82,9 +82,47 @@ def lora_module_shapes(config: ModelConfig) -> dict[str, ModuleShape]:
     }
 
 
+@dataclass(frozen=True)
+class AdapterSummary:
+    """What a registry records about a validated adapter."""
+
+    rank: int  # the largest module rank
+    alpha: float  # adapter_config.json lora_alpha (rank_pattern/alpha_pattern may vary it per module)
+    target_modules: tuple[str, ...]  # sorted, e.g. ("o_proj", "q_proj", "v_proj")
+    dtype: str  # of the LoRA tensors: "float16" | "bfloat16" | "float32", or "mixed"
+    base_model: str | None  # adapter_config.json base_model_name_or_path, if it names one
+
+
 def load_adapter_weights(directory: Path, model_config: ModelConfig, max_rank: int) -> AdapterWeights:
     """Read, validate and scale a PEFT LoRA adapter; raise AdapterLoadError on anything unusable."""
-    directory = Path(directory)
+    return _load(Path(directory), model_config, max_rank)[0]
+
+
+def inspect_adapter(directory: Path, model_config: ModelConfig, max_rank: int) -> AdapterSummary:
+    """Every check load_adapter_weights makes (NaN/Inf included), then a summary instead of the weights:
+    what an upload is validated with before anything is registered."""
+    weights, peft_config, dtypes = _load(Path(directory), model_config, max_rank)
+    base_model = peft_config.get("base_model_name_or_path")
+    return AdapterSummary(
+        rank=weights.rank,
+        alpha=float(peft_config["lora_alpha"]),
+        target_modules=tuple(sorted(weights.target_modules)),
+        dtype=str(ACCEPTED_DTYPES[next(iter(dtypes))]).removeprefix("torch.") if len(dtypes) == 1 else "mixed",
+        base_model=base_model if isinstance(base_model, str) and base_model else None,
+    )
+
+
+def base_model_matches(declared: str | None, served_model_name: str) -> bool:
+    """Whether an adapter's declared base (a hub id such as "HuggingFaceTB/SmolLM2-135M-Instruct" or the
+    local path it was trained from) names the served model, compared by last path component. An adapter
+    that declares none is not refused here: the shape checks still guard it."""
+    if declared is None:
+        return True
+    return declared.replace("\\", "/").rstrip("/").rsplit("/", 1)[-1].lower() == served_model_name.lower()
+
+
+def _load(directory: Path, model_config: ModelConfig, max_rank: int) -> tuple[AdapterWeights, dict, set[str]]:
+    """(scaled weights, adapter_config.json, safetensors dtypes of the LoRA tensors)."""
     peft_config = _read_peft_config(directory)
     weights_path = _weights_path(directory)
     try:
@@ -95,7 +133,8 @@ def load_adapter_weights(directory: Path, model_config: ModelConfig, max_rank: i
             modules = {key: _scaled_module(tensors, names, scaling) for key, (names, scaling) in plan.items()}
     except SafetensorError as error:
         raise AdapterLoadError(f"adapter: {weights_path} is not a valid safetensors file ({error})") from error
-    return AdapterWeights(rank=max(a.lora_a.shape[0] for a in modules.values()), modules=modules)
+    weights = AdapterWeights(rank=max(a.lora_a.shape[0] for a in modules.values()), modules=modules)
+    return weights, peft_config, {dtype for _, dtype in headers.values()}
 
 
 def _read_peft_config(directory: Path) -> dict:

@@ -121,3 +121,22 @@ def sgmv_expand(
         for i, b in enumerate(lora_b):
             lo, hi = slice_offsets[i], slice_offsets[i + 1]
             base_out[rows, lo:hi] += y[i, rows, :rank] @ b[slot, :, :rank].T
+
+
+def fp8_scaled_mm(
+    x_q: torch.Tensor,  # [T, K] float8_e4m3fn
+    x_scale: torch.Tensor,  # [T, 1] fp32
+    w_q: torch.Tensor,  # [N, K] float8_e4m3fn
+    w_scale: torch.Tensor,  # [N, 1] fp32
+    out_dtype: torch.dtype,
+) -> torch.Tensor:  # [T, N] in out_dtype
+    """torch._scaled_mm with row-wise scales, by dequantizing (kernels/fp8.py holds the CUDA path):
+
+        out[t, n] = sum_k (x_q[t, k] * x_scale[t]) * (w_q[n, k] * w_scale[n])
+                  = x_scale[t] * w_scale[n] * sum_k x_q[t, k] * w_q[n, k]
+
+    computed in the second form, like the GEMM's epilogue: each e4m3 x e4m3 product is exact in
+    fp32, the sum is accumulated in fp32, and the output is rounded to out_dtype once.
+    """
+    acc = x_q.float() @ w_q.float().T  # [T, N] fp32
+    return acc.mul_(x_scale).mul_(w_scale.T).to(out_dtype)

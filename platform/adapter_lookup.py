@@ -1,9 +1,9 @@
 """How the gateway turns the name a client sends (`model` / `adapter_id`) into an AdapterHandle.
 
 `AdapterLookup` is the seam the adapter registry (database, versions, aliases,
-tenants) will implement later. `LocalAdapterLookup` serves adapters straight
-from directories: the `--adapter NAME=PATH` entries and the subdirectories of
-`--adapter-dir`.
+tenants) implements (platform/registry_lookup.py). `LocalAdapterLookup` serves
+adapters straight from directories: the `--adapter NAME=PATH` entries and the
+subdirectories of `--adapter-dir`, the same for every tenant.
 
 The runtime key must change whenever the weights change (it is mixed into the
 prefix-cache block hashes), so it carries a hash of the weights file. Hashing
@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import threading
+import uuid
 from pathlib import Path
 from typing import Protocol
 
@@ -43,12 +44,13 @@ class InvalidAdapterError(ValueError):
 
 
 class AdapterLookup(Protocol):
-    def resolve(self, model: str) -> AdapterHandle | None:
-        """The adapter a request names; None for the base model. Raises AdapterNotFoundError."""
+    def resolve(self, model: str, tenant_id: uuid.UUID | None = None) -> AdapterHandle | None:
+        """The adapter a request of `tenant_id` names; None for the base model. Raises AdapterNotFoundError
+        (also for another tenant's adapter). tenant_id None: server-wide adapters only."""
         ...
 
-    def list_adapters(self) -> list[AdapterHandle]:
-        """Every adapter that can be served now."""
+    def list_adapters(self, tenant_id: uuid.UUID | None = None) -> list[AdapterHandle]:
+        """Every adapter that `tenant_id` can be served now."""
         ...
 
 
@@ -72,7 +74,7 @@ class LocalAdapterLookup:
         # weights path -> ((inode, mtime_ns, size), sha256); one entry per path, replaced when the file changes
         self._hashes: dict[Path, tuple[tuple[int, int, int], str]] = {}
 
-    def resolve(self, model: str) -> AdapterHandle | None:
+    def resolve(self, model: str, tenant_id: uuid.UUID | None = None) -> AdapterHandle | None:
         if model in self.base_names:
             return None
         directory = self._find_directory(model)
@@ -80,7 +82,7 @@ class LocalAdapterLookup:
             raise AdapterNotFoundError(model)
         return self._handle(model, directory)
 
-    def list_adapters(self) -> list[AdapterHandle]:
+    def list_adapters(self, tenant_id: uuid.UUID | None = None) -> list[AdapterHandle]:
         handles = []
         for name in sorted(self._all_names()):
             try:

@@ -1,4 +1,5 @@
-"""The `loraloom` command: `loraloom serve ...` and `loraloom model import-bundled`."""
+"""The `loraloom` command line: the parser and the dispatch. The commands live in
+cli_admin.py (on the database) and cli_client.py (over HTTP against a server)."""
 from __future__ import annotations
 
 import argparse
@@ -6,12 +7,17 @@ import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from loraloom.engine.config import EngineConfig
+from loraloom.engine.config import QUANTIZATION_METHODS, EngineConfig
+
+if TYPE_CHECKING:
+    from loraloom.platform.settings import Settings
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8000
 RESERVED_NAME_CHARACTERS = ":@/\\"  # kept free for the registry's "name:alias" and "name@version"
+ROLE_CHOICES = ("admin", "developer", "inference")  # ApiKeyRole's values, without importing the database layer
 
 
 def adapter_argument(value: str) -> tuple[str, Path]:
@@ -72,6 +78,13 @@ def build_parser() -> argparse.ArgumentParser:
     ]
     for flag, default, help_text in engine_sizes:
         serve.add_argument(flag, type=positive_int, default=default, help=help_text)
+    serve.add_argument(
+        "--quantization",
+        choices=QUANTIZATION_METHODS,
+        default=None,
+        help="fp8: quantize the base model's linear layers to FP8 at load (weights per channel, activations "
+        "per token; lm_head stays unquantized). FP8 checkpoints (compressed-tensors) are FP8 without this flag",
+    )
 
     model = commands.add_parser("model", help="manage models")
     model_commands = model.add_subparsers(dest="model_command", required=True)
@@ -79,7 +92,56 @@ def build_parser() -> argparse.ArgumentParser:
         "import-bundled", help="convert the bundled SmolLM2-135M-Instruct once; print its directory"
     )
     import_bundled.add_argument("--force", action="store_true", help="convert again even if already imported")
+
+    db = commands.add_parser("db", help="manage the database (LORALOOM_DATABASE_URL)")
+    db_commands = db.add_subparsers(dest="db_command", required=True)
+    db_commands.add_parser("upgrade", help="apply the migrations (serve also does this on start)")
+
+    admin = commands.add_parser("admin", help="administer the database directly, without a server")
+    admin_commands = admin.add_subparsers(dest="admin_command", required=True)
+    create_key = admin_commands.add_parser(
+        "create-key", help="create an API key (and its tenant if new); prints only the key on stdout"
+    )
+    create_key.add_argument("--tenant", required=True, help="tenant name; created if it does not exist")
+    create_key.add_argument("--role", required=True, choices=ROLE_CHOICES)
+    create_key.add_argument("--name", default="cli", help="what the key is for")
+
+    add_client_commands(commands)
     return parser
+
+
+def add_client_commands(commands: argparse._SubParsersAction) -> None:
+    """Commands that talk to a server: LORALOOM_BASE_URL (default http://127.0.0.1:8000) and LORALOOM_API_KEY."""
+    keys = commands.add_parser("keys", help="API keys (server: LORALOOM_BASE_URL, LORALOOM_API_KEY)")
+    key_commands = keys.add_subparsers(dest="keys_command", required=True)
+    create = key_commands.add_parser("create", help="create a key (admin); prints only the key on stdout")
+    create.add_argument("--name", required=True, help="what the key is for")
+    create.add_argument("--role", required=True, choices=ROLE_CHOICES)
+    create.add_argument("--tenant", help="tenant name; default: your key's tenant")
+    create.add_argument("--expires-at", help="ISO 8601 time with offset, e.g. 2027-01-01T00:00:00Z")
+    listing = key_commands.add_parser("list", help="list keys: prefix, role, last use (never the key)")
+    listing.add_argument("--tenant", help="tenant name (admin); default: your key's tenant")
+    revoke = key_commands.add_parser("revoke", help="revoke a key by id (admin)")
+    revoke.add_argument("key_id", metavar="KEY_ID")
+
+    adapters = commands.add_parser("adapters", help="adapters (server: LORALOOM_BASE_URL, LORALOOM_API_KEY)")
+    adapter_commands = adapters.add_subparsers(dest="adapters_command", required=True)
+    push = adapter_commands.add_parser(
+        "push", help="upload a PEFT adapter directory (or a .tar.gz/.zip of one) as a new version"
+    )
+    push.add_argument("path", type=Path, metavar="DIR")
+    push.add_argument("--name", required=True, help="adapter name; created on its first push")
+    push.add_argument("--alias", help="also point this alias (e.g. prod) at the new version")
+    adapter_commands.add_parser("list", help="list adapters")
+    versions = adapter_commands.add_parser("versions", help="list an adapter's versions")
+    versions.add_argument("name", metavar="NAME")
+    promote = adapter_commands.add_parser("promote", help="point ALIAS of NAME at VERSION (promote or roll back)")
+    promote.add_argument("name", metavar="NAME")
+    promote.add_argument("alias", metavar="ALIAS")
+    promote.add_argument("version", type=positive_int, metavar="VERSION")
+    remove = adapter_commands.add_parser("rm", help="delete an adapter (NAME) or one version (NAME@N)")
+    remove.add_argument("reference", metavar="NAME|NAME@N")
+    remove.add_argument("--force", action="store_true", help="delete a version even if an alias points to it")
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:
@@ -90,6 +152,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         max_num_batched_tokens=args.max_num_batched_tokens,
         max_loras=args.max_loras,
         max_lora_rank=args.max_lora_rank,
+        quantization=args.quantization,
     )
 
 
@@ -101,17 +164,40 @@ def serve(args: argparse.Namespace) -> None:
     from loraloom.engine.bundled import import_bundled
     from loraloom.platform.adapter_lookup import LocalAdapterLookup
     from loraloom.platform.api import create_app
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from loraloom.platform.cli_admin import prepare_database, shown_url
+    from loraloom.platform.registry_lookup import adapter_fetcher_from_settings, registry_lookup_from_settings
+    from loraloom.platform.storage import storage_from_settings
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    settings = load_settings()
+    try:
+        prepare_database(settings, sys.stderr)
+    except SQLAlchemyError as error:
+        sys.exit(f"loraloom serve: database {shown_url(settings.database_url)}: {error}")
     model_dir = args.model if args.model is not None else import_bundled()
     try:
-        engine = AsyncEngine.create(model_dir, engine_config(args))
-        lookup = LocalAdapterLookup(
+        store = storage_from_settings(settings)
+        engine = AsyncEngine.create(model_dir, engine_config(args), adapter_fetcher_from_settings(settings, store))
+        local = LocalAdapterLookup(
             base_names={engine.model_name}, adapters=dict(args.adapter), adapter_dir=args.adapter_dir
         )
+        lookup = registry_lookup_from_settings(settings, store, local)
     except (ValueError, FileNotFoundError) as error:  # bad model directory or adapter names: say which, no traceback
         sys.exit(f"loraloom serve: {error}")
-    uvicorn.run(create_app(engine, lookup), host=args.host, port=args.port)
+    uvicorn.run(create_app(engine, lookup, settings), host=args.host, port=args.port)
+
+
+def load_settings() -> Settings:
+    from pydantic import ValidationError
+
+    from loraloom.platform.settings import Settings
+
+    try:
+        return Settings()
+    except ValidationError as error:
+        sys.exit(f"loraloom: invalid LORALOOM_* environment settings:\n{error}")
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -125,6 +211,14 @@ def main(argv: Sequence[str] | None = None) -> None:
         from loraloom.engine.bundled import import_bundled
 
         print(import_bundled(force=args.force))
+    elif args.command in ("db", "admin"):
+        from loraloom.platform.cli_admin import run_admin_command
+
+        run_admin_command(args, load_settings())
+    else:
+        from loraloom.platform.cli_client import run_client_command
+
+        run_client_command(args)
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 MIB = 1024 * 1024
 DEFAULT_MULTIPART_THRESHOLD_BYTES = 64 * MIB
 DEFAULT_MULTIPART_CHUNK_BYTES = 16 * MIB
+DEFAULT_MAX_REQUEST_BODY_BYTES = 8 * MIB
 
 
 def default_data_dir() -> Path:
@@ -35,6 +36,20 @@ class Settings(BaseSettings):
     storage_multipart_threshold_bytes: int = Field(default=DEFAULT_MULTIPART_THRESHOLD_BYTES, ge=1)
     storage_multipart_chunk_bytes: int = DEFAULT_MULTIPART_CHUNK_BYTES  # S3BlobStore enforces S3's 5 MiB minimum
     presigned_url_expires_s: int = Field(default=3600, ge=1, le=7 * 24 * 3600)  # SigV4's maximum is 7 days
+    # Bodies larger than this are refused with 413 before they are parsed (adapter uploads included).
+    max_request_body_bytes: int = Field(default=DEFAULT_MAX_REQUEST_BODY_BYTES, ge=1)
+    # Usage, audit and API-key last-used rows are written off the request path in batches:
+    # every record_flush_interval_ms, or as soon as record_batch_size rows are pending.
+    record_flush_interval_ms: int = Field(default=1000, ge=1)
+    record_batch_size: int = Field(default=500, ge=1)
+    # The adapter registry. Uploads through the gateway may unpack to at most adapter_upload_max_bytes
+    # (bigger adapters use the presigned S3 flow); versions the engine fetched stay in adapter_cache_dir
+    # (None = <data_dir>/cache/adapters) up to adapter_cache_max_bytes; a reference's resolution is
+    # cached for at most adapter_resolution_ttl_s (changes made through this server apply at once).
+    adapter_upload_max_bytes: int = Field(default=2 * 1024**3, ge=1)
+    adapter_cache_dir: Path | None = None
+    adapter_cache_max_bytes: int = Field(default=20 * 1024**3, ge=1)
+    adapter_resolution_ttl_s: float = Field(default=5.0, gt=0)
 
     @model_validator(mode="after")
     def fill_data_dir_defaults(self) -> "Settings":
@@ -44,4 +59,6 @@ class Settings(BaseSettings):
             self.database_url = f"sqlite:///{data_dir / 'loraloom.db'}"
         if self.storage_url is None:
             self.storage_url = (data_dir / "blobs").as_uri()
+        if self.adapter_cache_dir is None:
+            self.adapter_cache_dir = data_dir / "cache" / "adapters"
         return self

@@ -1,23 +1,41 @@
-"""create_app: the OpenAI-compatible HTTP API over one AsyncEngine."""
+"""create_app: the OpenAI-compatible HTTP API over one AsyncEngine, with its control-plane database."""
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
-from fastapi import FastAPI
+from fastapi import APIRouter, Depends, FastAPI
+from fastapi.dependencies.models import Dependant
+from fastapi.routing import iter_route_contexts
 from starlette.concurrency import run_in_threadpool
 
 from loraloom.engine.async_engine import AsyncEngine
 from loraloom.engine.lora import AdapterLoadError
 from loraloom.platform.adapter_lookup import AdapterLookup
-from loraloom.platform.api import chat, completions, models, operations
+from loraloom.platform.api import adapters, admin, chat, completions, models, operations, usage
 from loraloom.platform.api.body_limit import BodySizeLimit
 from loraloom.platform.api.errors import install_error_handlers
 from loraloom.platform.api.metrics import engine_metrics_registry
+from loraloom.platform.api.schemas import ErrorResponse
+from loraloom.platform.audit import AuditMiddleware, write_audit_entries
+from loraloom.platform.auth import authenticate, write_key_uses
+from loraloom.platform.batch_writer import BatchWriter
+from loraloom.platform.db import create_db_engine, create_session_factory
+from loraloom.platform.settings import Settings
+from loraloom.platform.usage import write_usage_records
 
 logger = logging.getLogger(__name__)
+
+# Every router here serves /v1 paths and requires an API key; /health and /metrics stay open.
+AUTHENTICATED_ROUTERS = (chat.router, completions.router, models.router, admin.router, usage.router, adapters.router)
+OPEN_ROUTERS = (operations.router,)
+API_PREFIX = "/v1/"
+# A writer holds at most this many batches in memory while the database is unreachable.
+MAX_PENDING_BATCHES = 200
 
 
 async def preload_adapters(engine: AsyncEngine, lookup: AdapterLookup) -> None:
@@ -31,23 +49,76 @@ async def preload_adapters(engine: AsyncEngine, lookup: AdapterLookup) -> None:
             logger.error("adapter %r (%s) not loaded: %s", adapter.name, adapter.uri, error)
 
 
-def create_app(engine: AsyncEngine, lookup: AdapterLookup) -> FastAPI:
+def _depends_on(dependant: Dependant, dependency: Any) -> bool:
+    return any(sub.call is dependency or _depends_on(sub, dependency) for sub in dependant.dependencies)
+
+
+def check_api_routes_authenticated(app: FastAPI) -> None:
+    """Refuse to build an app with a /v1 route that does not authenticate its caller."""
+    # Route contexts, not app.routes: they carry the dependencies of the routers a route was included through.
+    for route in iter_route_contexts(app.routes):
+        dependant = getattr(route, "dependant", None)  # None: Starlette's own routes (docs, openapi.json)
+        path = getattr(route, "path", "")
+        if dependant is not None and path.startswith(API_PREFIX) and not _depends_on(dependant, authenticate):
+            raise RuntimeError(
+                f"{sorted(getattr(route, 'methods', ()))} {path} is served without authentication; "
+                "add its router to AUTHENTICATED_ROUTERS in platform/api/app.py"
+            )
+
+
+def create_app(engine: AsyncEngine, lookup: AdapterLookup, settings: Settings) -> FastAPI:
+    """The app serving `engine`; tenants, keys, usage and audit live in `settings.database_url`,
+    which must already be migrated (`loraloom db upgrade`; `loraloom serve` does it)."""
+    db_engine = create_db_engine(settings.database_url)
+    session_factory = create_session_factory(db_engine)
+
+    def record_writer(name: str, write: Any) -> BatchWriter[Any]:
+        return BatchWriter(
+            functools.partial(write, session_factory),
+            name=name,
+            flush_interval_s=settings.record_flush_interval_ms / 1000,
+            max_batch=settings.record_batch_size,
+            max_pending=settings.record_batch_size * MAX_PENDING_BATCHES,
+        )
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        # Made here, not in create_app: they run on the server's event loop, once per start.
+        app.state.usage_writer = record_writer("usage", write_usage_records)
+        app.state.audit_writer = record_writer("audit", write_audit_entries)
+        app.state.key_use_writer = record_writer("api-key last-used", write_key_uses)
+        writers = (app.state.usage_writer, app.state.audit_writer, app.state.key_use_writer)
+        for writer in writers:
+            writer.start()
         await engine.start()
         try:
             await preload_adapters(engine, lookup)
             yield
         finally:
-            await engine.shutdown()
+            await engine.shutdown()  # ends the streams, whose usage rows are submitted as they end
+            for writer in writers:
+                await writer.close()
+            db_engine.dispose()
 
     app = FastAPI(title="loraloom", summary="OpenAI-compatible multi-LoRA serving", lifespan=lifespan)
     app.state.engine = engine
     app.state.lookup = lookup
+    app.state.session_factory = session_factory
     app.state.metrics_registry = engine_metrics_registry(engine.stats)
     app.state.created = int(time.time())
     install_error_handlers(app)
-    app.add_middleware(BodySizeLimit)
-    for router in (chat.router, completions.router, models.router, operations.router):
+    app.add_middleware(AuditMiddleware)
+    # Outermost: an oversized body is refused before anything else.
+    app.add_middleware(BodySizeLimit, max_body_bytes=settings.max_request_body_bytes,
+                       max_upload_bytes=settings.adapter_upload_max_bytes)
+    authenticated = APIRouter(
+        dependencies=[Depends(authenticate)],
+        responses={status: {"model": ErrorResponse} for status in (401, 403)},
+    )
+    for router in AUTHENTICATED_ROUTERS:
+        authenticated.include_router(router)
+    app.include_router(authenticated)
+    for router in OPEN_ROUTERS:
         app.include_router(router)
+    check_api_routes_authenticated(app)
     return app

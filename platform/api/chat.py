@@ -39,6 +39,8 @@ from loraloom.platform.api.schemas import (
     ChatTokenLogprob,
     TopLogprob,
 )
+from loraloom.platform.auth import CallerDep
+from loraloom.platform.usage import ChatUsageMeterDep
 
 router = APIRouter(tags=["chat"])
 
@@ -99,9 +101,14 @@ async def chat_event_stream(
     responses={200: sse_response_doc("ChatCompletionChunk"), **ERROR_RESPONSES},
 )
 async def create_chat_completion(
-    body: ChatCompletionRequest, request: Request, engine: EngineDep, lookup: LookupDep
+    body: ChatCompletionRequest,
+    request: Request,
+    engine: EngineDep,
+    lookup: LookupDep,
+    meter: ChatUsageMeterDep,
+    caller: CallerDep,
 ) -> ChatCompletionResponse | Response:
-    adapter = await resolve_adapter(lookup, body)
+    adapter = await resolve_adapter(lookup, body, caller.tenant_id)
     messages = [message.model_dump(exclude_none=True) for message in body.messages]
     try:
         # Off the event loop: templating and tokenizing a long conversation takes a while.
@@ -126,6 +133,8 @@ async def create_chat_completion(
         adapter=adapter,
         field_names={"prompt": "messages", "max_tokens": max_tokens_field, "logprobs": "top_logprobs"},
         adapter_param=adapter_reference(body)[1],
+        model=body.model,
+        meter=meter,
     )
     created = int(time.time())
 

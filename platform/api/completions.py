@@ -33,6 +33,8 @@ from loraloom.platform.api.schemas import (
     CompletionRequest,
     PromptInput,
 )
+from loraloom.platform.auth import CallerDep
+from loraloom.platform.usage import CompletionUsageMeterDep
 
 router = APIRouter(tags=["completions"])
 
@@ -99,9 +101,14 @@ async def completion_event_stream(
     responses={200: sse_response_doc("Completion"), **ERROR_RESPONSES},
 )
 async def create_completion(
-    body: CompletionRequest, request: Request, engine: EngineDep, lookup: LookupDep
+    body: CompletionRequest,
+    request: Request,
+    engine: EngineDep,
+    lookup: LookupDep,
+    meter: CompletionUsageMeterDep,
+    caller: CallerDep,
 ) -> Completion | Response:
-    adapter = await resolve_adapter(lookup, body)
+    adapter = await resolve_adapter(lookup, body, caller.tenant_id)
     # Off the event loop: tokenizing a long prompt takes a while.
     prompt_ids = await run_in_threadpool(prompt_token_ids, engine.tokenizer, body.prompt)
     max_tokens = body.max_tokens
@@ -117,6 +124,8 @@ async def create_completion(
         adapter=adapter,
         field_names={},
         adapter_param=adapter_reference(body)[1],
+        model=body.model,
+        meter=meter,
     )
     created = int(time.time())
 

@@ -30,6 +30,7 @@ class APIError(Exception):
         param: str | None = None,
         code: str | None = None,
         error_type: str = INVALID_REQUEST,
+        headers: dict[str, str] | None = None,
     ) -> None:
         super().__init__(message)
         self.status_code = status_code
@@ -37,6 +38,7 @@ class APIError(Exception):
         self.param = param
         self.code = code
         self.error_type = error_type
+        self.headers = headers  # e.g. WWW-Authenticate on a 401
 
 
 def error_response(error: APIError, headers: dict[str, str] | None = None) -> JSONResponse:
@@ -88,7 +90,7 @@ def validation_error(error: RequestValidationError) -> APIError:
 
 
 async def _api_error_handler(request: Request, error: APIError) -> JSONResponse:
-    return error_response(error)
+    return error_response(error, headers=error.headers)
 
 
 async def _validation_error_handler(request: Request, error: RequestValidationError) -> JSONResponse:

@@ -2,6 +2,7 @@
 starting an engine stream, collecting it, usage, SSE framing, disconnects."""
 from __future__ import annotations
 
+import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -20,6 +21,7 @@ from loraloom.engine.request import SamplingParams
 from loraloom.platform.adapter_lookup import AdapterLookup, AdapterNotFoundError, InvalidAdapterError
 from loraloom.platform.api.errors import APIError, field_error
 from loraloom.platform.api.schemas import DEFAULT_MAX_TOKENS, GenerationRequest, PromptTokensDetails, Usage
+from loraloom.platform.usage import UsageMeter
 
 SSE_DONE = "data: [DONE]\n\n"
 CLIENT_CLOSED_REQUEST = 499  # nginx's status for a client that left; nobody reads this response
@@ -34,11 +36,11 @@ def adapter_reference(body: GenerationRequest) -> tuple[str, str]:
     return body.model, "model"
 
 
-async def resolve_adapter(lookup: AdapterLookup, body: GenerationRequest) -> AdapterHandle | None:
+async def resolve_adapter(lookup: AdapterLookup, body: GenerationRequest, tenant_id: uuid.UUID) -> AdapterHandle | None:
     name, param = adapter_reference(body)
     try:
         # A lookup may hash files or query a database: keep it off the event loop.
-        return await run_in_threadpool(lookup.resolve, name)
+        return await run_in_threadpool(lookup.resolve, name, tenant_id)
     except AdapterNotFoundError as error:
         raise APIError(404, str(error), param=param, code="model_not_found") from None
     except InvalidAdapterError as error:
@@ -74,37 +76,53 @@ async def open_generation(
     adapter: AdapterHandle | None,
     field_names: dict[str, str],
     adapter_param: str,
+    model: str,
+    meter: UsageMeter,
 ) -> AsyncGenerator[RequestOutput, None]:
     """Start a request and wait for its first output, so that what the engine
     refuses becomes a 400 before any response (or SSE header) is sent.
 
     `field_names` maps the engine's field names in its error messages to this
     endpoint's request fields. The returned stream aborts the request when it
-    is closed or cancelled before the end.
+    is closed or cancelled before the end. `meter` sees every output and is
+    finished when the stream ends, however it ends.
     """
+    meter.begin(request_id=request_id, model=model, adapter=adapter)
     outputs = engine.generate(request_id=request_id, prompt_token_ids=prompt_token_ids, params=params, adapter=adapter)
     try:
         first = await anext(outputs)
     except AdapterLoadError as error:
+        meter.finish(failed=True)
         raise APIError(400, str(error), param=adapter_param) from None
     except ValueError as error:
+        meter.finish(failed=True)
         raise field_error(error, field_names) from None
-    return _stream_from(first, outputs)
+    except BaseException as error:
+        meter.finish(failed=isinstance(error, Exception))  # a cancellation is the client leaving
+        raise
+    meter.observe(first)
+    return _stream_from(first, outputs, meter)
 
 
 async def _stream_from(
-    first: RequestOutput, rest: AsyncGenerator[RequestOutput, None]
+    first: RequestOutput, rest: AsyncGenerator[RequestOutput, None], meter: UsageMeter
 ) -> AsyncGenerator[RequestOutput, None]:
+    failed = False
     try:
         yield first
         if not first.finished:
             async for output in rest:
+                meter.observe(output)
                 yield output
+    except Exception:
+        failed = True
+        raise
     finally:
         # Shielded: on a client disconnect this runs inside a cancelled scope,
         # and the abort must still reach the engine.
         with anyio.CancelScope(shield=True):
             await rest.aclose()
+        meter.finish(failed=failed)
 
 
 @dataclass

@@ -6,6 +6,7 @@ from starlette.concurrency import run_in_threadpool
 
 from loraloom.platform.api.dependencies import EngineDep, LookupDep
 from loraloom.platform.api.schemas import ModelCard, ModelList
+from loraloom.platform.auth import CallerDep
 
 router = APIRouter(tags=["models"])
 
@@ -13,9 +14,9 @@ OWNER = "loraloom"
 
 
 @router.get("/v1/models", response_model=ModelList)
-async def list_models(request: Request, engine: EngineDep, lookup: LookupDep) -> ModelList:
+async def list_models(request: Request, engine: EngineDep, lookup: LookupDep, caller: CallerDep) -> ModelList:
     created = request.app.state.created
-    adapters = await run_in_threadpool(lookup.list_adapters)  # may scan directories and hash files
+    adapters = await run_in_threadpool(lookup.list_adapters, caller.tenant_id)  # may scan directories and hash files
     base = ModelCard(id=engine.model_name, created=created, owned_by=OWNER, parent=None)
     cards = [
         ModelCard(id=adapter.name, created=created, owned_by=OWNER, parent=engine.model_name) for adapter in adapters

@@ -108,10 +108,19 @@ class ApiKeyRole(str, enum.Enum):
     inference = "inference"  # inference only
 
 
+class UsageStatus(str, enum.Enum):
+    ok = "ok"  # generation ended normally (stop or length)
+    error = "error"  # the engine refused or failed the request
+    aborted = "aborted"  # the client went away (or the server shut down) before the end
+
+
 class AdapterVersionStatus(str, enum.Enum):
     pending = "pending"  # registered, files not yet uploaded or verified
     ready = "ready"  # verified and servable
     failed = "failed"  # verification or validation refused it; see status_detail
+    # Removed by its owner: its blobs are gone, the row stays so that the number is never reused
+    # and alias_history keeps pointing at it.
+    deleted = "deleted"
 
 
 class AdapterVersionSource(str, enum.Enum):
@@ -289,12 +298,18 @@ class UsageRecord(Base):
     tenant_id: Mapped[uuid.UUID]
     api_key_id: Mapped[uuid.UUID | None]
     adapter_version_id: Mapped[uuid.UUID | None]  # None: the base model
+    # The engine's runtime adapter key (unique per immutable weights); None: the base model.
+    adapter_key: Mapped[str | None] = mapped_column(String(256))
     model: Mapped[str] = mapped_column(String(256))  # what the client asked for, e.g. "support-bot:prod"
     request_id: Mapped[str] = mapped_column(String(64))
     endpoint: Mapped[str] = mapped_column(String(32))  # "chat.completions" | "completions"
+    # The defaults match what migration 0002 gave rows metered before it (outcome and time unknown).
+    status: Mapped[UsageStatus] = mapped_column(_enum_column(UsageStatus, "usage_status"), default=UsageStatus.ok)
     prompt_tokens: Mapped[int]
     completion_tokens: Mapped[int]
     cached_tokens: Mapped[int] = mapped_column(default=0)
+    time_to_first_token_ms: Mapped[float | None] = mapped_column(Double)  # None: no token was generated
+    duration_ms: Mapped[float] = mapped_column(Double, default=0.0)  # request received -> its end
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 

@@ -10,15 +10,17 @@ from loraloom.platform.api.body_limit import BodySizeLimit
 from loraloom.platform.api.errors import field_error, install_error_handlers
 
 BODY_LIMIT = 1000
+UPLOAD_LIMIT = 5000
 
 
 @pytest.fixture(scope="module")
 def client() -> TestClient:
     app = FastAPI()
     install_error_handlers(app)
-    app.add_middleware(BodySizeLimit, max_body_bytes=BODY_LIMIT)
+    app.add_middleware(BodySizeLimit, max_body_bytes=BODY_LIMIT, max_upload_bytes=UPLOAD_LIMIT)
 
     @app.post("/echo-length")
+    @app.post("/v1/adapters/{name}/versions")
     async def echo_length(request: Request) -> dict[str, int]:
         return {"length": len(await request.body())}
 
@@ -55,6 +57,16 @@ def test_body_over_the_limit_is_413(client):
 def test_chunked_body_over_the_limit_is_413(client):
     chunks = (b"x" * 300 for _ in range(4))  # no Content-Length: the cap counts what arrives
     assert client.post("/echo-length", content=chunks).status_code == 413
+
+
+def test_adapter_uploads_stream_under_their_own_larger_cap(client):
+    size = BODY_LIMIT * 3  # over the JSON cap, under the upload cap
+    response = client.post("/v1/adapters/bot/versions", content=b"x" * size)
+    assert response.status_code == 200 and response.json() == {"length": size}
+    too_large = client.post("/v1/adapters/bot/versions", content=b"x" * (UPLOAD_LIMIT + 1))
+    assert too_large.status_code == 413 and str(UPLOAD_LIMIT) in too_large.json()["error"]["message"]
+    # Only the upload route gets the larger cap.
+    assert client.post("/v1/adapters/bot/aliases/prod", content=b"x" * size).status_code == 413
 
 
 def test_field_error_names_the_clients_field():

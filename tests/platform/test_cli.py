@@ -1,6 +1,7 @@
 """The `loraloom` command: argument parsing, and `loraloom serve` end to end in a subprocess."""
 from __future__ import annotations
 
+import os
 import queue
 import re
 import shutil
@@ -82,11 +83,13 @@ def test_serve_reports_a_broken_adapter_and_serves_the_rest(tmp_path, model_dir)
     shutil.copy(good / "adapter_config.json", broken / "adapter_config.json")
     (broken / "adapter_model.safetensors").write_bytes(b"these bytes are not a safetensors file")
 
+    data_dir = tmp_path / "data"
     process = subprocess.Popen(
         [str(LORALOOM), "serve", "--port", "0", "--adapter-dir", str(adapter_dir), "--num-kv-blocks", "64"],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         text=True,
+        env={**os.environ, "LORALOOM_DATA_DIR": str(data_dir)},
     )
     lines: queue.Queue[str | None] = queue.Queue()
     threading.Thread(target=_read_lines, args=(process.stderr, lines), daemon=True).start()
@@ -101,8 +104,13 @@ def test_serve_reports_a_broken_adapter_and_serves_the_rest(tmp_path, model_dir)
             port = int(match.group(1)) if match else None
         startup_log = "".join(stderr)
         assert "'broken'" in startup_log and "not a valid safetensors file" in startup_log
+        # A fresh data directory: migrated on start, and the bootstrap admin key printed once.
+        assert (data_dir / "loraloom.db").is_file()
+        bootstrap_keys = re.findall(r"^\s+(ll-\S+)$", startup_log, flags=re.MULTILINE)
+        assert len(bootstrap_keys) == 1, startup_log
 
-        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60) as client:
+        auth = {"Authorization": f"Bearer {bootstrap_keys[0]}"}
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60, headers=auth) as client:
             served = [card["id"] for card in client.get("/v1/models").json()["data"]]
             assert served == [model_dir.name, "broken", "good"]
             reply = client.post("/v1/completions", json={"model": "good", "prompt": "Hello", "max_tokens": 2})

@@ -7,9 +7,7 @@ import copy
 import json
 import shutil
 import socket
-import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,7 +15,7 @@ import httpx
 import openai
 import pytest
 import torch
-import uvicorn
+from live_api import bearer, make_key, migrated_settings, serve_in_thread, wait_until
 from lora_factory import hf_base_model, make_peft_adapter
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -32,24 +30,19 @@ CHAT = [{"role": "user", "content": "What is the capital of France?"}]
 COUNTING_PROMPT = "1, 2, 3, 4,"  # greedy decoding keeps counting: no early end of sequence
 
 
-class _ServerWithReadyEvent(uvicorn.Server):
-    def __init__(self, config: uvicorn.Config) -> None:
-        super().__init__(config)
-        self.ready = threading.Event()
-
-    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
-        await super().startup(sockets=sockets)
-        self.ready.set()
-
-
 @dataclass
 class LiveServer:
     url: str
     engine: AsyncEngine
     adapters: dict[str, Path]
+    api_key: str
+
+    @property
+    def auth(self) -> dict[str, str]:
+        return bearer(self.api_key)
 
     def openai(self) -> openai.OpenAI:
-        return openai.OpenAI(base_url=f"{self.url}/v1", api_key="unused", max_retries=0, timeout=120)
+        return openai.OpenAI(base_url=f"{self.url}/v1", api_key=self.api_key, max_retries=0, timeout=120)
 
 
 @pytest.fixture(scope="module")
@@ -70,20 +63,13 @@ def adapters(model_dir, tmp_path_factory) -> dict[str, Path]:
 
 
 @pytest.fixture(scope="module")
-def server(model_dir, adapters) -> Iterator[LiveServer]:
+def server(model_dir, adapters, tmp_path_factory) -> Iterator[LiveServer]:
+    settings = migrated_settings(tmp_path_factory.mktemp("data"))
+    api_key = make_key(settings, tenant="default", role="inference")
     engine = AsyncEngine.create(model_dir, EngineConfig(num_kv_blocks=NUM_KV_BLOCKS))
     lookup = LocalAdapterLookup({engine.model_name}, {"alpha": adapters["alpha"]}, adapters["adapter_dir"])
-    listener = socket.socket()
-    listener.bind(("127.0.0.1", 0))  # the OS picks a free port; uvicorn serves on this very socket
-    port = listener.getsockname()[1]
-    uvicorn_server = _ServerWithReadyEvent(uvicorn.Config(create_app(engine, lookup), log_level="warning"))
-    thread = threading.Thread(target=uvicorn_server.run, kwargs={"sockets": [listener]}, daemon=True)
-    thread.start()
-    assert uvicorn_server.ready.wait(timeout=120) and uvicorn_server.started, "the server did not start"
-    yield LiveServer(url=f"http://127.0.0.1:{port}", engine=engine, adapters=adapters)
-    uvicorn_server.should_exit = True
-    thread.join(timeout=60)
-    listener.close()
+    with serve_in_thread(create_app(engine, lookup, settings)) as url:
+        yield LiveServer(url=url, engine=engine, adapters=adapters, api_key=api_key)
 
 
 # ------------------------------------------------------------------ references
@@ -139,14 +125,6 @@ def hf_logprobs(model, prompt_ids: list[int], generated_ids: list[int]) -> torch
 def expected_text_and_reason(hf_tokenizer, generated: list[int], eos_token_ids: tuple[int, ...]) -> tuple[str, str]:
     finish_reason = "stop" if generated[-1] in eos_token_ids else "length"
     return hf_tokenizer.decode(generated, skip_special_tokens=True), finish_reason
-
-
-def wait_until(condition: Callable[[], bool], what: str, timeout_s: float = 60.0) -> None:
-    """Poll for the server's asynchronous cleanup (no timing is asserted, only that it happens)."""
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.01)
 
 
 def engine_idle(engine: AsyncEngine) -> bool:
@@ -354,7 +332,7 @@ def test_errors_through_the_openai_client(server):
 
 
 def test_errors_in_openai_shape_over_raw_http(server):
-    with httpx.Client(base_url=server.url, timeout=60) as http:
+    with httpx.Client(base_url=server.url, timeout=60, headers=server.auth) as http:
         headers = {"content-type": "application/json"}
         malformed = http.post("/v1/chat/completions", content=b'{"model": "base", "messages": [', headers=headers)
         error = assert_openai_error(malformed, 400, None)
@@ -397,7 +375,7 @@ def test_stream_disconnect_aborts_and_frees_kv_blocks(server):
     max_tokens = 400
     body = {"model": "alpha", "prompt": COUNTING_PROMPT, "max_tokens": max_tokens, "temperature": 0,
             "ignore_eos": True, "stream": True}
-    with httpx.Client(base_url=server.url, timeout=60) as http:
+    with httpx.Client(base_url=server.url, timeout=60, headers=server.auth) as http:
         with http.stream("POST", "/v1/completions", json=body) as response:
             assert response.status_code == 200
             events = (line for line in response.iter_lines() if line.startswith("data: "))
@@ -421,6 +399,7 @@ def test_non_stream_disconnect_aborts_and_frees_kv_blocks(server):
     host, port = server.url.removeprefix("http://").split(":")
     request = (
         f"POST /v1/completions HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+        f"Authorization: Bearer {server.api_key}\r\n"
         f"Content-Length: {len(body)}\r\n\r\n"
     ).encode() + body
     with socket.create_connection((host, int(port))) as connection:

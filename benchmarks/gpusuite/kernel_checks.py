@@ -1,0 +1,272 @@
+"""Every kernel the engine will run on this device, checked against kernels/reference.py, then timed.
+
+The checks run before anything is timed: a fast wrong kernel measures nothing. Inputs have the
+served model's shapes (heads, head_dim, hidden, projection widths), mixed batches (decodes next
+to a chunked prefill and a fresh prefill; adapters of mixed ranks next to base tokens), and the
+dtypes the engine serves in. The reference runs on the CPU in fp32 on the same values. On a CPU
+the backend is the reference itself, so the check can only confirm the reference's own bf16/fp16
+rounding; on CUDA it tests the Triton kernels.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from gpusuite.ceilings import GB, TFLOP, Ceilings, seconds_per_call
+from gpusuite.table import Row
+from loraloom.engine.config import ModelConfig
+from loraloom.engine.lora import build_sgmv_metadata
+from loraloom.kernels import reference
+from loraloom.kernels.backend import KernelBackend
+from loraloom.kernels.fp8 import fp8_linear, quantize_per_token, quantize_weight_per_channel
+from loraloom.kernels.metadata import AttentionMetadata, SGMVMetadata
+
+CHECK_DTYPES = (torch.bfloat16, torch.float16)
+# Largest |kernel - reference| / max |reference| accepted: a few units of the dtype's last place.
+RELATIVE_TOLERANCE = {torch.bfloat16: 2e-2, torch.float16: 5e-3, torch.float32: 1e-4}
+BLOCK_SIZE = 16
+TIMED_RANK = 16  # the issue's adapter rank
+FRESH_PREFILL = 128  # tokens of the fresh prefill in the attention check
+CHUNK = 96  # new tokens of the chunked prefill in the attention check
+
+
+def _relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    expected = expected.float().cpu()
+    return float((actual.float().cpu() - expected).abs().max() / expected.abs().max().clamp(min=1e-30))
+
+
+def _check_row(name: str, dtype: torch.dtype, error: float, tolerance: float) -> Row:
+    dtype_name = str(dtype).removeprefix("torch.")
+    return Row(f"check {name} {dtype_name}", error, "max rel err", target=f"<= {tolerance:g}",
+               higher_is_better=False, passed=error <= tolerance)
+
+
+# ------------------------------------------------------------------ attention
+@dataclass
+class AttentionCase:
+    meta: AttentionMetadata  # on the device
+    meta_cpu: AttentionMetadata
+    num_blocks: int
+
+
+def attention_case(requests: list[tuple[int, int]], device: torch.device, generator: torch.Generator) -> AttentionCase:
+    """(cached context, new tokens) per request, over a shuffled pool of physical blocks."""
+    seq_lens = [context + new for context, new in requests]
+    blocks_needed = [-(-length // BLOCK_SIZE) for length in seq_lens]
+    num_blocks = sum(blocks_needed) + 1
+    physical = torch.randperm(num_blocks, generator=generator).tolist()
+    tables = torch.zeros(len(requests), max(blocks_needed), dtype=torch.int32)
+    slots: list[int] = []
+    starts = [0]
+    for b, ((context, new), count) in enumerate(zip(requests, blocks_needed)):
+        own = [physical.pop() for _ in range(count)]
+        tables[b, :count] = torch.tensor(own, dtype=torch.int32)
+        slots += [own[pos // BLOCK_SIZE] * BLOCK_SIZE + pos % BLOCK_SIZE for pos in range(context, context + new)]
+        starts.append(starts[-1] + new)
+
+    def metadata(on: torch.device) -> AttentionMetadata:
+        return AttentionMetadata(
+            query_start_loc=torch.tensor(starts, dtype=torch.int32, device=on),
+            seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=on),
+            block_tables=tables.to(on),
+            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=on),
+            query_start_loc_host=starts,
+            seq_lens_host=seq_lens,
+        )
+
+    return AttentionCase(metadata(device), metadata(torch.device("cpu")), num_blocks)
+
+
+def _mixed_requests(batch: int, context: int) -> list[tuple[int, int]]:
+    decodes = [(max(1, context - 7 * i), 1) for i in range(batch)]
+    return decodes + [(context // 2, CHUNK), (0, min(FRESH_PREFILL, context))]
+
+
+def check_attention(backend: KernelBackend, config: ModelConfig, batch: int, context: int,
+                    device: torch.device, dtype: torch.dtype) -> list[Row]:
+    generator = torch.Generator().manual_seed(1)
+    case = attention_case(_mixed_requests(batch, context), device, generator)
+    tokens = case.meta.slot_mapping.numel()
+    heads, kv_heads, head_dim = config.num_heads, config.num_kv_heads, config.head_dim
+    cache_shape = (case.num_blocks, BLOCK_SIZE, kv_heads, head_dim)
+    # Every block starts with random stale K/V, so a kernel reading a wrong slot gets caught.
+    k_cache, v_cache = (torch.randn(cache_shape, generator=generator).to(dtype) for _ in range(2))
+    query = torch.randn(tokens, heads, head_dim, generator=generator).to(dtype)
+    key, value = (torch.randn(tokens, kv_heads, head_dim, generator=generator).to(dtype) for _ in range(2))
+    ref_k, ref_v = k_cache.float(), v_cache.float()
+    reference.write_kv_cache(key.float(), value.float(), ref_k, ref_v, case.meta_cpu.slot_mapping)
+    k_dev, v_dev = k_cache.to(device, copy=True), v_cache.to(device, copy=True)  # written in place
+    backend.write_kv_cache(key.to(device), value.to(device), k_dev, v_dev, case.meta.slot_mapping)
+    write_error = max(_relative_error(k_dev, ref_k), _relative_error(v_dev, ref_v))
+    scale = head_dim ** -0.5
+    out = backend.paged_attention(query.to(device), k_dev, v_dev, case.meta, scale)
+    expected = reference.paged_attention(query.float(), ref_k, ref_v, case.meta_cpu, scale)
+    return [
+        _check_row("write_kv_cache", dtype, write_error, 0.0),  # a copy: exact
+        _check_row(f"paged_attention ({batch} decodes, chunked + fresh prefill)", dtype,
+                   _relative_error(out, expected), RELATIVE_TOLERANCE[dtype]),
+    ]
+
+
+# ----------------------------------------------------------------------- SGMV
+@dataclass
+class SGMVCase:
+    x: torch.Tensor  # [T, hidden]
+    lora_a: list[torch.Tensor]  # q, k, v: [S, R, hidden]
+    lora_b: list[torch.Tensor]  # q, k, v: [S, out_i, R]
+    meta: SGMVMetadata
+    offsets: list[int]  # column offsets of q, k, v in the fused output
+
+
+def sgmv_case(config: ModelConfig, token_slots: list[int], slot_ranks: list[int], device: torch.device,
+              dtype: torch.dtype, generator: torch.Generator) -> SGMVCase:
+    """The qkv projection's LoRA: three slices, one adapter stack per slot at the largest rank."""
+    hidden = config.hidden_size
+    widths = [config.num_heads * config.head_dim] + [config.num_kv_heads * config.head_dim] * 2
+    slots, max_rank = len(slot_ranks), max(slot_ranks)
+    x = torch.randn(len(token_slots), hidden, generator=generator)
+    lora_a = [torch.randn(slots, max_rank, hidden, generator=generator) / hidden ** 0.5 for _ in widths]
+    lora_b = [torch.randn(slots, width, max_rank, generator=generator) / max_rank ** 0.5 for width in widths]
+    offsets = [0]
+    for width in widths:
+        offsets.append(offsets[-1] + width)
+    return SGMVCase(
+        x=x.to(dtype).to(device),
+        lora_a=[a.to(dtype).to(device) for a in lora_a],
+        lora_b=[b.to(dtype).to(device) for b in lora_b],
+        meta=build_sgmv_metadata(token_slots, slot_ranks, device),
+        offsets=offsets,
+    )
+
+
+def _mixed_token_slots(batch: int, prefill: int, generator: torch.Generator) -> list[int]:
+    """One decode token per adapter slot, a few base tokens, and a prefill on slot 0, in scrambled order."""
+    slots = list(range(batch)) + [-1] * 8 + [0] * prefill
+    order = torch.randperm(len(slots), generator=generator).tolist()
+    return [slots[i] for i in order]
+
+
+def check_sgmv(backend: KernelBackend, config: ModelConfig, batch: int, ranks: tuple[int, ...],
+               device: torch.device, dtype: torch.dtype) -> list[Row]:
+    generator = torch.Generator().manual_seed(2)
+    slot_ranks = [ranks[i % len(ranks)] for i in range(batch)]
+    token_slots = _mixed_token_slots(batch, FRESH_PREFILL, generator)
+    case = sgmv_case(config, token_slots, slot_ranks, device, dtype, generator)
+    meta_cpu = build_sgmv_metadata(token_slots, slot_ranks, torch.device("cpu"))
+    shape = (len(case.lora_a), case.x.shape[0], max(slot_ranks))
+    shrunk = torch.zeros(shape, dtype=dtype, device=device)
+    backend.sgmv_shrink(case.x, case.lora_a, case.meta, shrunk)
+    expected_shrunk = torch.zeros(shape)
+    reference.sgmv_shrink(case.x.float().cpu(), [a.float().cpu() for a in case.lora_a], meta_cpu, expected_shrunk)
+    # The expand starts from the same (already rounded) shrink output on both sides.
+    y = expected_shrunk.to(dtype)
+    base = torch.randn(case.x.shape[0], case.offsets[-1], generator=generator).to(dtype)
+    out = base.to(device, copy=True)  # updated in place
+    backend.sgmv_expand(y.to(device), case.lora_b, case.meta, out, case.offsets)
+    expected = base.float()
+    reference.sgmv_expand(y.float(), [b.float().cpu() for b in case.lora_b], meta_cpu, expected, case.offsets)
+    tolerance = RELATIVE_TOLERANCE[dtype]
+    label = f"({batch} adapters, ranks {min(ranks)}-{max(ranks)}, + prefill + base)"
+    return [
+        _check_row(f"sgmv_shrink {label}", dtype, _relative_error(shrunk, expected_shrunk), tolerance),
+        _check_row(f"sgmv_expand {label}", dtype, _relative_error(out, expected), tolerance),
+    ]
+
+
+# ------------------------------------------------------------------------ FP8
+def check_fp8_linear(config: ModelConfig, tokens: int, device: torch.device, dtype: torch.dtype) -> Row:
+    """The gate/up projection in FP8 against the dequantizing reference on the same quantized values."""
+    generator = torch.Generator().manual_seed(3)
+    weight = torch.randn(2 * config.intermediate_size, config.hidden_size, generator=generator).to(dtype).to(device)
+    x = torch.randn(tokens, config.hidden_size, generator=generator).to(dtype).to(device)
+    w_q, w_scale = quantize_weight_per_channel(weight)
+    x_q, x_scale = quantize_per_token(x)
+    out = fp8_linear(x, w_q, w_scale)
+    expected = reference.fp8_scaled_mm(x_q.cpu(), x_scale.cpu(), w_q.cpu(), w_scale.cpu(), torch.float32)
+    return _check_row(f"fp8_linear ({tokens} tokens, gate_up)", dtype, _relative_error(out, expected),
+                      RELATIVE_TOLERANCE[dtype])
+
+
+def check_all(backend: KernelBackend, config: ModelConfig, batch: int, context: int, ranks: tuple[int, ...],
+              device: torch.device, quantized: bool) -> list[Row]:
+    rows: list[Row] = []
+    for dtype in CHECK_DTYPES:
+        rows += check_attention(backend, config, batch, context, device, dtype)
+        rows += check_sgmv(backend, config, batch, ranks, device, dtype)
+    if quantized:
+        rows.append(check_fp8_linear(config, batch, device, torch.bfloat16))
+    return rows
+
+
+# --------------------------------------------------------------------- timing
+def timing_rows(backend: KernelBackend, config: ModelConfig, batch: int, context: int, prefill: int,
+                device: torch.device, dtype: torch.dtype, ceilings: Ceilings, quantized: bool) -> list[Row]:
+    """Each kernel at the served shapes, against the bandwidth (decode) or matrix-rate (prefill) ceiling."""
+    calls = 20 if device.type == "cuda" else 2
+    generator = torch.Generator().manual_seed(4)
+    rows = _attention_timings(backend, config, batch, context, prefill, device, dtype, ceilings, calls, generator)
+    rows += _sgmv_timings(backend, config, batch, device, dtype, ceilings, calls, generator)
+    if quantized:
+        rows += _fp8_timings(config, prefill, device, dtype, ceilings, calls, generator)
+    return rows
+
+
+def _attention_timings(backend, config, batch, context, prefill, device, dtype, ceilings, calls,
+                       generator) -> list[Row]:
+    heads, kv_heads, head_dim = config.num_heads, config.num_kv_heads, config.head_dim
+    rows = []
+    for label, requests in (("decode", [(context, 1)] * batch), ("prefill", [(0, prefill)])):
+        case = attention_case(requests, device, generator)
+        tokens = case.meta.slot_mapping.numel()
+        cache_shape = (case.num_blocks, BLOCK_SIZE, kv_heads, head_dim)
+        k_cache, v_cache = (torch.randn(cache_shape, device=device).to(dtype) for _ in range(2))
+        query = torch.randn(tokens, heads, head_dim, device=device).to(dtype)
+        seconds = seconds_per_call(
+            lambda: backend.paged_attention(query, k_cache, v_cache, case.meta, head_dim ** -0.5), device, calls)
+        if label == "decode":
+            kv_bytes = 2 * batch * (context + 1) * kv_heads * head_dim * dtype.itemsize  # K and V, one layer
+            rows.append(Row(f"kernel paged_attention decode ({batch} x {context} context)",
+                            kv_bytes / seconds / GB, "GB/s", ceiling=ceilings.copy_bandwidth / GB))
+        else:
+            flops = 4 * heads * head_dim * prefill * (prefill + 1) // 2
+            rows.append(Row(f"kernel paged_attention prefill ({prefill} tokens)", flops / seconds / TFLOP,
+                            "TFLOP/s", ceiling=ceilings.matmul_rate / TFLOP))
+    return rows
+
+
+def _sgmv_timings(backend, config, batch, device, dtype, ceilings, calls, generator) -> list[Row]:
+    case = sgmv_case(config, list(range(batch)), [TIMED_RANK] * batch, device, dtype, generator)
+    tokens, hidden, out_width = batch, config.hidden_size, case.offsets[-1]
+    shrunk = torch.zeros(len(case.lora_a), tokens, TIMED_RANK, dtype=dtype, device=device)
+    out = torch.zeros(tokens, out_width, dtype=dtype, device=device)
+    shrink_s = seconds_per_call(lambda: backend.sgmv_shrink(case.x, case.lora_a, case.meta, shrunk), device, calls)
+    expand_s = seconds_per_call(
+        lambda: backend.sgmv_expand(shrunk, case.lora_b, case.meta, out, case.offsets), device, calls)
+    item = dtype.itemsize
+    # What each must move: every active adapter's weights once, the activations in and out.
+    shrink_bytes = (batch * len(case.lora_a) * TIMED_RANK * hidden + tokens * hidden + shrunk.numel()) * item
+    expand_bytes = (batch * TIMED_RANK * out_width + shrunk.numel() + 2 * out.numel()) * item
+    label = f"decode ({batch} tokens, {batch} adapters r{TIMED_RANK}, qkv)"
+    bandwidth = ceilings.copy_bandwidth / GB
+    return [
+        Row(f"kernel sgmv_shrink {label}", shrink_bytes / shrink_s / GB, "GB/s", ceiling=bandwidth),
+        Row(f"kernel sgmv_expand {label}", expand_bytes / expand_s / GB, "GB/s", ceiling=bandwidth),
+    ]
+
+
+def _fp8_timings(config, prefill, device, dtype, ceilings, calls, generator) -> list[Row]:
+    out_features, in_features = 2 * config.intermediate_size, config.hidden_size
+    weight = torch.randn(out_features, in_features, device=device).to(dtype)
+    w_q, w_scale = quantize_weight_per_channel(weight)
+    rows = []
+    for tokens in (1, prefill):
+        x = torch.randn(tokens, in_features, device=device).to(dtype)
+        seconds = seconds_per_call(lambda: fp8_linear(x, w_q, w_scale), device, calls)
+        label = f"kernel fp8_linear gate_up {out_features}x{in_features}, {tokens} token(s)"
+        if tokens == 1:
+            rows.append(Row(label, w_q.numel() / seconds / GB, "GB/s", ceiling=ceilings.copy_bandwidth / GB))
+        else:
+            rate = ceilings.fp8_matmul_rate or ceilings.matmul_rate
+            rows.append(Row(label, 2 * tokens * w_q.numel() / seconds / TFLOP, "TFLOP/s", ceiling=rate / TFLOP))
+    return rows

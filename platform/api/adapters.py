@@ -1,0 +1,489 @@
+"""The adapter registry over HTTP: /v1/adapters, their versions, aliases and alias history.
+
+Everything is scoped to the caller's tenant; another tenant's adapter is a 404 exactly
+like a missing one. Reading needs any key, changing needs a developer or admin key.
+After a change the resolution cache of that adapter is invalidated; an alias move also
+prefetches its version into the engine's host cache, and a deletion unloads the
+version from the engine before its blobs are removed.
+"""
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable, Coroutine
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, BackgroundTasks, Depends, File, Form, Query, Request, Response, UploadFile
+from fastapi.routing import APIRoute
+from pydantic import BaseModel, Field
+from sqlalchemy.orm import Session
+
+from loraloom.engine.async_engine import AsyncEngine
+from loraloom.engine.lora import AdapterLoadError
+from loraloom.platform.api.dependencies import EngineDep, LookupDep, SessionDep
+from loraloom.platform.api.errors import APIError, field_error
+from loraloom.platform.api.schemas import ErrorResponse, StrictBody
+from loraloom.platform.auth import CallerDep, DeveloperDep
+from loraloom.platform.db.models import Adapter, AdapterVersion, Alias
+from loraloom.platform.registry.aliases import alias_history, find_alias, move_alias, remove_alias
+from loraloom.platform.registry.errors import RegistryConflictError, RegistryNotFoundError, UploadRejectedError
+from loraloom.platform.registry.resolution import ResolvedVersion
+from loraloom.platform.registry.staging import UploadedPart
+from loraloom.platform.registry.uploads import (
+    PlannedFile,
+    UploadedFile,
+    complete_presigned_upload,
+    request_presigned_uploads,
+    upload_version,
+)
+from loraloom.platform.registry.validation import ServedBase
+from loraloom.platform.registry.versions import (
+    delete_adapter,
+    delete_unreferenced_blobs,
+    delete_version,
+    find_adapter,
+    find_version,
+    list_adapters,
+    list_versions,
+    version_aliases,
+)
+from loraloom.platform.registry_lookup import RegistryAdapterLookup
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_PAGE_SIZE = 20
+MAX_PAGE_SIZE = 100
+
+
+class RegistryRoute(APIRoute):
+    """Turns the registry services' exceptions into API errors, in one place for every route."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def handle(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except RegistryNotFoundError as error:
+                raise APIError(404, str(error), code="not_found") from None
+            except RegistryConflictError as error:
+                raise APIError(409, str(error), code="conflict") from None
+            except UploadRejectedError as error:
+                raise APIError(400, str(error), param="files", code="invalid_adapter") from None
+            except ValueError as error:  # "field: ..." from name, alias and storage-key checks
+                raise field_error(error, {}) from None
+
+        return handle
+
+
+router = APIRouter(
+    tags=["adapters"],
+    route_class=RegistryRoute,
+    responses={status: {"model": ErrorResponse} for status in (400, 404, 409, 413, 500)},
+)
+
+
+# ------------------------------------------------------------------ dependencies
+def get_registry_lookup(lookup: LookupDep) -> RegistryAdapterLookup:
+    if not isinstance(lookup, RegistryAdapterLookup):
+        raise APIError(404, "This server has no adapter registry; it serves only the adapters given to it at start")
+    return lookup
+
+
+RegistryLookupDep = Annotated[RegistryAdapterLookup, Depends(get_registry_lookup)]
+
+
+def served_base(engine: AsyncEngine) -> ServedBase:
+    return ServedBase(name=engine.model_name, config=engine.model_config, max_lora_rank=engine.config.max_lora_rank)
+
+
+# ------------------------------------------------------------------ bodies
+class VersionFile(BaseModel):
+    filename: str
+    sha256: str
+    size_bytes: int
+
+
+class VersionObject(BaseModel):
+    object: Literal["adapter.version"] = "adapter.version"
+    id: uuid.UUID
+    adapter: str
+    version: int
+    status: str
+    base_model: str
+    rank: int
+    alpha: float
+    target_modules: list[str]
+    dtype: str
+    source: str
+    training_job_id: str | None
+    files: list[VersionFile]
+    aliases: list[str] = Field(description="The aliases pointing at this version now.")
+    created_at: datetime
+    created_by_key_id: uuid.UUID | None
+
+    @classmethod
+    def of(cls, version: AdapterVersion, adapter_name: str, aliases: list[str]) -> VersionObject:
+        return cls(
+            id=version.id,
+            adapter=adapter_name,
+            version=version.number,
+            status=version.status.value,
+            base_model=version.base_model,
+            rank=version.rank,
+            alpha=version.alpha,
+            target_modules=list(version.target_modules),
+            dtype=version.dtype,
+            source=version.source.value,
+            training_job_id=version.training_job_id,
+            files=[VersionFile(filename=f.filename, sha256=f.sha256, size_bytes=f.size_bytes) for f in version.files],
+            aliases=sorted(aliases),
+            created_at=version.created_at,
+            created_by_key_id=version.created_by_key_id,
+        )
+
+
+class VersionList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[VersionObject]
+    has_more: bool
+
+
+class AdapterObject(BaseModel):
+    object: Literal["adapter"] = "adapter"
+    id: uuid.UUID
+    name: str
+    description: str
+    tags: list[str]
+    aliases: dict[str, int] = Field(description="Alias -> version number, `latest` included.")
+    created_at: datetime
+    updated_at: datetime
+
+    @classmethod
+    def of(cls, adapter: Adapter) -> AdapterObject:
+        return cls(
+            id=adapter.id,
+            name=adapter.name,
+            description=adapter.description,
+            tags=list(adapter.tags),
+            aliases={alias.name: alias.version.number for alias in adapter.aliases},
+            created_at=adapter.created_at,
+            updated_at=adapter.updated_at,
+        )
+
+
+class AdapterList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[AdapterObject]
+    has_more: bool
+    last_id: str | None = Field(description="The last adapter's name: pass it as `after` for the next page.")
+
+
+class Deleted(BaseModel):
+    id: str
+    object: str
+    deleted: Literal[True] = True
+
+
+class AliasMoveBody(StrictBody):
+    version: int = Field(ge=1, description="The version number the alias should point at.")
+
+
+class AliasObject(BaseModel):
+    object: Literal["adapter.alias"] = "adapter.alias"
+    adapter: str
+    alias: str
+    version: int
+    updated_at: datetime
+    updated_by_key_id: uuid.UUID | None
+
+    @classmethod
+    def of(cls, alias: Alias, adapter_name: str) -> AliasObject:
+        return cls(
+            adapter=adapter_name,
+            alias=alias.name,
+            version=alias.version.number,
+            updated_at=alias.updated_at,
+            updated_by_key_id=alias.updated_by_key_id,
+        )
+
+
+class AliasHistoryEntry(BaseModel):
+    object: Literal["adapter.alias.move"] = "adapter.alias.move"
+    from_version: int | None = Field(description="None: the alias was created by this move.")
+    to_version: int | None = Field(description="None: the alias was deleted by this move.")
+    changed_at: datetime
+    changed_by_key_id: uuid.UUID | None
+
+
+class AliasHistoryList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[AliasHistoryEntry]
+
+
+class PlannedFileBody(StrictBody):
+    filename: str
+    size_bytes: int = Field(ge=0)
+
+
+class UploadRequestBody(StrictBody):
+    files: list[PlannedFileBody] = Field(description="adapter_config.json and adapter_model.safetensors, with sizes.")
+
+
+class PresignedFileObject(BaseModel):
+    filename: str
+    upload_key: str = Field(description="Pass back to .../uploads/complete.")
+    url: str = Field(description="PUT the file's bytes here, with exactly `headers`.")
+    headers: dict[str, str]
+    expires_at: datetime
+
+
+class UploadObject(BaseModel):
+    object: Literal["adapter.upload"] = "adapter.upload"
+    files: list[PresignedFileObject]
+
+
+class UploadedFileBody(StrictBody):
+    filename: str
+    upload_key: str
+    sha256: str = Field(description="Hex digest of the bytes PUT to the URL; verified before registering.")
+    size_bytes: int = Field(ge=0)
+
+
+class UploadCompleteBody(StrictBody):
+    files: list[UploadedFileBody]
+    allow_base_mismatch: bool = False
+
+
+# ------------------------------------------------------------------ helpers
+def _version_object(session: Session, version: AdapterVersion, adapter_name: str) -> VersionObject:
+    return VersionObject.of(version, adapter_name, version_aliases(session, version=version))
+
+
+async def _prefetch(engine: AsyncEngine, lookup: RegistryAdapterLookup, version: ResolvedVersion) -> None:
+    """Load a just-promoted version into the host cache, so its first request does not wait for storage."""
+    try:
+        await engine.load_adapter(version.handle(lookup.registry.store))
+    except AdapterLoadError as error:
+        logger.error("prefetch of %s failed: %s", version.key, error)
+
+
+def _forget(
+    session: Session, engine: AsyncEngine, lookup: RegistryAdapterLookup, versions: list[ResolvedVersion]
+) -> None:
+    """After deleted versions are committed: unload them from the engine, then delete their blobs."""
+    for version in versions:
+        engine.unload_adapter(version.key)
+    delete_unreferenced_blobs(session, store=lookup.registry.store, versions=versions)
+
+
+# ------------------------------------------------------------------ adapters
+@router.get("/v1/adapters", response_model=AdapterList)
+def get_adapters(
+    caller: CallerDep,
+    session: SessionDep,
+    lookup: RegistryLookupDep,
+    limit: Annotated[int, Query(ge=1, le=MAX_PAGE_SIZE)] = DEFAULT_PAGE_SIZE,
+    after: Annotated[str | None, Query(description="The last name of the previous page.")] = None,
+) -> AdapterList:
+    page = list_adapters(session, tenant_id=caller.tenant_id, limit=limit, after=after)
+    data = [AdapterObject.of(adapter) for adapter in page.items]
+    return AdapterList(data=data, has_more=page.has_more, last_id=data[-1].name if data else None)
+
+
+@router.get("/v1/adapters/{name}", response_model=AdapterObject)
+def get_adapter(name: str, caller: CallerDep, session: SessionDep, lookup: RegistryLookupDep) -> AdapterObject:
+    return AdapterObject.of(find_adapter(session, tenant_id=caller.tenant_id, name=name))
+
+
+@router.delete("/v1/adapters/{name}", response_model=Deleted)
+def remove_adapter(
+    name: str, caller: DeveloperDep, session: SessionDep, lookup: RegistryLookupDep, engine: EngineDep
+) -> Deleted:
+    removed = delete_adapter(session, tenant_id=caller.tenant_id, name=name)
+    lookup.invalidate(caller.tenant_id, name)
+    _forget(session, engine, lookup, removed)
+    return Deleted(id=name, object="adapter")
+
+
+# ------------------------------------------------------------------ versions
+@router.post("/v1/adapters/{name}/versions", response_model=VersionObject, status_code=201)
+def post_version(
+    name: str,
+    caller: DeveloperDep,
+    session: SessionDep,
+    lookup: RegistryLookupDep,
+    engine: EngineDep,
+    files: Annotated[
+        list[UploadFile],
+        File(description="adapter_config.json and adapter_model.safetensors, or one .tar.gz/.tgz/.tar/.zip of them."),
+    ],
+    allow_base_mismatch: Annotated[
+        bool, Form(description="Accept an adapter whose config names another base (shapes are still checked).")
+    ] = False,
+) -> VersionObject:
+    """Upload a new version; the adapter is created by its first version. `latest` moves to it."""
+    version = upload_version(
+        session,
+        store=lookup.registry.store,
+        tenant_id=caller.tenant_id,
+        adapter_name=name,
+        parts=[UploadedPart(filename=file.filename or "", stream=file.file) for file in files],
+        limits=lookup.registry.upload_limits,
+        base=served_base(engine),
+        allow_base_mismatch=allow_base_mismatch,
+        actor_key_id=caller.api_key_id,
+    )
+    lookup.invalidate(caller.tenant_id, name)
+    return _version_object(session, version, name)
+
+
+@router.get("/v1/adapters/{name}/versions", response_model=VersionList)
+def get_versions(
+    name: str,
+    caller: CallerDep,
+    session: SessionDep,
+    lookup: RegistryLookupDep,
+    limit: Annotated[int, Query(ge=1, le=MAX_PAGE_SIZE)] = DEFAULT_PAGE_SIZE,
+    after: Annotated[int | None, Query(ge=0, description="The last version number of the previous page.")] = None,
+) -> VersionList:
+    page = list_versions(session, tenant_id=caller.tenant_id, name=name, limit=limit, after=after)
+    return VersionList(data=[_version_object(session, v, name) for v in page.items], has_more=page.has_more)
+
+
+@router.get("/v1/adapters/{name}/versions/{number}", response_model=VersionObject)
+def get_version(
+    name: str, number: int, caller: CallerDep, session: SessionDep, lookup: RegistryLookupDep
+) -> VersionObject:
+    return _version_object(session, find_version(session, tenant_id=caller.tenant_id, name=name, number=number), name)
+
+
+@router.delete("/v1/adapters/{name}/versions/{number}", response_model=Deleted)
+def remove_version(
+    name: str,
+    number: int,
+    caller: DeveloperDep,
+    session: SessionDep,
+    lookup: RegistryLookupDep,
+    engine: EngineDep,
+    force: Annotated[bool, Query(description="Also delete the aliases (other than latest) pointing at it.")] = False,
+) -> Deleted:
+    removed = delete_version(
+        session, tenant_id=caller.tenant_id, name=name, number=number, force=force, actor_key_id=caller.api_key_id
+    )
+    lookup.invalidate(caller.tenant_id, name)
+    _forget(session, engine, lookup, [removed])
+    return Deleted(id=f"{name}@{number}", object="adapter.version")
+
+
+# ------------------------------------------------------------------ presigned uploads
+@router.post("/v1/adapters/{name}/uploads", response_model=UploadObject)
+def post_upload(
+    name: str, body: UploadRequestBody, caller: DeveloperDep, lookup: RegistryLookupDep, engine: EngineDep
+) -> UploadObject:
+    """For adapters too big to pass through the gateway: presigned URLs to PUT the two files straight
+    to object storage (S3 storage only); then POST .../uploads/complete."""
+    presigned = request_presigned_uploads(
+        store=lookup.registry.store,
+        adapter_name=name,
+        files=[PlannedFile(filename=file.filename, size_bytes=file.size_bytes) for file in body.files],
+        limits=lookup.registry.upload_limits,
+        base=served_base(engine),
+        expires_s=lookup.registry.presigned_expires_s,
+    )
+    return UploadObject(
+        files=[
+            PresignedFileObject(
+                filename=p.filename, upload_key=p.upload_key, url=p.url, headers=p.headers, expires_at=p.expires_at
+            )
+            for p in presigned
+        ]
+    )
+
+
+@router.post("/v1/adapters/{name}/uploads/complete", response_model=VersionObject, status_code=201)
+def post_upload_complete(
+    name: str,
+    body: UploadCompleteBody,
+    caller: DeveloperDep,
+    session: SessionDep,
+    lookup: RegistryLookupDep,
+    engine: EngineDep,
+) -> VersionObject:
+    """Verify the uploaded files' sizes and sha256, validate the adapter, register the new version."""
+    version = complete_presigned_upload(
+        session,
+        store=lookup.registry.store,
+        tenant_id=caller.tenant_id,
+        adapter_name=name,
+        files=[
+            UploadedFile(filename=f.filename, upload_key=f.upload_key, sha256=f.sha256, size_bytes=f.size_bytes)
+            for f in body.files
+        ],
+        limits=lookup.registry.upload_limits,
+        base=served_base(engine),
+        allow_base_mismatch=body.allow_base_mismatch,
+        actor_key_id=caller.api_key_id,
+    )
+    lookup.invalidate(caller.tenant_id, name)
+    return _version_object(session, version, name)
+
+
+# ------------------------------------------------------------------ aliases
+@router.get("/v1/adapters/{name}/aliases/{alias}", response_model=AliasObject)
+def get_alias(name: str, alias: str, caller: CallerDep, session: SessionDep, lookup: RegistryLookupDep) -> AliasObject:
+    return AliasObject.of(find_alias(session, tenant_id=caller.tenant_id, name=name, alias=alias), name)
+
+
+@router.put("/v1/adapters/{name}/aliases/{alias}", response_model=AliasObject)
+def put_alias(
+    name: str,
+    alias: str,
+    body: AliasMoveBody,
+    caller: DeveloperDep,
+    session: SessionDep,
+    lookup: RegistryLookupDep,
+    engine: EngineDep,
+    background: BackgroundTasks,
+) -> AliasObject:
+    """Point the alias at a version (promote, rollback); recorded in the alias's history.
+    The version is prefetched into the engine's host cache after the response."""
+    row, version = move_alias(
+        session,
+        tenant_id=caller.tenant_id,
+        name=name,
+        alias=alias,
+        number=body.version,
+        actor_key_id=caller.api_key_id,
+    )
+    lookup.invalidate(caller.tenant_id, name)
+    background.add_task(_prefetch, engine, lookup, version)
+    return AliasObject.of(row, name)
+
+
+@router.delete("/v1/adapters/{name}/aliases/{alias}", response_model=Deleted)
+def delete_alias_route(
+    name: str, alias: str, caller: DeveloperDep, session: SessionDep, lookup: RegistryLookupDep
+) -> Deleted:
+    remove_alias(session, tenant_id=caller.tenant_id, name=name, alias=alias, actor_key_id=caller.api_key_id)
+    lookup.invalidate(caller.tenant_id, name)
+    return Deleted(id=f"{name}:{alias}", object="adapter.alias")
+
+
+@router.get("/v1/adapters/{name}/aliases/{alias}/history", response_model=AliasHistoryList)
+def get_alias_history(
+    name: str, alias: str, caller: CallerDep, session: SessionDep, lookup: RegistryLookupDep
+) -> AliasHistoryList:
+    moves = alias_history(session, tenant_id=caller.tenant_id, name=name, alias=alias)
+    return AliasHistoryList(
+        data=[
+            AliasHistoryEntry(
+                from_version=move.from_version,
+                to_version=move.to_version,
+                changed_at=move.changed_at,
+                changed_by_key_id=move.changed_by_key_id,
+            )
+            for move in moves
+        ]
+    )

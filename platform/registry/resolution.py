@@ -1,0 +1,145 @@
+"""Reference -> immutable version, for the request path, with a cache in front of the database.
+
+The runtime adapter key of a registry version is unique per tenant and immutable version
+(LESSONS.md: it is mixed into prefix-cache block hashes), and carries the weights' digest.
+The cache holds answers (found or not) per (tenant, reference); every change to an
+adapter's versions or aliases invalidates that adapter's entries, and a TTL bounds how
+stale an entry can be when another gateway process made the change.
+"""
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session, selectinload
+
+from loraloom.engine.adapters import AdapterHandle
+from loraloom.engine.lora_weights import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE
+from loraloom.platform.db.models import Adapter, AdapterVersion, AdapterVersionStatus, Alias
+from loraloom.platform.registry.fetch import version_uri
+from loraloom.platform.registry.references import AdapterReference
+from loraloom.platform.storage import BlobStore
+
+KEY_HASH_CHARS = 16
+
+
+@dataclass(frozen=True)
+class ResolvedVersion:
+    """What the gateway needs of a version to hand it to an engine: plain values, no session."""
+
+    version_id: uuid.UUID
+    tenant_id: uuid.UUID
+    adapter_name: str
+    number: int
+    weights_sha256: str
+    config_sha256: str
+
+    @classmethod
+    def of(cls, version: AdapterVersion, adapter: Adapter) -> "ResolvedVersion":
+        digests = {file.filename: file.sha256 for file in version.files}
+        return cls(
+            version_id=version.id,
+            tenant_id=adapter.tenant_id,
+            adapter_name=adapter.name,
+            number=version.number,
+            weights_sha256=digests[ADAPTER_WEIGHTS_FILE],
+            config_sha256=digests[ADAPTER_CONFIG_FILE],
+        )
+
+    @property
+    def key(self) -> str:
+        return f"{self.tenant_id}/{self.adapter_name}@{self.number}#{self.weights_sha256[:KEY_HASH_CHARS]}"
+
+    def handle(self, store: BlobStore) -> AdapterHandle:
+        return AdapterHandle(
+            key=self.key,
+            name=f"{self.adapter_name}@{self.number}",
+            uri=version_uri(store, weights_sha256=self.weights_sha256, config_sha256=self.config_sha256),
+            sha256=self.weights_sha256,
+        )
+
+
+def resolve_reference(session: Session, *, tenant_id: uuid.UUID, reference: AdapterReference) -> ResolvedVersion | None:
+    """The ready version `reference` names in the tenant, or None: one query, files included."""
+    query = (
+        select(AdapterVersion, Adapter)
+        .join(Adapter, AdapterVersion.adapter_id == Adapter.id)
+        .where(
+            Adapter.tenant_id == tenant_id,
+            Adapter.name == reference.name,
+            AdapterVersion.status == AdapterVersionStatus.ready,
+        )
+        .options(selectinload(AdapterVersion.files))
+    )
+    if reference.target_alias is None:
+        query = query.where(AdapterVersion.number == reference.version)
+    else:
+        query = query.join(Alias, Alias.version_id == AdapterVersion.id).where(Alias.name == reference.target_alias)
+    row = session.execute(query).one_or_none()
+    return None if row is None else ResolvedVersion.of(*row)
+
+
+@dataclass(frozen=True)
+class _Entry:
+    resolved: ResolvedVersion | None
+    adapter_name: str
+    expires_at: float
+
+
+class ResolutionCache:
+    """A bounded LRU of (tenant, reference text) -> ResolvedVersion | None. Thread-safe:
+    lookups run in the web server's worker threads."""
+
+    def __init__(self, *, capacity: int, ttl_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.capacity = capacity
+        self.ttl_s = ttl_s
+        self.clock = clock
+        self._entries: OrderedDict[tuple[uuid.UUID, str], _Entry] = OrderedDict()
+        # (tenant, adapter name) -> the reference texts cached for it, for invalidation.
+        self._texts: dict[tuple[uuid.UUID, str], set[str]] = {}
+        # Bumped by every invalidation: an answer loaded while one happened may be stale, so it is not kept.
+        self._generation = 0
+        self._lock = threading.Lock()
+
+    def get_or_load(
+        self, tenant_id: uuid.UUID, reference: AdapterReference, load: Callable[[], ResolvedVersion | None]
+    ) -> ResolvedVersion | None:
+        cache_key = (tenant_id, str(reference))
+        with self._lock:
+            entry = self._entries.get(cache_key)
+            if entry is not None and entry.expires_at > self.clock():
+                self._entries.move_to_end(cache_key)
+                return entry.resolved
+            generation = self._generation
+        resolved = load()
+        with self._lock:
+            if generation == self._generation:
+                self._entries[cache_key] = _Entry(resolved, reference.name, expires_at=self.clock() + self.ttl_s)
+                self._entries.move_to_end(cache_key)
+                self._texts.setdefault((tenant_id, reference.name), set()).add(cache_key[1])
+                while len(self._entries) > self.capacity:
+                    self._drop(*self._entries.popitem(last=False))
+        return resolved
+
+    def invalidate(self, tenant_id: uuid.UUID, adapter_name: str) -> None:
+        """Drop every cached answer about one adapter (call after any change to it)."""
+        with self._lock:
+            self._generation += 1
+            for text in self._texts.pop((tenant_id, adapter_name), set()):
+                self._entries.pop((tenant_id, text), None)
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._entries)
+
+    def _drop(self, cache_key: tuple[uuid.UUID, str], entry: _Entry) -> None:
+        texts = self._texts.get((cache_key[0], entry.adapter_name))
+        if texts is not None:
+            texts.discard(cache_key[1])
+            if not texts:
+                del self._texts[cache_key[0], entry.adapter_name]

@@ -1,0 +1,39 @@
+"""Validate a staged adapter against the served base: the engine's own checks, plus the base's name."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from loraloom.engine.config import ModelConfig
+from loraloom.engine.lora_weights import AdapterLoadError, AdapterSummary, base_model_matches, inspect_adapter
+from loraloom.platform.adapter_lookup import ALWAYS_BASE_NAMES
+from loraloom.platform.registry.errors import UploadRejectedError
+
+
+@dataclass(frozen=True)
+class ServedBase:
+    """The base model every registered version must fit (the engine's, see the router)."""
+
+    name: str  # e.g. "SmolLM2-135M-Instruct"; also what requests name to get no adapter
+    config: ModelConfig
+    max_lora_rank: int
+
+    @property
+    def reserved_names(self) -> frozenset[str]:
+        return ALWAYS_BASE_NAMES | {self.name}
+
+
+def validate_adapter_dir(directory: Path, *, base: ServedBase, allow_base_mismatch: bool) -> AdapterSummary:
+    """Everything the engine would check when loading (names, shapes, rank, dtype, NaN/Inf,
+    modules_to_save, embeddings), and the declared base model unless the caller overrides it."""
+    try:
+        summary = inspect_adapter(directory, base.config, base.max_lora_rank)
+    except AdapterLoadError as error:
+        raise UploadRejectedError(str(error)) from error
+    if not allow_base_mismatch and not base_model_matches(summary.base_model, base.name):
+        raise UploadRejectedError(
+            f"adapter: adapter_config.json names base model {summary.base_model!r}, but this server serves "
+            f"{base.name!r}; train the adapter on {base.name!r}, or set allow_base_mismatch=true if it is the same "
+            "model under another name (shapes are checked either way)"
+        )
+    return summary

@@ -1,0 +1,176 @@
+"""Reading and deleting adapters and their versions, always within one tenant.
+
+Another tenant's adapter is answered exactly like a missing one. A deleted version keeps
+its row (status `deleted`): its number is never given to other weights, and alias
+history keeps naming it. Its blobs go once no live version references them.
+"""
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+from sqlalchemy import delete, exists, select
+from sqlalchemy.orm import Session, selectinload
+
+from loraloom.platform.db.aliases import delete_alias, set_alias
+from loraloom.platform.db.models import (
+    Adapter,
+    AdapterVersion,
+    AdapterVersionFile,
+    AdapterVersionStatus,
+    Alias,
+    utcnow,
+)
+from loraloom.platform.registry.errors import RegistryConflictError, RegistryNotFoundError
+from loraloom.platform.registry.references import LATEST_ALIAS
+from loraloom.platform.registry.resolution import ResolvedVersion
+from loraloom.platform.storage import BlobStore, content_key
+
+T = TypeVar("T")
+LIVE = AdapterVersion.status != AdapterVersionStatus.deleted
+
+
+@dataclass(frozen=True)
+class Page(Generic[T]):
+    items: list[T]
+    has_more: bool
+
+
+def find_adapter(session: Session, *, tenant_id: uuid.UUID, name: str) -> Adapter:
+    adapter = session.scalar(select(Adapter).where(Adapter.tenant_id == tenant_id, Adapter.name == name))
+    if adapter is None:
+        raise RegistryNotFoundError(f"adapter {name!r} does not exist; GET /v1/adapters lists yours")
+    return adapter
+
+
+def list_adapters(session: Session, *, tenant_id: uuid.UUID, limit: int, after: str | None) -> Page[Adapter]:
+    """Adapters by name; `after` is the last name of the previous page."""
+    query = (
+        select(Adapter)
+        .where(Adapter.tenant_id == tenant_id)
+        .options(selectinload(Adapter.aliases).selectinload(Alias.version))
+        .order_by(Adapter.name)
+        .limit(limit + 1)
+    )
+    if after is not None:
+        query = query.where(Adapter.name > after)
+    adapters = list(session.scalars(query))
+    return Page(items=adapters[:limit], has_more=len(adapters) > limit)
+
+
+def find_version(session: Session, *, tenant_id: uuid.UUID, name: str, number: int) -> AdapterVersion:
+    adapter = find_adapter(session, tenant_id=tenant_id, name=name)
+    version = session.scalar(
+        select(AdapterVersion)
+        .where(AdapterVersion.adapter_id == adapter.id, AdapterVersion.number == number, LIVE)
+        .options(selectinload(AdapterVersion.files))
+    )
+    if version is None:
+        raise RegistryNotFoundError(f"adapter {name!r} has no version {number}; GET /v1/adapters/{name}/versions lists them")
+    return version
+
+
+def list_versions(
+    session: Session, *, tenant_id: uuid.UUID, name: str, limit: int, after: int | None
+) -> Page[AdapterVersion]:
+    """Live versions by number; `after` is the last number of the previous page."""
+    adapter = find_adapter(session, tenant_id=tenant_id, name=name)
+    query = (
+        select(AdapterVersion)
+        .where(AdapterVersion.adapter_id == adapter.id, LIVE)
+        .options(selectinload(AdapterVersion.files))
+        .order_by(AdapterVersion.number)
+        .limit(limit + 1)
+    )
+    if after is not None:
+        query = query.where(AdapterVersion.number > after)
+    versions = list(session.scalars(query))
+    return Page(items=versions[:limit], has_more=len(versions) > limit)
+
+
+def version_aliases(session: Session, *, version: AdapterVersion) -> list[str]:
+    return sorted(session.scalars(select(Alias.name).where(Alias.version_id == version.id)))
+
+
+def delete_version(
+    session: Session,
+    *,
+    tenant_id: uuid.UUID,
+    name: str,
+    number: int,
+    force: bool,
+    actor_key_id: uuid.UUID | None,
+) -> ResolvedVersion:
+    """Mark a version deleted. Refused while an alias other than `latest` points at it, unless
+    `force` (then those aliases are removed, in their history). `latest` moves back to the
+    newest remaining version, or goes when none is left. Returns what the caller needs to
+    unload it from engines and to collect its blobs."""
+    adapter = find_adapter(session, tenant_id=tenant_id, name=name)
+    version = find_version(session, tenant_id=tenant_id, name=name, number=number)
+    aliases = list(session.scalars(select(Alias).where(Alias.version_id == version.id)))
+    pinned = sorted(alias.name for alias in aliases if alias.name != LATEST_ALIAS)
+    if pinned and not force:
+        raise RegistryConflictError(
+            f"version {number} of {name!r} is what alias(es) {', '.join(pinned)} point at; move them first "
+            f"(PUT /v1/adapters/{name}/aliases/<alias>) or delete with force=true, which removes them"
+        )
+    resolved = ResolvedVersion.of(version, adapter)
+    version.status = AdapterVersionStatus.deleted
+    version.status_detail = f"deleted at {utcnow().isoformat()}"
+    session.flush()
+    for alias in aliases:
+        if alias.name == LATEST_ALIAS:
+            _move_latest_back(session, adapter=adapter, alias=alias, actor_key_id=actor_key_id)
+        else:
+            delete_alias(session, alias=alias, actor_key_id=actor_key_id)
+    adapter.updated_at = utcnow()
+    session.commit()
+    return resolved
+
+
+def _move_latest_back(session: Session, *, adapter: Adapter, alias: Alias, actor_key_id: uuid.UUID | None) -> None:
+    newest = session.scalar(
+        select(AdapterVersion)
+        .where(AdapterVersion.adapter_id == adapter.id, AdapterVersion.status == AdapterVersionStatus.ready)
+        .order_by(AdapterVersion.number.desc())
+        .limit(1)
+    )
+    if newest is None:
+        delete_alias(session, alias=alias, actor_key_id=actor_key_id)
+    else:
+        set_alias(session, adapter=adapter, name=LATEST_ALIAS, version=newest, actor_key_id=actor_key_id)
+
+
+def delete_adapter(session: Session, *, tenant_id: uuid.UUID, name: str) -> list[ResolvedVersion]:
+    """Delete the adapter with its versions, aliases and alias history; returns its live versions
+    (to unload from engines and to collect blobs)."""
+    adapter = find_adapter(session, tenant_id=tenant_id, name=name)
+    versions = session.scalars(
+        select(AdapterVersion).where(AdapterVersion.adapter_id == adapter.id, LIVE).options(selectinload(AdapterVersion.files))
+    )
+    removed = [ResolvedVersion.of(version, adapter) for version in versions]
+    # One statement, so the database's ON DELETE CASCADE removes versions, aliases and history
+    # together (the ORM deleting children one by one would trip alias_history's foreign keys).
+    session.execute(delete(Adapter).where(Adapter.id == adapter.id))
+    session.commit()
+    session.expunge_all()
+    return removed
+
+
+def delete_unreferenced_blobs(session: Session, *, store: BlobStore, versions: list[ResolvedVersion]) -> list[str]:
+    """Delete the blobs of `versions` that no live version (of any tenant) still references;
+    returns the deleted sha256s. Blobs are shared by content, hence the check."""
+    deleted = []
+    for sha256 in sorted({digest for v in versions for digest in (v.weights_sha256, v.config_sha256)}):
+        referenced = session.scalar(
+            select(
+                exists()
+                .where(AdapterVersionFile.sha256 == sha256, AdapterVersionFile.version_id == AdapterVersion.id)
+                .where(LIVE)
+            )
+        )
+        if not referenced:
+            store.delete(content_key(sha256))
+            deleted.append(sha256)
+    return deleted

@@ -1,0 +1,36 @@
+"""A live API on the bundled model with keys of every role in two tenants, made directly in the database."""
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import pytest
+from live_api import make_key, migrated_settings, serve_in_thread
+
+from loraloom.engine.async_engine import AsyncEngine
+from loraloom.engine.config import EngineConfig
+from loraloom.platform.adapter_lookup import LocalAdapterLookup
+from loraloom.platform.api import create_app
+from loraloom.platform.settings import Settings
+
+
+@dataclass
+class AuthServer:
+    url: str
+    settings: Settings
+    keys: dict[str, str]  # "admin" (tenant default), "developer" / "inference" (tenant acme), "other" (tenant umbrella)
+
+
+@pytest.fixture(scope="module")
+def auth_server(model_dir, tmp_path_factory) -> Iterator[AuthServer]:
+    settings = migrated_settings(tmp_path_factory.mktemp("data"))
+    keys = {
+        "admin": make_key(settings, tenant="default", role="admin"),
+        "developer": make_key(settings, tenant="acme", role="developer"),
+        "inference": make_key(settings, tenant="acme", role="inference"),
+        "other": make_key(settings, tenant="umbrella", role="developer"),
+    }
+    engine = AsyncEngine.create(model_dir, EngineConfig(num_kv_blocks=64))
+    lookup = LocalAdapterLookup({engine.model_name}, {}, None)
+    with serve_in_thread(create_app(engine, lookup, settings)) as url:
+        yield AuthServer(url=url, settings=settings, keys=keys)

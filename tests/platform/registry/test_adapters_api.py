@@ -1,0 +1,242 @@
+"""The adapter routes end to end: a real engine on the bundled model, the registry on SQLite and
+file:// storage, API keys from the database. The last test chats with `name:prod` through the
+engine and gets exactly what the same adapter gives when served from a local directory."""
+from __future__ import annotations
+
+import io
+import json
+import shutil
+import tarfile
+import zipfile
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+from live_api import bearer, make_key, migrated_settings
+from safetensors.torch import load_file, save_file
+
+from loraloom.engine.async_engine import AsyncEngine
+from loraloom.engine.config import EngineConfig
+from loraloom.platform.adapter_lookup import LocalAdapterLookup
+from loraloom.platform.api import create_app
+from loraloom.platform.registry_lookup import adapter_fetcher_from_settings, registry_lookup_from_settings
+from loraloom.platform.storage import LocalBlobStore, content_key, storage_from_settings
+
+NAMES = ("adapter_config.json", "adapter_model.safetensors")
+CHAT = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+@dataclass
+class Api:
+    client: TestClient
+    engine: AsyncEngine
+    store: LocalBlobStore
+    developer: dict[str, str]  # acme
+    inference: dict[str, str]  # acme
+    globex: dict[str, str]  # another tenant's developer
+
+
+@pytest.fixture(scope="module")
+def api(model_dir, peft_adapter, tmp_path_factory) -> Iterator[Api]:
+    settings = migrated_settings(tmp_path_factory.mktemp("server"))
+    keys = {
+        "developer": make_key(settings, tenant="acme", role="developer"),
+        "inference": make_key(settings, tenant="acme", role="inference"),
+        "globex": make_key(settings, tenant="globex", role="developer"),
+    }
+    store = storage_from_settings(settings)
+    engine = AsyncEngine.create(model_dir, EngineConfig(num_kv_blocks=128), adapter_fetcher_from_settings(settings, store))
+    local_copy = shutil.copytree(peft_adapter, tmp_path_factory.mktemp("local") / "local-copy")
+    local = LocalAdapterLookup({engine.model_name}, {"local-copy": Path(local_copy)}, None)
+    app = create_app(engine, registry_lookup_from_settings(settings, store, local), settings)
+    with TestClient(app) as client:
+        yield Api(client, engine, store, **{role: bearer(key) for role, key in keys.items()})
+
+
+def files_of(directory: Path) -> list[tuple[str, tuple[str, bytes, str]]]:
+    return [("files", (name, (directory / name).read_bytes(), "application/octet-stream")) for name in NAMES]
+
+
+def archive_of(directory: Path, kind: str) -> list[tuple[str, tuple[str, bytes, str]]]:
+    buffer = io.BytesIO()
+    if kind == "tar.gz":
+        with tarfile.open(fileobj=buffer, mode="w:gz") as archive:
+            archive.add(directory, arcname="adapter")
+    else:
+        with zipfile.ZipFile(buffer, "w") as archive:
+            for name in NAMES:
+                archive.write(directory / name, arcname=name)
+    return [("files", (f"adapter.{kind}", buffer.getvalue(), "application/octet-stream"))]
+
+
+def push(api: Api, name: str, files, headers=None, **form) -> dict:
+    response = api.client.post(f"/v1/adapters/{name}/versions", files=files, data=form, headers=headers or api.developer)
+    assert response.status_code == 201, response.text
+    return response.json()
+
+
+def registered_digests(api: Api) -> set[str]:
+    """The sha256 of every file of every live version of acme's adapters."""
+    names = [a["name"] for a in api.client.get("/v1/adapters", params={"limit": 100}, headers=api.developer).json()["data"]]
+    return {
+        file["sha256"]
+        for name in names
+        for version in api.client.get(f"/v1/adapters/{name}/versions", headers=api.developer).json()["data"]
+        for file in version["files"]
+    }
+
+
+def chat(api: Api, model: str, headers=None) -> str:
+    response = api.client.post(
+        "/v1/chat/completions",
+        json={"model": model, "messages": CHAT, "max_tokens": 8, "temperature": 0},
+        headers=headers or api.developer,
+    )
+    assert response.status_code == 200, response.text
+    return response.json()["choices"][0]["message"]["content"]
+
+
+def test_upload_as_files_tar_gz_and_zip_makes_versions(api, peft_adapter):
+    first = push(api, "uploads", files_of(peft_adapter))
+    assert (first["object"], first["adapter"], first["version"], first["aliases"]) == (
+        "adapter.version", "uploads", 1, ["latest"]
+    )
+    assert (first["rank"], first["alpha"], first["target_modules"], first["dtype"]) == (4, 8.0, ["q_proj", "v_proj"], "float32")
+    assert push(api, "uploads", archive_of(peft_adapter, "tar.gz"))["version"] == 2
+    assert push(api, "uploads", archive_of(peft_adapter, "zip"))["version"] == 3
+    listed = api.client.get("/v1/adapters/uploads/versions", headers=api.inference).json()
+    assert [v["version"] for v in listed["data"]] == [1, 2, 3]
+    assert [v["aliases"] for v in listed["data"]] == [[], [], ["latest"]]
+    one = api.client.get("/v1/adapters/uploads/versions/1", headers=api.inference).json()
+    assert {f["filename"]: f["sha256"] for f in one["files"]} == {f["filename"]: f["sha256"] for f in first["files"]}
+
+
+def test_mutations_need_a_developer_key(api, peft_adapter):
+    response = api.client.post("/v1/adapters/nope/versions", files=files_of(peft_adapter), headers=api.inference)
+    assert response.status_code == 403
+    assert "developer" in response.json()["error"]["message"]
+    assert api.client.post("/v1/adapters/nope/versions", files=files_of(peft_adapter)).status_code == 401
+    assert api.client.get("/v1/adapters/nope", headers=api.developer).status_code == 404
+
+
+def test_invalid_upload_is_a_400_naming_the_problem(api, peft_adapter, tmp_path):
+    directory = Path(shutil.copytree(peft_adapter, tmp_path / "nan"))
+    tensors = load_file(str(directory / "adapter_model.safetensors"))
+    next(iter(tensors.values()))[0, 0] = float("nan")
+    save_file(tensors, str(directory / "adapter_model.safetensors"))
+    before = sorted(p.name for p in api.store.root.rglob("*") if p.is_file())
+    response = api.client.post("/v1/adapters/broken/versions", files=files_of(directory), headers=api.developer)
+    assert response.status_code == 400
+    error = response.json()["error"]
+    assert (error["param"], error["code"]) == ("files", "invalid_adapter")
+    assert "NaN or Inf" in error["message"]
+    assert api.client.get("/v1/adapters/broken", headers=api.developer).status_code == 404
+    assert sorted(p.name for p in api.store.root.rglob("*") if p.is_file()) == before
+
+
+def test_aliases_history_and_guarded_deletes(api, peft_adapter, other_peft_adapter):
+    push(api, "aliased", files_of(peft_adapter))
+    push(api, "aliased", files_of(other_peft_adapter))
+    moved = api.client.put("/v1/adapters/aliased/aliases/prod", json={"version": 1}, headers=api.developer)
+    assert moved.status_code == 200 and moved.json()["version"] == 1
+    prod_key = api.client.get("/v1/adapters/aliased", headers=api.developer).json()["aliases"]
+    assert prod_key == {"latest": 2, "prod": 1}
+    api.client.put("/v1/adapters/aliased/aliases/prod", json={"version": 2}, headers=api.developer)
+    api.client.put("/v1/adapters/aliased/aliases/prod", json={"version": 1}, headers=api.developer)
+    history = api.client.get("/v1/adapters/aliased/aliases/prod/history", headers=api.inference).json()["data"]
+    assert [(h["from_version"], h["to_version"]) for h in history] == [(None, 1), (1, 2), (2, 1)]
+    assert api.client.put("/v1/adapters/aliased/aliases/latest", json={"version": 1}, headers=api.developer).status_code == 400
+
+    refused = api.client.delete("/v1/adapters/aliased/versions/1", headers=api.developer)
+    assert refused.status_code == 409 and "prod" in refused.json()["error"]["message"]
+    forced = api.client.delete("/v1/adapters/aliased/versions/1", params={"force": "true"}, headers=api.developer)
+    assert forced.json() == {"id": "aliased@1", "object": "adapter.version", "deleted": True}
+    assert api.client.get("/v1/adapters/aliased/versions/1", headers=api.developer).status_code == 404
+    assert api.client.get("/v1/adapters/aliased", headers=api.developer).json()["aliases"] == {"latest": 2}
+
+
+def test_promoting_prefetches_the_version_into_the_engine(api, peft_adapter):
+    version = push(api, "prefetched", files_of(peft_adapter))
+    weights_sha = next(f["sha256"] for f in version["files"] if f["filename"] == "adapter_model.safetensors")
+    assert not any("/prefetched@" in key for key in api.engine.engine.adapter_cache._entries)
+    api.client.put("/v1/adapters/prefetched/aliases/prod", json={"version": 1}, headers=api.developer)
+    keys = list(api.engine.engine.adapter_cache._entries)
+    assert any(key.endswith(f"/prefetched@1#{weights_sha[:16]}") for key in keys), keys
+
+
+def test_listing_is_paginated_and_scoped_to_the_tenant(api, peft_adapter):
+    for name in ("page-a", "page-b"):
+        push(api, name, files_of(peft_adapter))
+    first = api.client.get("/v1/adapters", params={"limit": 1, "after": "page-"}, headers=api.inference).json()
+    assert [a["name"] for a in first["data"]] == ["page-a"] and first["has_more"] and first["last_id"] == "page-a"
+    second = api.client.get("/v1/adapters", params={"limit": 1, "after": "page-a"}, headers=api.inference).json()
+    assert [a["name"] for a in second["data"]] == ["page-b"]
+    assert api.client.get("/v1/adapters", headers=api.globex).json()["data"] == []
+    theirs = api.client.get("/v1/adapters/page-a", headers=api.globex)
+    missing = api.client.get("/v1/adapters/never-was", headers=api.globex)
+    assert theirs.status_code == missing.status_code == 404
+    assert theirs.json()["error"]["message"] == missing.json()["error"]["message"].replace("never-was", "page-a")
+
+
+def test_chat_with_name_prod_serves_the_uploaded_adapter(api, peft_adapter, other_peft_adapter, tmp_path):
+    push(api, "support-bot", files_of(peft_adapter))
+    push(api, "support-bot", files_of(other_peft_adapter))  # latest = 2, a different adapter
+    api.client.put("/v1/adapters/support-bot/aliases/prod", json={"version": 1}, headers=api.developer)
+
+    from_local_dir = chat(api, "local-copy")  # the same PEFT files, served from a directory
+    base = chat(api, "base")
+    assert from_local_dir != base  # the adapter changes the greedy output, so the comparison means something
+    assert chat(api, "support-bot:prod") == from_local_dir
+    assert chat(api, "support-bot@1") == from_local_dir
+    assert chat(api, "support-bot") != from_local_dir  # latest is version 2
+
+    models = [m["id"] for m in api.client.get("/v1/models", headers=api.inference).json()["data"]]
+    assert "support-bot@2" in models and "local-copy" in models
+    globex_models = [m["id"] for m in api.client.get("/v1/models", headers=api.globex).json()["data"]]
+    assert "support-bot@2" not in globex_models and "local-copy" in globex_models
+    other_tenant = api.client.post(
+        "/v1/chat/completions", json={"model": "support-bot:prod", "messages": CHAT, "max_tokens": 2}, headers=api.globex
+    )
+    assert other_tenant.status_code == 404 and other_tenant.json()["error"]["code"] == "model_not_found"
+
+    # Deleting the adapter unloads it from the engine and removes the blobs no other version uses.
+    unique = Path(shutil.copytree(peft_adapter, tmp_path / "unique"))
+    config = json.loads((unique / "adapter_config.json").read_text())
+    (unique / "adapter_config.json").write_text(json.dumps({**config, "lora_alpha": 5}))
+    push(api, "support-bot", files_of(unique))
+    versions = api.client.get("/v1/adapters/support-bot/versions", headers=api.developer).json()["data"]
+    digests = {f["sha256"] for v in versions for f in v["files"]}
+    deleted = api.client.delete("/v1/adapters/support-bot", headers=api.developer)
+    assert deleted.json() == {"id": "support-bot", "object": "adapter", "deleted": True}
+    gone = api.client.post(
+        "/v1/chat/completions", json={"model": "support-bot:prod", "messages": CHAT, "max_tokens": 2}, headers=api.developer
+    )
+    assert gone.status_code == 404
+    assert not any("/support-bot@" in key for key in api.engine.engine.adapter_cache._entries)
+    still_used = registered_digests(api)  # other tests registered some of the same bytes
+    assert digests - still_used  # at least the unique config blob
+    for digest in digests - still_used:
+        assert not api.store.exists(content_key(digest))
+    for digest in digests & still_used:
+        assert api.store.exists(content_key(digest))
+
+
+def test_presigned_uploads_need_object_storage_and_the_routes_are_documented(api):
+    planned = {"files": [{"filename": n, "size_bytes": 10} for n in NAMES]}
+    response = api.client.post("/v1/adapters/big/uploads", json=planned, headers=api.developer)
+    assert response.status_code == 400
+    assert "does not take presigned uploads" in response.json()["error"]["message"]
+    paths = api.client.get("/openapi.json").json()["paths"]
+    for path in (
+        "/v1/adapters",
+        "/v1/adapters/{name}",
+        "/v1/adapters/{name}/versions",
+        "/v1/adapters/{name}/versions/{number}",
+        "/v1/adapters/{name}/uploads",
+        "/v1/adapters/{name}/uploads/complete",
+        "/v1/adapters/{name}/aliases/{alias}",
+        "/v1/adapters/{name}/aliases/{alias}/history",
+    ):
+        assert path in paths, path
