@@ -1,6 +1,7 @@
 """Validate a staged adapter against the served base: the engine's own checks, plus the base's name."""
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -29,7 +30,9 @@ def validate_adapter_dir(directory: Path, *, base: ServedBase, allow_base_mismat
     try:
         summary = inspect_adapter(directory, base.config, base.max_lora_rank)
     except AdapterLoadError as error:
-        raise UploadRejectedError(str(error)) from error
+        # The engine names files by their path; here that is a server-side staging directory,
+        # which means nothing to the uploader and should not be shown to them.
+        raise UploadRejectedError(str(error).replace(f"{directory}{os.sep}", "")) from error
     if not allow_base_mismatch and not base_model_matches(summary.base_model, base.name):
         raise UploadRejectedError(
             f"adapter: adapter_config.json names base model {summary.base_model!r}, but this server serves "
