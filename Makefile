@@ -9,7 +9,7 @@ TORCH_VERSION ?= 2.13.0
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: setup run test bench clean
+.PHONY: setup run test test-slow bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -26,7 +26,10 @@ run: setup
 	$(VENV)/bin/loraloom serve --host $(HOST) --port $(PORT)
 
 test: setup
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q -m "not slow" tests
+
+test-slow: setup
+	$(PY) -m pytest -q -m slow tests
 
 bench: setup
 	$(PY) benchmarks/cpu_throughput.py

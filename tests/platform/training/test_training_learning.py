@@ -65,7 +65,6 @@ def greedy_answers(engine: LLMEngine, prompts: list[list[int]], adapter: Adapter
     return list(texts.values())
 
 
-@pytest.mark.slow
 def test_trained_adapter_answers_what_the_base_cannot(model_dir: Path, tmp_path: Path) -> None:
     codes = product_codes(len(PRODUCT_NAMES))
     data = "\n".join(
