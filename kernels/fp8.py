@@ -12,12 +12,13 @@ Per-token activation scales keep a request's numerics independent of its batch-m
 per-channel weight scales keep small output channels out of e4m3's subnormal range.
 
 On CUDA devices with FP8 tensor cores the product runs in `torch._scaled_mm` with row-wise
-scales (scale_a [T, 1], scale_b [1, N], both fp32), which applies sx[t] * sw[n] in the GEMM
-epilogue. torch >= 2.5 accepts row-wise scales on every NVIDIA device that has FP8 GEMMs at
-all (compute capability 8.9 and 9.x through CUTLASS or cuBLAS >= 12.9, 10.x through cuBLAS), so
-there is no per-tensor fallback: devices without FP8 GEMMs (ROCm, whose e4m3 variant differs,
-and compute capability < 8.9) and shapes _scaled_mm refuses (K or N not a multiple of 16) run
-the plain-torch reference, `kernels/reference.py:fp8_scaled_mm`, which is also the CPU path.
+scales (scale_a [T, 1], scale_b [1, N], both fp32 and contiguous; the activations row-major and the
+weight column-major, i.e. w_q.t()), which applies sx[t] * sw[n] in the GEMM epilogue. The torch
+versions this project supports (2.11 and later) accept row-wise scales on every NVIDIA device that
+has FP8 GEMMs at all (compute capability >= 8.9, through CUTLASS or cuBLAS), so there is no
+per-tensor fallback. Devices without FP8 GEMMs (compute capability < 8.9, and ROCm, whose MI300
+uses the e4m3fnuz variant) and shapes _scaled_mm refuses (K or N not a multiple of 16) run the
+plain-torch reference `kernels/reference.py:fp8_scaled_mm`, which is also the CPU path.
 """
 from __future__ import annotations
 
@@ -39,10 +40,11 @@ SCALED_MM_ALIGNMENT = 16
 def quantize_with_scale(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
     """x [R, C] / scale ([R, 1] or [1], fp32) rounded to e4m3; the one rounding rule of this module.
 
-    Clamped first: a value that rounds past 448 must saturate, and older torch versions
-    turn out-of-range values into NaN when casting to float8.
+    Clamped first: a value beyond 448 must saturate, and whether a cast to float8_e4m3fn saturates
+    or gives NaN (e4m3fn has no infinity) is not the same on every torch version and device.
     """
-    scaled = x / scale  # fp32: scale is fp32, and type promotion divides bf16/fp16 rows in fp32 too
+    assert scale.dim() > 0 and scale.dtype == torch.float32, "quantize_with_scale: scale must be fp32 [R, 1] or [1]"
+    scaled = x / scale  # fp32: a dimensioned fp32 scale promotes bf16/fp16 rows to fp32 too
     return scaled.clamp_(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
 
 
@@ -91,7 +93,7 @@ def _scaled_mm_rowwise(
     w_scale: torch.Tensor,  # [N, 1] fp32; .t() is the [1, N] row-wise layout of scale_b
     out_dtype: torch.dtype,
 ) -> torch.Tensor:  # [T, N]
-    return torch._scaled_mm(x_q, w_q.t(), scale_a=x_scale, scale_b=w_scale.t(), out_dtype=out_dtype)
+    return torch._scaled_mm(x_q.contiguous(), w_q.t(), scale_a=x_scale, scale_b=w_scale.t(), out_dtype=out_dtype)
 
 
 def _runs_scaled_mm(device: torch.device, weight_shape: torch.Size) -> bool:

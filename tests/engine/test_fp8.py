@@ -48,7 +48,6 @@ def e4m3_grid() -> torch.Tensor:
 
 
 GRID = e4m3_grid()
-assert GRID[-1] == FP8_MAX and len(GRID) == 127
 
 
 def e4m3_neighbours(v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -95,6 +94,12 @@ def rows_of_many_magnitudes(rows: int, cols: int, seed: int, dtype: torch.dtype 
 
 
 # ----------------------------------------------------------------------------- quantization numerics
+
+
+def test_e4m3_grid_is_torchs_float8_e4m3fn():
+    codes = torch.arange(256, dtype=torch.int32).to(torch.uint8).view(torch.float8_e4m3fn).double()
+    finite = codes[torch.isfinite(codes) & (codes >= 0)].unique()  # +0 and -0 are one value
+    assert torch.equal(finite, GRID) and GRID[-1] == FP8_MAX
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -253,16 +258,29 @@ def perplexity(model, tokens: torch.Tensor, dtype: torch.dtype) -> float:
     return math.exp(total_nll / predicted)
 
 
+# The issue asks for FP8 within 1% of BF16. Measured on these 20,480 tokens: bf16 16.030, fp8 16.446
+# (x1.026). The gap is e4m3 itself, not this implementation: rounding to 3 mantissa bits moves every
+# weight and activation by up to 2^-4 of itself, and a 135M-parameter model feels it. On the first
+# 2,048 tokens, where this recipe costs +4.5%: an independent fake-quantized Hugging Face forward
+# costs +3.3%, FP8 with fp32 activations +4.3%, and returning any single layer to BF16 moves the
+# perplexity by -1.9% (the last layer) to +0.7% (no layer dominates); on 4,096 tokens the MLPs carry most
+# of it (+4.2% all FP8, +1.6% with gate/up in BF16, +2.0% with down in BF16). Llama-3.1-8B keeps 99.7%
+# of its scores with this recipe. The issue's bound stands: this test fails until the recipe keeps
+# the bundled model within 1% (issue 5 is open on it).
+PERPLEXITY_RATIO_BOUND = 1.01
+
+
 @pytest.mark.slow  # 2 x 20k tokens through the 135M model: run with `make test-slow`
 def test_fp8_perplexity_within_one_percent_of_bf16(model_dir):
-    # Both models run in bfloat16 (this CPU multiplies bf16 with AMX; fp32 would be no more faithful
-    # to the BF16 reference the issue asks for); the FP8 one differs only in its projections.
+    # Both models run in bfloat16 (the issue's reference; this CPU multiplies bf16 with AMX, so it is
+    # also the faster choice); the FP8 one differs only in its q/k/v/o/gate/up/down projections.
     tokens = held_out_tokens(model_dir)
     reference = perplexity(load_model(model_dir, torch.bfloat16, "cpu"), tokens, torch.bfloat16)
     fp8 = perplexity(load_model(model_dir, torch.bfloat16, "cpu", quantize_to_fp8=True), tokens, torch.bfloat16)
-    print(f"\nperplexity over {len(tokens)} tokens of {LICENSE_DIR}: bf16 {reference:.4f}, fp8 {fp8:.4f} "
-          f"({100 * (fp8 / reference - 1):+.2f}%)")
-    assert fp8 <= 1.01 * reference, f"FP8 perplexity {fp8:.4f} exceeds 1.01 x the BF16 perplexity {reference:.4f}"
+    report = (f"perplexity over {len(tokens)} tokens of {LICENSE_DIR}: bf16 {reference:.4f}, fp8 {fp8:.4f} "
+              f"(x{fp8 / reference:.4f})")
+    print(f"\n{report}")
+    assert fp8 <= PERPLEXITY_RATIO_BOUND * reference, report
 
 
 # ----------------------------------------------------------------------------- FP8 modules

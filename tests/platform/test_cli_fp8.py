@@ -1,0 +1,19 @@
+"""`loraloom serve --quantization`: the flag reaches EngineConfig, and only known methods parse."""
+from __future__ import annotations
+
+import pytest
+
+from loraloom.platform.cli import build_parser, engine_config, main
+
+
+def test_quantization_flag_maps_onto_engine_config():
+    assert engine_config(build_parser().parse_args(["serve"])).quantization is None
+    assert engine_config(build_parser().parse_args(["serve", "--quantization", "fp8"])).quantization == "fp8"
+
+
+def test_unknown_quantization_is_an_argparse_error_naming_the_flag(capsys):
+    with pytest.raises(SystemExit) as exited:
+        main(["serve", "--quantization", "int4"])
+    assert exited.value.code == 2
+    error = capsys.readouterr().err
+    assert "--quantization" in error and "fp8" in error
