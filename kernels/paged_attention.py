@@ -37,7 +37,8 @@ def _write_kv_cache_kernel(
     k_cache_ptr, v_cache_ptr,  # [num_blocks, block_size, KVH, D]
     slot_mapping_ptr,  # [T] int64
     block_size, kv_heads, head_dim,
-    stride_kv_tok, stride_kv_head,
+    stride_k_tok, stride_k_head,
+    stride_v_tok, stride_v_head,
     stride_c_block, stride_c_pos, stride_c_head,
     BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
@@ -48,11 +49,12 @@ def _write_kv_cache_kernel(
     offs_h = tl.arange(0, BLOCK_H)
     offs_d = tl.arange(0, BLOCK_D)
     mask = (offs_h < kv_heads)[:, None] & (offs_d < head_dim)[None, :]
-    source = token * stride_kv_tok + offs_h[:, None] * stride_kv_head + offs_d[None, :]  # [BLOCK_H, BLOCK_D]
+    key_source = token * stride_k_tok + offs_h[:, None] * stride_k_head + offs_d[None, :]  # [BLOCK_H, BLOCK_D]
+    value_source = token * stride_v_tok + offs_h[:, None] * stride_v_head + offs_d[None, :]
     dest = ((slot // block_size) * stride_c_block + (slot % block_size) * stride_c_pos
             + offs_h[:, None] * stride_c_head + offs_d[None, :])
-    key = tl.load(key_ptr + source, mask=mask)
-    value = tl.load(value_ptr + source, mask=mask)
+    key = tl.load(key_ptr + key_source, mask=mask)
+    value = tl.load(value_ptr + value_source, mask=mask)
     tl.store(k_cache_ptr + dest, key.to(k_cache_ptr.dtype.element_ty), mask=mask)
     tl.store(v_cache_ptr + dest, value.to(v_cache_ptr.dtype.element_ty), mask=mask)
 
@@ -162,9 +164,10 @@ def write_kv_cache(
     """
     _check_cache(k_cache, v_cache)
     num_tokens, kv_heads, head_dim = key.shape
-    assert value.shape == key.shape and value.stride() == key.stride(), (
-        f"key {tuple(key.shape)} and value {tuple(value.shape)} must have the same shape and layout")
-    assert key.stride(2) == 1, "key/value must have contiguous head_dim"
+    # value is usually a view into the fused qkv output while key is rotary's fresh tensor,
+    # so the two may have different token/head strides; only head_dim must be contiguous.
+    assert value.shape == key.shape, f"key {tuple(key.shape)} and value {tuple(value.shape)} must have the same shape"
+    assert key.stride(2) == 1 and value.stride(2) == 1, "key/value must have contiguous head_dim"
     assert k_cache.shape[2:] == (kv_heads, head_dim), (
         f"KV cache heads/head_dim {tuple(k_cache.shape[2:])} do not match key's {(kv_heads, head_dim)}")
     assert slot_mapping.shape == (num_tokens,) and slot_mapping.dtype == torch.int64, (
@@ -175,6 +178,7 @@ def write_kv_cache(
         key, value, k_cache, v_cache, slot_mapping,
         k_cache.shape[1], kv_heads, head_dim,
         key.stride(0), key.stride(1),
+        value.stride(0), value.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         BLOCK_H=triton.next_power_of_2(kv_heads), BLOCK_D=triton.next_power_of_2(head_dim),
     )
