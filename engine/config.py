@@ -176,6 +176,9 @@ class EngineConfig:
     # per output channel, activations per token); lm_head stays in `dtype`. None: serve the checkpoint
     # as stored; a pre-quantized FP8 checkpoint (config.json quantization_config) is FP8 either way.
     quantization: str | None = None
+    # On CUDA, decode steps replay CUDA graphs (engine/cuda_graphs.py); True runs every step eagerly
+    # (for debugging, or to save the graphs' capture time and memory).
+    enforce_eager: bool = False
 
     def __post_init__(self) -> None:
         if self.quantization is not None and self.quantization not in QUANTIZATION_METHODS:

@@ -110,6 +110,8 @@ class LLMEngine:
         self.config = config
         self.max_model_len = config.resolved_max_model_len(self.model_config)
         self.runner = ModelRunner(model=model, model_config=self.model_config, config=config, lora_pool=lora_pool)
+        if device.type == "cuda" and not config.enforce_eager:
+            self.runner.enable_decode_graphs(self.max_model_len, capture=True)
         self.block_manager = BlockManager(config.num_kv_blocks, config.block_size, config.enable_prefix_caching)
         self.slot_table = AdapterSlotTable(config.max_loras)
         self.scheduler = Scheduler(config, self.block_manager, self.slot_table)

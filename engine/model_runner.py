@@ -8,13 +8,16 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from loraloom.engine.config import EngineConfig, ModelConfig
+from loraloom.engine.cuda_graphs import DecodeGraphs
 from loraloom.engine.lora import AdapterWeights, LoRASlotPool, build_sgmv_metadata
 from loraloom.engine.model import LlamaModel, allocate_kv_cache
 from loraloom.engine.sampler import Sampler, SamplerOutput
 from loraloom.engine.scheduler import SchedulerOutput
+from loraloom.engine.step_batch import HostBatch, flatten_step
 from loraloom.kernels.metadata import AttentionMetadata, SGMVMetadata
 
 
@@ -61,6 +64,29 @@ class ModelRunner:
             model_config, config.num_kv_blocks, config.block_size, getattr(torch, config.dtype), self.device
         )
         self.sampler = Sampler()
+        self.decode_graphs: DecodeGraphs | None = None  # enable_decode_graphs turns them on
+
+    def enable_decode_graphs(self, max_model_len: int, *, capture: bool) -> None:
+        """Replay plain decode steps from CUDA graphs (engine/cuda_graphs.py) from now on.
+
+        capture=False runs the same static buffers and padding eagerly: the CPU test path.
+        """
+        kv_caches = self.kv_caches
+        model = self.model
+
+        def forward(input_ids, positions, attn, lora):
+            return model(input_ids, positions, kv_caches, attn, lora)
+
+        graphs = DecodeGraphs(
+            forward,
+            max_num_seqs=self.config.max_num_seqs,
+            max_blocks_per_seq=-(-max_model_len // self.config.block_size),
+            device=self.device,
+            capture=capture,
+        )
+        with torch.inference_mode():
+            graphs.capture_all()
+        self.decode_graphs = graphs
 
     @torch.inference_mode()
     def execute(self, step: SchedulerOutput, generators: dict[str, torch.Generator | None],
@@ -70,12 +96,16 @@ class ModelRunner:
         The step's adapter_loads must have been copied in with `load_adapter` first.
         """
         started = time.perf_counter()
-        inputs = self._prepare_inputs(step)
+        batch = flatten_step(step, self.config.block_size)
+        graphs = self.decode_graphs
+        inputs = None if graphs is not None and graphs.can_run(batch) else self._device_inputs(batch)
         prepared = time.perf_counter()
-        hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.attn, inputs.lora)  # [T, hidden]
-        logits = None
-        if inputs.logits_rows is not None:
-            logits = self.model.compute_logits(hidden[inputs.logits_rows])  # [N, vocab]
+        if inputs is None:
+            hidden = graphs.run(batch)  # [n, hidden]: a decode step samples every row
+            logits = self.model.compute_logits(hidden)
+        else:
+            hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.attn, inputs.lora)
+            logits = None if inputs.logits_rows is None else self.model.compute_logits(hidden[inputs.logits_rows])
         computed = time.perf_counter()
         sampled = None
         if logits is not None:
@@ -90,48 +120,26 @@ class ModelRunner:
         timings.sample_s = time.perf_counter() - computed
         return sampled
 
-    def _prepare_inputs(self, step: SchedulerOutput) -> StepInputs:
-        """Flatten the scheduled requests into one batch of tokens plus attention and LoRA metadata."""
-        block_size = self.config.block_size
-        input_ids: list[int] = []
-        positions: list[int] = []
-        slot_mapping: list[int] = []
-        token_slots: list[int] = []
-        query_start_loc = [0]
-        seq_lens: list[int] = []
-        logits_rows: list[int] = []
-        block_tables: list[list[int]] = []
-        for item in step.scheduled:
-            request = item.request
-            start = request.num_computed_tokens
-            end = start + item.num_new_tokens
-            input_ids.extend(request.token_ids_between(start, end))
-            positions.extend(range(start, end))
-            blocks = request.block_ids
-            slot_mapping.extend(blocks[pos // block_size] * block_size + pos % block_size for pos in range(start, end))
-            token_slots.extend([item.slot] * item.num_new_tokens)
-            query_start_loc.append(query_start_loc[-1] + item.num_new_tokens)
-            seq_lens.append(end)
-            block_tables.append(blocks)
-            if item.sample:
-                logits_rows.append(query_start_loc[-1] - 1)
-        max_blocks = max(len(blocks) for blocks in block_tables)
-        padded_tables = [blocks + [0] * (max_blocks - len(blocks)) for blocks in block_tables]
-
+    def _device_inputs(self, batch: HostBatch) -> StepInputs:
+        """The eager path's tensors for a flattened step."""
         device = self.device
+
+        def tensor(values: np.ndarray) -> torch.Tensor:
+            return torch.from_numpy(values).to(device)
+
         return StepInputs(
-            input_ids=torch.tensor(input_ids, dtype=torch.int64, device=device),
-            positions=torch.tensor(positions, dtype=torch.int64, device=device),
+            input_ids=tensor(batch.input_ids),
+            positions=tensor(batch.positions),
             attn=AttentionMetadata(
-                query_start_loc=torch.tensor(query_start_loc, dtype=torch.int32, device=device),
-                seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
-                block_tables=torch.tensor(padded_tables, dtype=torch.int32, device=device),
-                slot_mapping=torch.tensor(slot_mapping, dtype=torch.int64, device=device),
-                query_start_loc_host=query_start_loc,
-                seq_lens_host=seq_lens,
+                query_start_loc=tensor(batch.query_start_loc),
+                seq_lens=tensor(batch.seq_lens),
+                block_tables=tensor(batch.block_tables),
+                slot_mapping=tensor(batch.slot_mapping),
+                query_start_loc_host=batch.query_start_loc.tolist(),
+                seq_lens_host=batch.seq_lens.tolist(),
             ),
-            lora=build_sgmv_metadata(token_slots, self.lora_pool.slot_ranks_host, device),
-            logits_rows=torch.tensor(logits_rows, device=device) if logits_rows else None,
+            lora=build_sgmv_metadata(batch.token_slots.tolist(), self.lora_pool.slot_ranks_host, device),
+            logits_rows=tensor(batch.logits_rows) if len(batch.logits_rows) else None,
         )
 
     def load_adapter(self, slot: int, weights: AdapterWeights) -> None:

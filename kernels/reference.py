@@ -18,7 +18,13 @@ def write_kv_cache(
     v_cache: torch.Tensor,  # [num_blocks, block_size, KVH, D]
     slot_mapping: torch.Tensor,  # [T] int64
 ) -> None:
-    """for t: cache[slot_mapping[t] // block_size, slot_mapping[t] % block_size] = kv[t]"""
+    """for t: cache[slot_mapping[t] // block_size, slot_mapping[t] % block_size] = kv[t]
+
+    Tokens whose slot is negative are skipped (padding rows of a CUDA-graph batch).
+    """
+    if bool((slot_mapping < 0).any()):
+        keep = slot_mapping >= 0
+        key, value, slot_mapping = key[keep], value[keep], slot_mapping[keep]
     k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slot_mapping, key.to(k_cache.dtype))
     v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slot_mapping, value.to(v_cache.dtype))
 
