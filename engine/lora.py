@@ -8,7 +8,9 @@ of a step, and the Llama forward (engine/model.py) stays LoRA-free.
 """
 from __future__ import annotations
 
+from typing import Sequence
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -17,6 +19,7 @@ from loraloom.engine.layers import Linear
 from loraloom.engine.lora_weights import AdapterLoadError, AdapterWeights, load_adapter_weights, lora_module_shapes
 from loraloom.kernels.backend import REFERENCE_BACKEND, KernelBackend
 from loraloom.kernels.metadata import SGMVMetadata
+from loraloom.kernels.sgmv_plan import SGMVLayout, SGMVPlan, metadata_views, plan_sgmv, segment_capacity, tile_capacity
 
 __all__ = [
     "AdapterLoadError",
@@ -24,9 +27,15 @@ __all__ = [
     "LoRALinear",
     "LoRASlotPool",
     "PACKED_MODULES",
+    "SGMVLayout",
+    "SGMVPlan",
     "attach_lora",
     "build_sgmv_metadata",
     "load_adapter_weights",
+    "metadata_views",
+    "plan_sgmv",
+    "segment_capacity",
+    "tile_capacity",
 ]
 
 # Each wrapped Linear of a decoder layer -> the PEFT modules packed into its output, in slice order.
@@ -160,40 +169,15 @@ def attach_lora(model: nn.Module, pool: LoRASlotPool, sgmv: KernelBackend = REFE
 
 
 def build_sgmv_metadata(
-    token_slots: list[int],  # [T]: adapter slot of each flat-batch token, -1 = base
-    slot_ranks: list[int],  # [S]: rank of the adapter in each slot, 0 = empty
+    token_slots: Sequence[int] | np.ndarray,  # [T]: adapter slot of each flat-batch token, -1 = base
+    slot_ranks: Sequence[int] | np.ndarray,  # [S]: rank of the adapter in each slot, 0 = empty
     device: torch.device | str,
 ) -> SGMVMetadata | None:
-    """Group the step's tokens by slot (ascending slot, batch order within a slot); None if all are base."""
-    rows_by_slot: dict[int, list[int]] = {}
-    for row, slot in enumerate(token_slots):
-        if slot == -1:
-            continue
-        if not 0 <= slot < len(slot_ranks) or slot_ranks[slot] == 0:
-            raise ValueError(f"sgmv metadata: token {row} maps to slot {slot}, which is not a loaded slot "
-                             f"(slot ranks {slot_ranks}); load the adapter into its slot before scheduling it")
-        rows_by_slot.setdefault(slot, []).append(row)
-    if not rows_by_slot:
+    """Group the step's tokens by slot (ascending slot, batch order within a slot); None if all are base.
+
+    Exact sizes (no padding); kernels/sgmv_plan.py plans padded metadata for CUDA graphs.
+    """
+    plan = plan_sgmv(token_slots, slot_ranks)
+    if plan.num_segments == 0:
         return None  # base-only step: LoRALinear skips the adapters entirely
-    active_slots = sorted(rows_by_slot)
-    sorted_rows = [row for slot in active_slots for row in rows_by_slot[slot]]
-    lens = [len(rows_by_slot[slot]) for slot in active_slots]
-    starts = [0]
-    for length in lens[:-1]:
-        starts.append(starts[-1] + length)
-
-    def int32(values: list[int]) -> torch.Tensor:
-        return torch.tensor(values, dtype=torch.int32, device=device)
-
-    return SGMVMetadata(
-        token_to_slot=int32(token_slots),
-        sorted_token_ids=int32(sorted_rows),
-        segment_starts=int32(starts),
-        segment_lens=int32(lens),
-        active_slots=int32(active_slots),
-        slot_ranks=int32(slot_ranks),
-        segment_starts_host=starts,
-        segment_lens_host=lens,
-        active_slots_host=active_slots,
-        slot_ranks_host=list(slot_ranks),
-    )
+    return plan.to_metadata(device)

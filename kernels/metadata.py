@@ -3,7 +3,7 @@
 Built once per step by the model runner (engine/model_runner.py). On the GPU the
 tensors live in preallocated buffers so a decode step can be replayed from a CUDA
 graph; the `*_host` lists are the same values on the host, for the plain-torch
-references and for launch-grid sizing.
+references (and, for attention, launch-grid sizing).
 """
 from __future__ import annotations
 
@@ -28,19 +28,27 @@ class AttentionMetadata:
 
 @dataclass
 class SGMVMetadata:
-    """Tokens grouped by adapter slot. Base-only tokens (slot -1) are in no segment and cost nothing."""
+    """Tokens grouped by adapter slot, and the row tiles the SGMV kernels run over.
+
+    Base-only tokens (slot -1) are in no segment and cost nothing. Every array may be padded to a
+    fixed capacity (kernels/sgmv_plan.py builds them, padded or exact): padding segments have
+    length 0 and slot -1, padding tiles have segment -1, sorted_token_ids may run past the
+    adapter tokens. The Triton launchers size their grids from these SHAPES only, never from the
+    values, so a captured CUDA graph replays correctly after the buffers are refreshed in place.
+    """
 
     token_to_slot: torch.Tensor  # [T] int32, -1 = base
-    sorted_token_ids: torch.Tensor  # [T_lora] int32: flat-batch rows, grouped by slot, segment after segment
+    sorted_token_ids: torch.Tensor  # [>= T_lora] int32: flat-batch rows, grouped by slot, segment after segment
     segment_starts: torch.Tensor  # [A] int32: start of segment a in sorted_token_ids
-    segment_lens: torch.Tensor  # [A] int32: tokens of segment a
-    active_slots: torch.Tensor  # [A] int32: slot of segment a
+    segment_lens: torch.Tensor  # [A] int32: tokens of segment a (0 = padding)
+    active_slots: torch.Tensor  # [A] int32: slot of segment a (-1 = padding)
+    tile_segments: torch.Tensor  # [N] int32: segment of each tile_rows-row tile (-1 = padding: the program exits)
+    tile_row_starts: torch.Tensor  # [N] int32: first row of the tile inside its segment
     slot_ranks: torch.Tensor  # [S] int32: rank of the adapter in each slot (0 = empty)
+    tile_rows: int  # rows per tile: the kernels' BLOCK_M
+    num_segments: int  # real (non-padding) segments; 0 = a base-only step
+    # The same values on the host (padding included), for the plain-torch references.
     segment_starts_host: list[int]
     segment_lens_host: list[int]
     active_slots_host: list[int]
     slot_ranks_host: list[int]
-
-    @property
-    def num_segments(self) -> int:
-        return len(self.active_slots_host)

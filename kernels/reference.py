@@ -103,8 +103,11 @@ def sgmv_shrink(
     out: torch.Tensor,  # [num_slices, T, max_rank]; rows of base tokens are left untouched
 ) -> None:
     """for each segment a (slot s, rank r), token t in it, slice i:
-    out[i, t, :r] = x[t] @ lora_a[i][s, :r].T"""
+    out[i, t, :r] = x[t] @ lora_a[i][s, :r].T
+    Padding segments (length 0, slot -1) and padding tiles do nothing."""
     for start, length, slot in zip(meta.segment_starts_host, meta.segment_lens_host, meta.active_slots_host):
+        if length == 0:
+            continue
         rank = meta.slot_ranks_host[slot]
         rows = meta.sorted_token_ids[start:start + length].long()
         xs = x[rows]
@@ -120,8 +123,11 @@ def sgmv_expand(
     slice_offsets: list[int],  # [num_slices + 1] column offsets of each slice in base_out
 ) -> None:
     """for each segment a (slot s, rank r), token t in it, slice i:
-    base_out[t, off_i:off_{i+1}] += y[i, t, :r] @ lora_b[i][s, :, :r].T"""
+    base_out[t, off_i:off_{i+1}] += y[i, t, :r] @ lora_b[i][s, :, :r].T
+    Padding segments (length 0, slot -1) and padding tiles do nothing."""
     for start, length, slot in zip(meta.segment_starts_host, meta.segment_lens_host, meta.active_slots_host):
+        if length == 0:
+            continue
         rank = meta.slot_ranks_host[slot]
         rows = meta.sorted_token_ids[start:start + length].long()
         for i, b in enumerate(lora_b):

@@ -4,11 +4,13 @@ Tokens come grouped by adapter slot (SGMVMetadata): segment a holds the flat-bat
 sorted_token_ids[segment_starts[a] : segment_starts[a] + segment_lens[a]], all using slot
 active_slots[a]. Base-only tokens are in no segment and cost nothing.
 
-Launch grid, both ops: (row tiles [x output tiles or K splits], slices, segments). A segment's
-tokens are cut into tiles of BLOCK_M = 16 rows (the M of one tensor-core MMA), so a decode batch of
-many one-token segments wastes rows only inside its own 16-row tile, never a whole segment's
-padding to the longest one; programs whose tile lies past their segment's length exit at once.
-The grid is sized from the host copies of the metadata (number of segments, longest segment).
+Launch grid, both ops: (tiles [x output tiles or K splits], slices). The tile table of the
+metadata cuts each segment into tiles of meta.tile_rows rows (BLOCK_M, 16 by default: the M of
+one tensor-core MMA), so a decode batch of many one-token segments wastes rows only inside its
+own tile, and uneven segments launch no program for rows they do not have. The grid depends
+only on the SHAPES of the metadata (its tile capacity), never on its values: a CUDA graph
+captured once replays with any metadata of the same capacities, and padding tiles (segment -1)
+exit at once.
 
 Slices (q/k/v of a fused projection, or gate/up) share one launch. Their weights arrive as
 separate tensors, so the kernels take up to MAX_SLICES weight pointers as plain arguments and
@@ -21,6 +23,8 @@ masked to the slot's own rank, so a rank-8 adapter reads and writes only its 8 r
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -28,13 +32,39 @@ import triton.language as tl
 from loraloom.kernels.metadata import SGMVMetadata
 
 MAX_SLICES = 3  # q, k, v: the widest fused projection in a Llama layer
-BLOCK_M = 16  # token rows per tile: one m16n8k16 MMA; Triton would pad a smaller tile to it anyway
-SHRINK_BLOCK_K = 64  # input features per step of the shrink's K loop
-EXPAND_BLOCK_N = 64  # output features per expand program
-MAX_SPLIT_K = 16
-# Split the shrink's K until about this many programs run: enough to fill an H100's 132 SMs
-# twice over when a decode step has only a few segments.
-TARGET_PROGRAMS = 264
+
+
+@dataclass(frozen=True)
+class ShrinkConfig:
+    """Tuning knobs of sgmv_shrink (benchmarks/gpusuite/sgmv_sweep.py measures them)."""
+
+    block_k: int = 64  # input features per step of the K loop
+    num_warps: int = 4
+    num_stages: int | None = None  # None: Triton's default software pipelining depth
+    # Split K until about this many programs run: enough to fill an H100's 132 SMs twice over
+    # when a decode step has only a few tiles.
+    target_programs: int = 264
+    max_split_k: int = 16
+
+
+@dataclass(frozen=True)
+class ExpandConfig:
+    """Tuning knobs of sgmv_expand."""
+
+    block_n: int = 64  # output features per program
+    num_warps: int = 4
+    num_stages: int | None = None
+
+
+DEFAULT_SHRINK = ShrinkConfig()
+DEFAULT_EXPAND = ExpandConfig()
+
+
+def _launch_options(config: ShrinkConfig | ExpandConfig) -> dict[str, int]:
+    options = {"num_warps": config.num_warps}
+    if config.num_stages is not None:
+        options["num_stages"] = config.num_stages
+    return options
 
 
 @triton.jit
@@ -49,42 +79,41 @@ def _select_slice(slice_id, v0, v1, v2):
 
 
 @triton.jit
-def _segment_tile_rows(sorted_token_ids_ptr, segment_starts_ptr, segment, m_start, segment_len,
-                       BLOCK_M: tl.constexpr):
-    """Flat-batch rows of one BLOCK_M tile of a segment, and which of them exist."""
-    offs_m = m_start + tl.arange(0, BLOCK_M)
+def _tile_rows(tile_row_starts_ptr, sorted_token_ids_ptr, segment_starts_ptr, segment_lens_ptr,
+               active_slots_ptr, tile, segment, BLOCK_M: tl.constexpr):
+    """Slot, flat-batch rows and row mask of one (non-padding) tile of the tile table."""
+    segment_len = tl.load(segment_lens_ptr + segment)
+    offs_m = tl.load(tile_row_starts_ptr + tile) + tl.arange(0, BLOCK_M)
     row_mask = offs_m < segment_len
     segment_start = tl.load(segment_starts_ptr + segment)
     rows = tl.load(sorted_token_ids_ptr + segment_start + offs_m, mask=row_mask, other=0)
-    return rows.to(tl.int64), row_mask
+    slot = tl.load(active_slots_ptr + segment)
+    return slot, rows.to(tl.int64), row_mask
 
 
 @triton.jit
 def _sgmv_shrink_kernel(
     x_ptr,  # [T, in_features]
     a0_ptr, a1_ptr, a2_ptr,  # per slice: [S, max_rank, in_features]
-    target_ptr,  # [SPLIT_K, num_slices, T, max_rank]
+    target_ptr,  # [split_k, num_slices, T, max_rank]
+    tile_segments_ptr, tile_row_starts_ptr,
     sorted_token_ids_ptr, segment_starts_ptr, segment_lens_ptr, active_slots_ptr, slot_ranks_ptr,
-    in_features, k_per_split,
+    in_features, k_per_split, split_k,
     stride_x_row, stride_x_col,
     stride_a_slot, stride_a_rank, stride_a_col,
     stride_t_split, stride_t_slice, stride_t_row, stride_t_col,
-    SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    pid_mk = tl.program_id(0)
+    pid = tl.program_id(0)
     slice_id = tl.program_id(1)
-    segment = tl.program_id(2)
-    m_tile = pid_mk // SPLIT_K
-    k_split = pid_mk % SPLIT_K
-
-    segment_len = tl.load(segment_lens_ptr + segment)
-    m_start = m_tile * BLOCK_M
-    if m_start >= segment_len:
-        return
-    slot = tl.load(active_slots_ptr + segment)
+    tile = pid // split_k
+    k_split = pid % split_k
+    segment = tl.load(tile_segments_ptr + tile)
+    if segment < 0:
+        return  # a padding tile
+    slot, rows, row_mask = _tile_rows(tile_row_starts_ptr, sorted_token_ids_ptr, segment_starts_ptr,
+                                      segment_lens_ptr, active_slots_ptr, tile, segment, BLOCK_M)
     rank = tl.load(slot_ranks_ptr + slot)
-    rows, row_mask = _segment_tile_rows(sorted_token_ids_ptr, segment_starts_ptr, segment, m_start,
-                                        segment_len, BLOCK_M)
 
     a_ptr = _select_slice(slice_id, a0_ptr, a1_ptr, a2_ptr)
     offs_n = tl.arange(0, BLOCK_N)
@@ -112,28 +141,28 @@ def _sgmv_shrink_kernel(
 
 @triton.jit
 def _sgmv_shrink_reduce_kernel(
-    partial_ptr,  # [SPLIT_K, num_slices, T, max_rank] fp32
+    partial_ptr,  # [split_k, num_slices, T, max_rank] fp32
     out_ptr,  # [num_slices, T, max_rank]
+    tile_segments_ptr, tile_row_starts_ptr,
     sorted_token_ids_ptr, segment_starts_ptr, segment_lens_ptr, active_slots_ptr, slot_ranks_ptr,
+    split_k,
     stride_p_split, stride_p_slice, stride_p_row,
     stride_o_slice, stride_o_row,
-    SPLIT_K: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    m_tile = tl.program_id(0)
+    tile = tl.program_id(0)
     slice_id = tl.program_id(1)
-    segment = tl.program_id(2)
-    segment_len = tl.load(segment_lens_ptr + segment)
-    m_start = m_tile * BLOCK_M
-    if m_start >= segment_len:
-        return
-    rank = tl.load(slot_ranks_ptr + tl.load(active_slots_ptr + segment))
-    rows, row_mask = _segment_tile_rows(sorted_token_ids_ptr, segment_starts_ptr, segment, m_start,
-                                        segment_len, BLOCK_M)
+    segment = tl.load(tile_segments_ptr + tile)
+    if segment < 0:
+        return  # a padding tile
+    slot, rows, row_mask = _tile_rows(tile_row_starts_ptr, sorted_token_ids_ptr, segment_starts_ptr,
+                                      segment_lens_ptr, active_slots_ptr, tile, segment, BLOCK_M)
+    rank = tl.load(slot_ranks_ptr + slot)
     offs_n = tl.arange(0, BLOCK_N)
     mask = row_mask[:, None] & (offs_n < rank)[None, :]
     partial = partial_ptr + slice_id * stride_p_slice + rows[:, None] * stride_p_row + offs_n[None, :]
     total = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for k_split in range(SPLIT_K):
+    for k_split in range(split_k):
         total += tl.load(partial + k_split * stride_p_split, mask=mask, other=0.0)
     out = out_ptr + slice_id * stride_o_slice + rows[:, None] * stride_o_row + offs_n[None, :]
     tl.store(out, total.to(out_ptr.dtype.element_ty), mask=mask)
@@ -149,28 +178,27 @@ def _sgmv_expand_kernel(
     base_out_ptr,  # [T, sum(out_features_i)]
     out_features0, out_features1, out_features2,
     col_offset0, col_offset1, col_offset2,
+    tile_segments_ptr, tile_row_starts_ptr,
     sorted_token_ids_ptr, segment_starts_ptr, segment_lens_ptr, active_slots_ptr, slot_ranks_ptr,
     max_rank, n_tiles,
     stride_y_slice, stride_y_row,
     stride_o_row,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
 ):
-    pid_mn = tl.program_id(0)
+    pid = tl.program_id(0)
     slice_id = tl.program_id(1)
-    segment = tl.program_id(2)
-    m_tile = pid_mn // n_tiles
-    n_tile = pid_mn % n_tiles
+    # Programs of one row tile are adjacent, so they walk one adapter's lora_b rows in order.
+    tile = pid // n_tiles
+    n_start = (pid % n_tiles) * BLOCK_N
     out_features = _select_slice(slice_id, out_features0, out_features1, out_features2)
-
-    segment_len = tl.load(segment_lens_ptr + segment)
-    m_start = m_tile * BLOCK_M
-    n_start = n_tile * BLOCK_N
-    if (m_start >= segment_len) | (n_start >= out_features):
+    if n_start >= out_features:
         return
-    slot = tl.load(active_slots_ptr + segment)
+    segment = tl.load(tile_segments_ptr + tile)
+    if segment < 0:
+        return  # a padding tile
+    slot, rows, row_mask = _tile_rows(tile_row_starts_ptr, sorted_token_ids_ptr, segment_starts_ptr,
+                                      segment_lens_ptr, active_slots_ptr, tile, segment, BLOCK_M)
     rank = tl.load(slot_ranks_ptr + slot)
-    rows, row_mask = _segment_tile_rows(sorted_token_ids_ptr, segment_starts_ptr, segment, m_start,
-                                        segment_len, BLOCK_M)
 
     b_ptr = _select_slice(slice_id, b0_ptr, b1_ptr, b2_ptr)
     col_offset = _select_slice(slice_id, col_offset0, col_offset1, col_offset2)
@@ -198,17 +226,20 @@ def _rank_block(max_rank: int) -> int:
     return max(16, triton.next_power_of_2(max_rank))
 
 
-def _row_tiles(meta: SGMVMetadata) -> int:
-    """BLOCK_M tiles of the longest segment: the grid's row extent."""
-    return triton.cdiv(max(meta.segment_lens_host), BLOCK_M)
-
-
-def _check_metadata(meta: SGMVMetadata, device: torch.device) -> None:
-    for name in ("sorted_token_ids", "segment_starts", "segment_lens", "active_slots", "slot_ranks"):
+def _check_metadata(meta: SGMVMetadata, device: torch.device, num_slots: int) -> None:
+    for name in ("sorted_token_ids", "segment_starts", "segment_lens", "active_slots", "tile_segments",
+                 "tile_row_starts", "slot_ranks"):
         tensor = getattr(meta, name)
         assert tensor.dtype == torch.int32 and tensor.device == device and tensor.is_contiguous(), (
             f"SGMVMetadata.{name} must be a contiguous int32 tensor on {device}; "
             f"got {tensor.dtype} on {tensor.device}")
+    assert meta.tile_segments.shape == meta.tile_row_starts.shape, (
+        f"SGMVMetadata.tile_segments {tuple(meta.tile_segments.shape)} and tile_row_starts "
+        f"{tuple(meta.tile_row_starts.shape)} must have one entry per tile; build them with plan_sgmv")
+    assert meta.slot_ranks.shape[0] == num_slots, (
+        f"SGMVMetadata.slot_ranks has {meta.slot_ranks.shape[0]} slots, the LoRA weights have {num_slots}")
+    assert meta.tile_rows >= 16 and meta.tile_rows & (meta.tile_rows - 1) == 0, (
+        f"SGMVMetadata.tile_rows must be a power of two >= 16, got {meta.tile_rows}")
 
 
 def _check_slices(name: str, weights: list[torch.Tensor], activations: torch.Tensor) -> None:
@@ -223,11 +254,13 @@ def _check_slices(name: str, weights: list[torch.Tensor], activations: torch.Ten
         assert weight.shape[0] == weights[0].shape[0], f"{name}[{i}] has a different number of slots"
 
 
-def choose_split_k(num_row_tiles: int, num_segments: int, num_slices: int, in_features: int) -> int:
-    """K splits for the shrink: enough programs to fill the GPU, at least one K step per split."""
-    programs = max(1, num_row_tiles * num_segments * num_slices)
-    k_steps = triton.cdiv(in_features, SHRINK_BLOCK_K)
-    return max(1, min(MAX_SPLIT_K, k_steps, TARGET_PROGRAMS // programs))
+def choose_split_k(num_tiles: int, num_slices: int, in_features: int,
+                   config: ShrinkConfig = DEFAULT_SHRINK) -> int:
+    """K splits for the shrink, from shapes only (the tile capacity, not the tiles in use):
+    enough programs to fill the GPU, at least one K step per split."""
+    programs = max(1, num_tiles * num_slices)
+    k_steps = triton.cdiv(in_features, config.block_k)
+    return max(1, min(config.max_split_k, k_steps, config.target_programs // programs))
 
 
 def sgmv_shrink(
@@ -237,6 +270,7 @@ def sgmv_shrink(
     out: torch.Tensor,  # [num_slices, T, max_rank]; rows of base tokens are left untouched
     *,
     split_k: int | None = None,  # None: choose_split_k's heuristic
+    config: ShrinkConfig = DEFAULT_SHRINK,
 ) -> None:
     """LoRA down-projection of every adapter token, all slices in one launch.
 
@@ -256,39 +290,38 @@ def sgmv_shrink(
     assert out.shape == (len(lora_a), num_tokens, max_rank), (
         f"out must be [num_slices={len(lora_a)}, T={num_tokens}, max_rank={max_rank}]; got {tuple(out.shape)}")
     assert out.is_contiguous() and out.device == x.device, "out must be contiguous and on x's device"
-    assert len(meta.slot_ranks_host) == num_slots, (
-        f"SGMVMetadata.slot_ranks has {len(meta.slot_ranks_host)} slots, lora_a has {num_slots}")
-    _check_metadata(meta, x.device)
-    if meta.num_segments == 0:
-        return  # base-only step: nothing to do, launch nothing
+    _check_metadata(meta, x.device, num_slots)
+    num_tiles = meta.tile_segments.shape[0]
+    if num_tiles == 0:
+        return  # no tile capacity (a base-only step): launch nothing
 
     num_slices = len(lora_a)
-    row_tiles = _row_tiles(meta)
     if split_k is None:
-        split_k = choose_split_k(row_tiles, meta.num_segments, num_slices, in_features)
+        split_k = choose_split_k(num_tiles, num_slices, in_features, config)
     assert split_k >= 1, f"split_k must be >= 1, got {split_k}"
     # Whole BLOCK_K steps per split, so only the last split sees a ragged end.
-    k_per_split = triton.cdiv(triton.cdiv(in_features, split_k), SHRINK_BLOCK_K) * SHRINK_BLOCK_K
+    k_per_split = triton.cdiv(triton.cdiv(in_features, split_k), config.block_k) * config.block_k
     target = (out.unsqueeze(0) if split_k == 1 else
               torch.empty((split_k, num_slices, num_tokens, max_rank), dtype=torch.float32, device=x.device))
     slices = lora_a + [lora_a[0]] * (MAX_SLICES - num_slices)
     block_n = _rank_block(max_rank)
-    _sgmv_shrink_kernel[(row_tiles * split_k, num_slices, meta.num_segments)](
-        x, *slices, target,
-        meta.sorted_token_ids, meta.segment_starts, meta.segment_lens, meta.active_slots, meta.slot_ranks,
-        in_features, k_per_split,
+    tables = (meta.tile_segments, meta.tile_row_starts, meta.sorted_token_ids, meta.segment_starts,
+              meta.segment_lens, meta.active_slots, meta.slot_ranks)
+    _sgmv_shrink_kernel[(num_tiles * split_k, num_slices)](
+        x, *slices, target, *tables,
+        in_features, k_per_split, split_k,
         x.stride(0), x.stride(1),
         *lora_a[0].stride(),
         *target.stride(),
-        SPLIT_K=split_k, BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_K=SHRINK_BLOCK_K,
+        BLOCK_M=meta.tile_rows, BLOCK_N=block_n, BLOCK_K=config.block_k, **_launch_options(config),
     )
     if split_k > 1:
-        _sgmv_shrink_reduce_kernel[(row_tiles, num_slices, meta.num_segments)](
-            target, out,
-            meta.sorted_token_ids, meta.segment_starts, meta.segment_lens, meta.active_slots, meta.slot_ranks,
+        _sgmv_shrink_reduce_kernel[(num_tiles, num_slices)](
+            target, out, *tables,
+            split_k,
             target.stride(0), target.stride(1), target.stride(2),
             out.stride(0), out.stride(1),
-            SPLIT_K=split_k, BLOCK_M=BLOCK_M, BLOCK_N=block_n,
+            BLOCK_M=meta.tile_rows, BLOCK_N=block_n,
         )
 
 
@@ -298,6 +331,8 @@ def sgmv_expand(
     meta: SGMVMetadata,
     base_out: torch.Tensor,  # [T, sum(out_features_i)], updated in place
     slice_offsets: list[int],  # [num_slices + 1] column offsets of each slice in base_out
+    *,
+    config: ExpandConfig = DEFAULT_EXPAND,
 ) -> None:
     """LoRA up-projection added into the base layer's output, all slices in one launch.
 
@@ -322,21 +357,21 @@ def sgmv_expand(
         f"base_out must be [T={num_tokens}, >= {slice_offsets[-1]} columns]; got {tuple(base_out.shape)}")
     assert base_out.stride(1) == 1 and base_out.device == y.device, (
         "base_out must have contiguous rows and live on y's device")
-    assert len(meta.slot_ranks_host) == lora_b[0].shape[0], (
-        f"SGMVMetadata.slot_ranks has {len(meta.slot_ranks_host)} slots, lora_b has {lora_b[0].shape[0]}")
-    _check_metadata(meta, y.device)
-    if meta.num_segments == 0:
-        return  # base-only step: base_out stays as the base layer wrote it
+    _check_metadata(meta, y.device, lora_b[0].shape[0])
+    num_tiles = meta.tile_segments.shape[0]
+    if num_tiles == 0:
+        return  # no tile capacity (a base-only step): base_out stays as the base layer wrote it
 
-    n_tiles = triton.cdiv(max(out_features), EXPAND_BLOCK_N)
+    n_tiles = triton.cdiv(max(out_features), config.block_n)
     padding = MAX_SLICES - num_slices
-    _sgmv_expand_kernel[(_row_tiles(meta) * n_tiles, num_slices, meta.num_segments)](
+    _sgmv_expand_kernel[(num_tiles * n_tiles, num_slices)](
         y, *(lora_b + [lora_b[0]] * padding), base_out,
         *(out_features + [0] * padding),
         *(slice_offsets[:num_slices] + [0] * padding),
-        meta.sorted_token_ids, meta.segment_starts, meta.segment_lens, meta.active_slots, meta.slot_ranks,
+        meta.tile_segments, meta.tile_row_starts, meta.sorted_token_ids, meta.segment_starts,
+        meta.segment_lens, meta.active_slots, meta.slot_ranks,
         max_rank, n_tiles,
         y.stride(0), y.stride(1),
         base_out.stride(0),
-        BLOCK_M=BLOCK_M, BLOCK_N=EXPAND_BLOCK_N, BLOCK_K=_rank_block(max_rank),
+        BLOCK_M=meta.tile_rows, BLOCK_N=config.block_n, BLOCK_K=_rank_block(max_rank), **_launch_options(config),
     )

@@ -1,12 +1,14 @@
 """Adapter popularity mixes and SGMV metadata for the kernel tests.
 
 A mix assigns each flat-batch token an adapter slot (-1 = base); `sgmv_metadata` groups the
-tokens into segments the way the model runner does, independently of engine code.
+tokens with the engine's own planner (tests/engine/test_lora.py checks it against an oracle),
+exactly or padded to capacities like a CUDA-graph step.
 """
 from __future__ import annotations
 
 import torch
 
+from loraloom.engine.lora import plan_sgmv
 from loraloom.kernels.metadata import SGMVMetadata
 
 # Ranks mixed in one batch; slot 5 stays empty (rank 0) and is never used.
@@ -50,25 +52,11 @@ def adapter_mix(name: str, num_tokens: int, seed: int) -> list[int]:
 MIXES = ["all_distinct", "uniform", "zipf", "one_adapter", "all_base", "skewed"]
 
 
-def sgmv_metadata(token_slots: list[int], slot_ranks: list[int]) -> SGMVMetadata:
-    """Segments in ascending slot order, batch order inside a segment; no segments if all base."""
-    active = sorted({slot for slot in token_slots if slot >= 0})
-    sorted_rows = [row for slot in active for row, s in enumerate(token_slots) if s == slot]
-    lens = [token_slots.count(slot) for slot in active]
-    starts = [sum(lens[:a]) for a in range(len(lens))]
-
-    def int32(values: list[int]) -> torch.Tensor:
-        return torch.tensor(values, dtype=torch.int32)
-
-    return SGMVMetadata(
-        token_to_slot=int32(token_slots),
-        sorted_token_ids=int32(sorted_rows),
-        segment_starts=int32(starts),
-        segment_lens=int32(lens),
-        active_slots=int32(active),
-        slot_ranks=int32(slot_ranks),
-        segment_starts_host=starts,
-        segment_lens_host=lens,
-        active_slots_host=active,
-        slot_ranks_host=list(slot_ranks),
-    )
+def sgmv_metadata(token_slots: list[int], slot_ranks: list[int], *, extra_segments: int = 0,
+                  extra_tiles: int = 0, tile_rows: int = 16) -> SGMVMetadata:
+    """Metadata on the CPU (also for an all-base step), with optional padding segments and tiles."""
+    exact = plan_sgmv(token_slots, slot_ranks, tile_rows=tile_rows)
+    if not extra_segments and not extra_tiles:
+        return exact.to_metadata("cpu")
+    return plan_sgmv(token_slots, slot_ranks, tile_rows=tile_rows, max_segments=exact.num_segments + extra_segments,
+                     max_tiles=exact.num_tiles + extra_tiles).to_metadata("cpu")

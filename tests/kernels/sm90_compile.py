@@ -15,7 +15,8 @@ from triton.runtime.driver import driver
 from triton.runtime.jit import JITFunction
 
 from loraloom.kernels import paged_attention, sgmv
-from loraloom.kernels.metadata import AttentionMetadata, SGMVMetadata
+from loraloom.kernels.metadata import AttentionMetadata
+from loraloom.kernels.sgmv_plan import plan_sgmv
 
 H100 = GPUTarget("cuda", 90, 32)
 
@@ -48,13 +49,8 @@ def int32(values: list[int]) -> torch.Tensor:
 
 def compile_sgmv(dtype: torch.dtype) -> None:
     """Llama-3.1-8B q/k/v: hidden 4096 -> 4096 + 1024 + 1024, max rank 64, a decode-shaped batch."""
-    slot_ranks, lens = [8, 64, 16, 32], [2, 1, 1, 1]
-    meta = SGMVMetadata(
-        token_to_slot=int32([0, 1, 2, -1, 3, 0]), sorted_token_ids=int32([0, 5, 1, 2, 4]),
-        segment_starts=int32([0, 2, 3, 4]), segment_lens=int32(lens), active_slots=int32([0, 1, 2, 3]),
-        slot_ranks=int32(slot_ranks), segment_starts_host=[0, 2, 3, 4], segment_lens_host=lens,
-        active_slots_host=[0, 1, 2, 3], slot_ranks_host=slot_ranks,
-    )
+    # Padded like a CUDA-graph step: one spare segment and one spare tile.
+    meta = plan_sgmv([0, 1, 2, -1, 3, 0], [8, 64, 16, 32], max_segments=5, max_tiles=5).to_metadata("cpu")
     x = torch.zeros(6, 4096, dtype=dtype)
     lora_a = [torch.zeros(4, 64, 4096, dtype=dtype) for _ in range(3)]
     shrunk = torch.zeros(3, 6, 64, dtype=dtype)

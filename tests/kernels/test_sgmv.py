@@ -75,9 +75,93 @@ def test_shrink_split_k_paths_agree(split_k: int) -> None:
 
 
 def test_split_k_heuristic_splits_decode_not_long_prefill() -> None:
-    assert sgmv.choose_split_k(num_row_tiles=1, num_segments=4, num_slices=3, in_features=4096) > 1
-    assert sgmv.choose_split_k(num_row_tiles=256, num_segments=2, num_slices=3, in_features=4096) == 1
-    assert sgmv.choose_split_k(num_row_tiles=1, num_segments=1, num_slices=1, in_features=100) == 2  # K steps cap it
+    assert sgmv.choose_split_k(num_tiles=4, num_slices=3, in_features=4096) > 1
+    assert sgmv.choose_split_k(num_tiles=512, num_slices=3, in_features=4096) == 1
+    assert sgmv.choose_split_k(num_tiles=1, num_slices=1, in_features=100) == 2  # K steps cap it
+    wide = sgmv.ShrinkConfig(block_k=32, target_programs=10_000, max_split_k=64)
+    assert sgmv.choose_split_k(num_tiles=1, num_slices=1, in_features=100, config=wide) == 4  # the config's K step
+
+
+def padded_case(mix: str, seed: int) -> tuple[list[int], object, object]:
+    """A mix, its exact metadata, and metadata of the same step padded like a CUDA-graph batch:
+    8 more batch rows (base), 3 padding segments and 5 padding tiles."""
+    token_slots = adapter_mix(mix, NUM_TOKENS, seed=seed) + [-1] * 8
+    exact = sgmv_metadata(token_slots, SLOT_RANKS)
+    padded = sgmv_metadata(token_slots, SLOT_RANKS, extra_segments=3, extra_tiles=5)
+    assert padded.tile_segments.shape[0] == exact.tile_segments.shape[0] + 5
+    return token_slots, exact, padded
+
+
+@pytest.mark.parametrize("mix", ["skewed", "zipf", "all_base"])
+@pytest.mark.parametrize("split_k", [1, 3])
+def test_padded_metadata_gives_identical_shrink(mix: str, split_k: int) -> None:
+    generator = torch.Generator().manual_seed(11)
+    token_slots, exact, padded = padded_case(mix, seed=12)
+    x = torch.randn(len(token_slots), IN_FEATURES, generator=generator).half()
+    lora_a = lora_a_slices(3, torch.float16, generator)
+    outs = {}
+    for name, meta in (("exact", exact), ("padded", padded)):
+        outs[name] = torch.full((3, len(token_slots), MAX_RANK), -7.0, dtype=torch.float16)
+        sgmv.sgmv_shrink(x, lora_a, meta, outs[name], split_k=split_k)
+    expected = torch.full((3, len(token_slots), MAX_RANK), -7.0, dtype=torch.float64)
+    reference.sgmv_shrink(x.double(), fp64(lora_a), padded, expected)
+
+    assert torch.equal(outs["padded"], outs["exact"])
+    torch.testing.assert_close(outs["padded"].double(), expected, **TOLERANCES[torch.float16])
+
+
+@pytest.mark.parametrize("mix", ["skewed", "uniform"])
+def test_padded_metadata_gives_identical_expand(mix: str) -> None:
+    generator = torch.Generator().manual_seed(13)
+    token_slots, exact, padded = padded_case(mix, seed=14)
+    y = torch.randn(3, len(token_slots), MAX_RANK, generator=generator).half()
+    lora_b = lora_b_slices(torch.float16, generator)
+    offsets = [0, OUT_FEATURES[0], OUT_FEATURES[0] + OUT_FEATURES[1], sum(OUT_FEATURES)]
+    base = torch.randn(len(token_slots), sum(OUT_FEATURES), generator=generator).half()
+    outs = {}
+    for name, meta in (("exact", exact), ("padded", padded)):
+        outs[name] = base.clone()
+        sgmv.sgmv_expand(y, lora_b, meta, outs[name], offsets)
+    expected = base.double()
+    reference.sgmv_expand(y.double(), fp64(lora_b), padded, expected, offsets)
+
+    assert torch.equal(outs["padded"], outs["exact"])
+    torch.testing.assert_close(outs["padded"].double(), expected, **TOLERANCES[torch.float16])
+    assert torch.equal(outs["padded"][NUM_TOKENS:], base[NUM_TOKENS:])  # the padding rows are base
+
+
+def test_tuning_configs_and_wider_tiles_match_reference() -> None:
+    """Non-default knobs: 32-row tiles, a 32-wide K step split 4 ways, 128-wide expand tiles, 2 warps."""
+    generator = torch.Generator().manual_seed(15)
+    token_slots = adapter_mix("skewed", NUM_TOKENS, seed=16)
+    meta = sgmv_metadata(token_slots, SLOT_RANKS, tile_rows=32, extra_tiles=2)
+    x = torch.randn(NUM_TOKENS, IN_FEATURES, generator=generator)
+    lora_a = lora_a_slices(3, torch.float32, generator)
+    lora_b = lora_b_slices(torch.float32, generator)
+    offsets = [0, OUT_FEATURES[0], OUT_FEATURES[0] + OUT_FEATURES[1], sum(OUT_FEATURES)]
+    shrunk = torch.zeros(3, NUM_TOKENS, MAX_RANK)
+    expected_shrunk = shrunk.double()
+    reference.sgmv_shrink(x.double(), fp64(lora_a), meta, expected_shrunk)
+    sgmv.sgmv_shrink(x, lora_a, meta, shrunk, split_k=4,
+                     config=sgmv.ShrinkConfig(block_k=32, num_warps=2, num_stages=2))
+    torch.testing.assert_close(shrunk.double(), expected_shrunk, **TOLERANCES[torch.float32])
+
+    base_out = torch.randn(NUM_TOKENS, sum(OUT_FEATURES), generator=generator)
+    expected = base_out.double()
+    reference.sgmv_expand(expected_shrunk, fp64(lora_b), meta, expected, offsets)
+    sgmv.sgmv_expand(expected_shrunk.float(), lora_b, meta, base_out, offsets,
+                     config=sgmv.ExpandConfig(block_n=128, num_warps=2))
+    torch.testing.assert_close(base_out.double(), expected, **TOLERANCES[torch.float32])
+
+
+def test_padding_tiles_alone_launch_programs_that_do_nothing() -> None:
+    """A capacity with no real tile (a base-only replay of a graph captured with adapters)."""
+    meta = sgmv_metadata([-1] * 6, SLOT_RANKS, extra_segments=2, extra_tiles=3)
+    assert meta.num_segments == 0 and meta.tile_segments.tolist() == [-1, -1, -1]
+    x = torch.randn(6, IN_FEATURES)
+    out = torch.full((1, 6, MAX_RANK), 5.0)
+    sgmv.sgmv_shrink(x, lora_a_slices(1, torch.float32, torch.Generator().manual_seed(0)), meta, out, split_k=2)
+    assert torch.equal(out, torch.full((1, 6, MAX_RANK), 5.0))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
