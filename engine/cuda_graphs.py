@@ -25,14 +25,16 @@ static buffers and padding, which is how the tests check the padding logic witho
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Callable
 
 import numpy as np
 import torch
 
 from loraloom.engine.step_batch import HostBatch
 from loraloom.kernels.metadata import AttentionMetadata, SGMVMetadata
+from loraloom.kernels.sgmv_plan import SGMVPlan, metadata_views, plan_sgmv, segment_capacity, tile_capacity
 
 CAPTURE_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256)
 
@@ -64,7 +66,7 @@ class DecodeGraphs:
         max_blocks_per_seq: int,
         device: torch.device,
         capture: bool,
-        lora_metadata: "StaticLoRAMetadata | None" = None,
+        lora_metadata: GraphLoRAMetadata | None = None,
     ):
         self.forward = forward
         self.sizes = capture_sizes(max_num_seqs)
@@ -120,10 +122,11 @@ class DecodeGraphs:
         size = next(size for size in self.sizes if size >= count)
         entry = self._graphs[size, batch.uses_adapters]
         self._write_batch(batch, size)
+        lora = None
         if entry.lora is not None:
             padded_slots = np.full(size, -1, np.int32)
             padded_slots[:count] = batch.token_slots
-            self.lora_metadata.write(padded_slots, entry.lora)
+            lora = self.lora_metadata.write(padded_slots, size)
         if entry.graph is not None:
             entry.graph.replay()
             return entry.hidden[:count]
@@ -131,7 +134,7 @@ class DecodeGraphs:
         # host lists, so they get the step's real (padded) values.
         qsl = self._seqs_host[:size + 1].tolist()
         seq_lens = self._seqs_host[self._largest + 1:self._largest + 1 + size].tolist()
-        eager = _Graph(size=size, attn=self._attention_metadata(size, (qsl, seq_lens)), lora=entry.lora)
+        eager = _Graph(size=size, attn=self._attention_metadata(size, (qsl, seq_lens)), lora=lora)
         return self._run(eager)[:count]
 
     # ------------------------------------------------------------------ helpers
@@ -190,11 +193,35 @@ def decode_host_lists(size: int) -> tuple[list[int], list[int]]:
     return list(range(size + 1)), [1] * size
 
 
-class StaticLoRAMetadata(Protocol):
-    """LoRA metadata in static device buffers, for the graphs of steps with adapters."""
+class GraphLoRAMetadata:
+    """SGMV metadata in one static int32 buffer per captured size (layout: kernels/sgmv_plan.py).
+
+    Capacities are the most segments and row tiles a batch of that size can need, so any step
+    that fits the batch fits the buffer, and the kernels' grids (sized from the capacities) stay
+    what was captured.
+    """
+
+    def __init__(self, slot_ranks: Callable[[], list[int]], num_slots: int, device: torch.device):
+        self._slot_ranks = slot_ranks  # read at each step: adapters load into slots between steps
+        self._num_slots = num_slots
+        self._device = device
+        self._buffers: dict[int, torch.Tensor] = {}
 
     def for_capture(self, size: int) -> SGMVMetadata:
-        """Metadata of a `size`-token batch whose tensors stay at fixed addresses across steps."""
+        plan = self._plan(np.full(size, -1, np.int32), size)
+        buffer = torch.from_numpy(plan.packed).to(self._device)  # all padding: the warm-up run does nothing
+        self._buffers[size] = buffer
+        # Counted as full so that LoRALinear records the kernels instead of skipping a base-only step.
+        return dataclasses.replace(metadata_views(buffer, plan), num_segments=plan.layout.max_segments)
 
-    def write(self, token_slots: np.ndarray, metadata: SGMVMetadata) -> None:
-        """Refresh `metadata`'s buffers for a step whose tokens use `token_slots` ([size], -1 = base)."""
+    def write(self, token_slots: np.ndarray, size: int) -> SGMVMetadata:
+        """Refresh size's buffer for a step; returns metadata with the step's host lists (the CPU path)."""
+        plan = self._plan(token_slots, size)
+        buffer = self._buffers[size]
+        buffer.copy_(torch.from_numpy(plan.packed))
+        return metadata_views(buffer, plan)
+
+    def _plan(self, token_slots: np.ndarray, size: int) -> SGMVPlan:
+        max_segments = segment_capacity(size, self._num_slots)
+        return plan_sgmv(token_slots, self._slot_ranks(), max_segments=max_segments,
+                         max_tiles=tile_capacity(size, max_segments))

@@ -12,7 +12,7 @@ import numpy as np
 import torch
 
 from loraloom.engine.config import EngineConfig, ModelConfig
-from loraloom.engine.cuda_graphs import DecodeGraphs
+from loraloom.engine.cuda_graphs import DecodeGraphs, GraphLoRAMetadata
 from loraloom.engine.lora import AdapterWeights, LoRASlotPool, build_sgmv_metadata
 from loraloom.engine.model import LlamaModel, allocate_kv_cache
 from loraloom.engine.sampler import Sampler, SamplerOutput
@@ -83,6 +83,8 @@ class ModelRunner:
             max_blocks_per_seq=-(-max_model_len // self.config.block_size),
             device=self.device,
             capture=capture,
+            lora_metadata=GraphLoRAMetadata(lambda: self.lora_pool.slot_ranks_host, self.lora_pool.num_slots,
+                                            self.device),
         )
         with torch.inference_mode():
             graphs.capture_all()
@@ -138,7 +140,7 @@ class ModelRunner:
                 query_start_loc_host=batch.query_start_loc.tolist(),
                 seq_lens_host=batch.seq_lens.tolist(),
             ),
-            lora=build_sgmv_metadata(batch.token_slots.tolist(), self.lora_pool.slot_ranks_host, device),
+            lora=build_sgmv_metadata(batch.token_slots, self.lora_pool.slot_ranks_host, device),
             logits_rows=tensor(batch.logits_rows) if len(batch.logits_rows) else None,
         )
 

@@ -5,15 +5,22 @@ Skipped without a GPU (CI has none); run on the GPU machine with
 """
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
 
+from loraloom.engine.adapters import AdapterHandle
 from loraloom.engine.config import EngineConfig, ModelConfig
 from loraloom.engine.engine import LLMEngine
 from loraloom.engine.random_model import random_model
 from loraloom.engine.request import SamplingParams
 from loraloom.kernels.backend import get_backend
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+from gpusuite.adapters import write_random_adapter  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 
@@ -27,13 +34,16 @@ SMALL = ModelConfig(
 def make_engine(enforce_eager: bool, dtype: str = "float32") -> LLMEngine:
     model = random_model(SMALL, getattr(torch, dtype), "cuda", 0, get_backend("cuda"))
     config = EngineConfig(num_kv_blocks=256, block_size=16, max_num_seqs=16, max_num_batched_tokens=256,
-                          dtype=dtype, device="cuda", enforce_eager=enforce_eager)
+                          max_loras=3, max_lora_rank=16, dtype=dtype, device="cuda", enforce_eager=enforce_eager)
     return LLMEngine.from_model(model, config)
 
 
-def generate(engine: LLMEngine, prompts: list[list[int]], limits: list[int]) -> dict[str, list[int]]:
-    for index, (prompt, limit) in enumerate(zip(prompts, limits)):
-        engine.add_request(f"r{index}", prompt, SamplingParams(max_tokens=limit, temperature=0.0, ignore_eos=True))
+def generate(engine: LLMEngine, prompts: list[list[int]], limits: list[int],
+             adapters: list[AdapterHandle | None] | None = None) -> dict[str, list[int]]:
+    adapters = adapters or [None] * len(prompts)
+    for index, (prompt, limit, adapter) in enumerate(zip(prompts, limits, adapters)):
+        engine.add_request(f"r{index}", prompt, SamplingParams(max_tokens=limit, temperature=0.0, ignore_eos=True),
+                           adapter)
     outputs: dict[str, list[int]] = {f"r{index}": [] for index in range(len(prompts))}
     while engine.has_unfinished():
         for output in engine.step():
@@ -55,3 +65,18 @@ def test_graph_replays_generate_what_eager_steps_generate():
     graphs = engine.runner.decode_graphs
     assert graphs is not None and all(entry.graph is not None for entry in graphs._graphs.values())
     assert generate(engine, prompts, limits) == eager
+
+
+def test_graph_replays_with_adapters_generate_what_eager_steps_generate(tmp_path):
+    adapters = [
+        AdapterHandle(key=f"a{i}", name=f"a{i}",
+                      uri=write_random_adapter(tmp_path / f"a{i}", SMALL, rank, 7 + i, torch.float32, "cuda").as_uri())
+        for i, rank in enumerate((4, 16, 8, 16))
+    ]
+    rng = np.random.default_rng(2)
+    count = 13
+    prompts = [rng.integers(10, SMALL.vocab_size, size=int(n)).tolist() for n in rng.integers(5, 60, count)]
+    limits = [int(n) for n in rng.integers(3, 24, count)]
+    assignment = [None if i % 4 == 3 else adapters[i % len(adapters)] for i in range(count)]
+    eager = generate(make_engine(enforce_eager=True), prompts, limits, assignment)
+    assert generate(make_engine(enforce_eager=False), prompts, limits, assignment) == eager

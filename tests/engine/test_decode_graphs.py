@@ -6,16 +6,23 @@ equal a plain eager engine's. The capture itself is checked on a GPU (tests/engi
 """
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
 
+from loraloom.engine.adapters import AdapterHandle
 from loraloom.engine.config import EngineConfig, ModelConfig
 from loraloom.engine.cuda_graphs import CAPTURE_SIZES, DecodeGraphs, capture_sizes
 from loraloom.engine.engine import LLMEngine
 from loraloom.engine.random_model import random_model
 from loraloom.engine.request import SamplingParams
 from loraloom.kernels.backend import REFERENCE_BACKEND
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+from gpusuite.adapters import write_random_adapter  # noqa: E402
 
 TINY = ModelConfig(
     vocab_size=320, hidden_size=64, intermediate_size=160, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16,
@@ -24,18 +31,22 @@ TINY = ModelConfig(
 )
 
 
-def make_engine(max_num_seqs: int, graphs: bool) -> LLMEngine:
+def make_engine(max_num_seqs: int, graphs: bool, max_loras: int = 2) -> LLMEngine:
     model = random_model(TINY, torch.float32, "cpu", 0, REFERENCE_BACKEND)
     engine = LLMEngine.from_model(model, EngineConfig(num_kv_blocks=128, block_size=4, max_num_seqs=max_num_seqs,
-                                                      max_num_batched_tokens=32))
+                                                      max_num_batched_tokens=32, max_loras=max_loras,
+                                                      max_lora_rank=8))
     if graphs:
         engine.runner.enable_decode_graphs(engine.max_model_len, capture=False)
     return engine
 
 
-def generate(engine: LLMEngine, prompts: list[list[int]], max_tokens: list[int]) -> dict[str, list[int]]:
-    for index, (prompt, limit) in enumerate(zip(prompts, max_tokens)):
-        engine.add_request(f"r{index}", prompt, SamplingParams(max_tokens=limit, temperature=0.0, ignore_eos=True))
+def generate(engine: LLMEngine, prompts: list[list[int]], max_tokens: list[int],
+             adapters: list[AdapterHandle | None] | None = None) -> dict[str, list[int]]:
+    adapters = adapters or [None] * len(prompts)
+    for index, (prompt, limit, adapter) in enumerate(zip(prompts, max_tokens, adapters)):
+        engine.add_request(f"r{index}", prompt, SamplingParams(max_tokens=limit, temperature=0.0, ignore_eos=True),
+                           adapter)
     outputs: dict[str, list[int]] = {f"r{index}": [] for index in range(len(prompts))}
     while engine.has_unfinished():
         for output in engine.step():
@@ -86,3 +97,27 @@ def test_padding_rows_write_nothing_into_the_kv_cache():
     after = [cache for pair in engine.runner.kv_caches for cache in pair]
     changed_slots = [int((a != b).any(dim=-1).any(dim=-1).sum()) for a, b in zip(after, before)]
     assert changed_slots == [3] * (2 * TINY.num_layers)  # the three real tokens' slots, in K and V of each layer
+
+
+def test_padded_decode_steps_with_adapters_generate_what_eager_steps_generate(tmp_path):
+    adapters = [
+        AdapterHandle(key=f"a{i}", name=f"a{i}",
+                      uri=write_random_adapter(tmp_path / f"a{i}", TINY, rank, 40 + i, torch.float32, "cpu").as_uri())
+        for i, rank in enumerate((4, 8, 8, 2))
+    ]
+    rng = np.random.default_rng(3)
+    count = 11
+    prompts = [rng.integers(10, TINY.vocab_size, size=int(n)).tolist() for n in rng.integers(3, 16, count)]
+    limits = [int(n) for n in rng.integers(2, 12, count)]
+    # Base rows mixed with four adapters over three slots: segments of different lengths and ranks.
+    assignment = [None if i % 4 == 3 else adapters[i % len(adapters)] for i in range(count)]
+    eager = generate(make_engine(16, graphs=False, max_loras=3), prompts, limits, assignment)
+    engine = make_engine(16, graphs=True, max_loras=3)
+    graphs: DecodeGraphs = engine.runner.decode_graphs
+    with_adapters = []
+    original_run = graphs.run
+    graphs.run = lambda batch: with_adapters.append(batch.uses_adapters) or original_run(batch)
+    assert generate(engine, prompts, limits, assignment) == eager
+    assert any(with_adapters), "no decode step with adapters went through the graph path"
+    # The adapters changed what was generated: the comparison above is not base against base.
+    assert generate(make_engine(16, graphs=False, max_loras=3), prompts, limits) != eager
