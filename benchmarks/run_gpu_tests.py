@@ -2,8 +2,10 @@
 
     python benchmarks/run_gpu_tests.py [pytest args]   (default: the tests that need a GPU)
 
-The source tree's engine/ and kernels/ are registered as loraloom.engine / loraloom.kernels
-(benchmarks/_loraloom_shim.py), then pytest runs; the platform package is not needed.
+Not tests/kernels: its conftest imports the kernels under Triton's interpreter (the CPU test
+path), and they would then run interpreted in this process too. The source tree's engine/ and
+kernels/ are registered as loraloom.engine / loraloom.kernels (benchmarks/_loraloom_shim.py),
+then pytest runs; the platform package is not needed.
 """
 from __future__ import annotations
 
@@ -17,7 +19,6 @@ import pytest  # noqa: E402
 
 GPU_TESTS = [
     "tests/engine/test_cuda.py",
-    "tests/kernels/test_backend.py",
     "tests/engine/test_fp8.py::test_scaled_mm_on_cuda_equals_the_reference",
 ]
 
