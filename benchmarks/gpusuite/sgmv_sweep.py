@@ -255,7 +255,8 @@ def report(results: list[Result], copy_bandwidth: float) -> str:
             cells = [f"{number(row[c].gbps):>7}" if row[c].passed else "   FAIL" for c in configs]
             timed = [r for r in row.values() if r.passed]
             best = max(timed, key=lambda r: r.gbps) if timed else None
-            best_cell = f"[{configs.index(best.config)}] {best.gbps / (copy_bandwidth / 1e9):.2f} of copy" if best else "-"
+            best_cell = "-" if best is None else (
+                f"[{configs.index(best.config)}] {best.gbps / (copy_bandwidth / 1e9):.2f} of copy")
             mb = next(iter(row.values())).bytes_moved / 1e6
             lines.append(f"{shape[0] + ', ' + shape[1]:<52} {mb:7.2f} " + " ".join(cells) + f"  {best_cell}")
         lines.append(f"best geometric mean over shapes: {best_overall(results, op, configs)}")
