@@ -156,7 +156,8 @@ def plan_sgmv(
 ) -> SGMVPlan:
     """Group the step's tokens by slot and cut the segments into tiles, padded to the capacities."""
     if tile_rows < 16 or tile_rows & (tile_rows - 1):
-        raise ValueError(f"sgmv metadata: tile_rows must be a power of two >= 16 (tl.dot's smallest M); got {tile_rows}")
+        raise ValueError(f"sgmv metadata: tile_rows must be a power of two >= 16 (tl.dot's smallest M); "
+                         f"got {tile_rows}")
     slots = np.asarray(token_slots, dtype=np.int64).reshape(-1)
     ranks = np.asarray(slot_ranks, dtype=np.int64).reshape(-1)
     _check_token_slots(slots, ranks)

@@ -16,7 +16,7 @@ import torch
 from gpusuite.ceilings import GB, TFLOP, Ceilings, seconds_per_call
 from gpusuite.table import Row
 from loraloom.engine.config import ModelConfig
-from loraloom.engine.lora import build_sgmv_metadata
+from loraloom.engine.lora import plan_sgmv, segment_capacity, tile_capacity
 from loraloom.kernels import reference
 from loraloom.kernels.backend import KernelBackend
 from loraloom.kernels.fp8 import fp8_linear, quantize_per_token, quantize_weight_per_channel
@@ -135,9 +135,16 @@ def sgmv_case(config: ModelConfig, token_slots: list[int], slot_ranks: list[int]
         x=x.to(dtype).to(device),
         lora_a=[a.to(dtype).to(device) for a in lora_a],
         lora_b=[b.to(dtype).to(device) for b in lora_b],
-        meta=build_sgmv_metadata(token_slots, slot_ranks, device),
+        meta=_padded_metadata(token_slots, slot_ranks, device),
         offsets=offsets,
     )
+
+
+def _padded_metadata(token_slots: list[int], slot_ranks: list[int], device: torch.device) -> SGMVMetadata:
+    """Metadata padded to the capacities of its batch size, as a CUDA-graph step has it."""
+    max_segments = segment_capacity(len(token_slots), len(slot_ranks))
+    return plan_sgmv(token_slots, slot_ranks, max_segments=max_segments,
+                     max_tiles=tile_capacity(len(token_slots), max_segments)).to_metadata(device)
 
 
 def _mixed_token_slots(batch: int, prefill: int, generator: torch.Generator) -> list[int]:
@@ -153,7 +160,7 @@ def check_sgmv(backend: KernelBackend, config: ModelConfig, batch: int, ranks: t
     slot_ranks = [ranks[i % len(ranks)] for i in range(batch)]
     token_slots = _mixed_token_slots(batch, FRESH_PREFILL, generator)
     case = sgmv_case(config, token_slots, slot_ranks, device, dtype, generator)
-    meta_cpu = build_sgmv_metadata(token_slots, slot_ranks, torch.device("cpu"))
+    meta_cpu = _padded_metadata(token_slots, slot_ranks, torch.device("cpu"))
     shape = (len(case.lora_a), case.x.shape[0], max(slot_ranks))
     shrunk = torch.zeros(shape, dtype=dtype, device=device)
     backend.sgmv_shrink(case.x, case.lora_a, case.meta, shrunk)
@@ -167,7 +174,7 @@ def check_sgmv(backend: KernelBackend, config: ModelConfig, batch: int, ranks: t
     expected = base.float()
     reference.sgmv_expand(y.float(), [b.float().cpu() for b in case.lora_b], meta_cpu, expected, case.offsets)
     tolerance = RELATIVE_TOLERANCE[dtype]
-    label = f"({batch} adapters, ranks {min(ranks)}-{max(ranks)}, + prefill + base)"
+    label = f"({batch} adapters, ranks {min(ranks)}-{max(ranks)}, + prefill + base, padded metadata)"
     return [
         _check_row(f"sgmv_shrink {label}", dtype, _relative_error(shrunk, expected_shrunk), tolerance),
         _check_row(f"sgmv_expand {label}", dtype, _relative_error(out, expected), tolerance),

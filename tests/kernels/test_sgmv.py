@@ -6,6 +6,8 @@ kernels must leave alone are checked too.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -60,7 +62,8 @@ def test_shrink_matches_reference(mix: str, dtype: torch.dtype) -> None:
 
 @pytest.mark.parametrize("split_k", [1, 2, 3])
 def test_shrink_split_k_paths_agree(split_k: int) -> None:
-    """Direct store (split_k 1), an even split and one whose last split has no K steps (200 = 64 + 64 + 72)."""
+    """Direct store (split_k 1), and 64-wide K steps split two and three ways, the third split
+    getting no K step at all (200 = 128 + 72 + 0)."""
     generator = torch.Generator().manual_seed(3)
     meta = sgmv_metadata(adapter_mix("skewed", NUM_TOKENS, seed=4), SLOT_RANKS)
     x = torch.randn(NUM_TOKENS, IN_FEATURES, generator=generator)
@@ -69,7 +72,7 @@ def test_shrink_split_k_paths_agree(split_k: int) -> None:
     expected = out.double()
     reference.sgmv_shrink(x.double(), fp64(lora_a), meta, expected)
 
-    sgmv.sgmv_shrink(x, lora_a, meta, out, split_k=split_k)
+    sgmv.sgmv_shrink(x, lora_a, meta, out, split_k=split_k, config=sgmv.ShrinkConfig(block_k=64))
 
     torch.testing.assert_close(out.double(), expected, **TOLERANCES[torch.float32])
 
@@ -77,9 +80,10 @@ def test_shrink_split_k_paths_agree(split_k: int) -> None:
 def test_split_k_heuristic_splits_decode_not_long_prefill() -> None:
     assert sgmv.choose_split_k(num_tiles=4, num_slices=3, in_features=4096) > 1
     assert sgmv.choose_split_k(num_tiles=512, num_slices=3, in_features=4096) == 1
-    assert sgmv.choose_split_k(num_tiles=1, num_slices=1, in_features=100) == 2  # K steps cap it
-    wide = sgmv.ShrinkConfig(block_k=32, target_programs=10_000, max_split_k=64)
-    assert sgmv.choose_split_k(num_tiles=1, num_slices=1, in_features=100, config=wide) == 4  # the config's K step
+    narrow = sgmv.ShrinkConfig(block_k=32, target_programs=10_000, max_split_k=64)
+    assert sgmv.choose_split_k(num_tiles=1, num_slices=1, in_features=100, config=narrow) == 4  # K steps cap it
+    assert sgmv.choose_split_k(num_tiles=1, num_slices=1, in_features=100,
+                               config=dataclasses.replace(narrow, max_split_k=3)) == 3
 
 
 def padded_case(mix: str, seed: int) -> tuple[list[int], object, object]:
@@ -131,7 +135,8 @@ def test_padded_metadata_gives_identical_expand(mix: str) -> None:
 
 
 def test_tuning_configs_and_wider_tiles_match_reference() -> None:
-    """Non-default knobs: 32-row tiles, a 32-wide K step split 4 ways, 128-wide expand tiles, 2 warps."""
+    """Non-default knobs: 32-row tiles, a 32-wide K step split 4 ways, 32-wide expand tiles (several per
+    slice, some past a slice's end), 2 warps."""
     generator = torch.Generator().manual_seed(15)
     token_slots = adapter_mix("skewed", NUM_TOKENS, seed=16)
     meta = sgmv_metadata(token_slots, SLOT_RANKS, tile_rows=32, extra_tiles=2)
@@ -150,7 +155,7 @@ def test_tuning_configs_and_wider_tiles_match_reference() -> None:
     expected = base_out.double()
     reference.sgmv_expand(expected_shrunk, fp64(lora_b), meta, expected, offsets)
     sgmv.sgmv_expand(expected_shrunk.float(), lora_b, meta, base_out, offsets,
-                     config=sgmv.ExpandConfig(block_n=128, num_warps=2))
+                     config=sgmv.ExpandConfig(block_n=32, num_warps=2))
     torch.testing.assert_close(base_out.double(), expected, **TOLERANCES[torch.float32])
 
 
