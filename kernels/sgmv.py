@@ -34,27 +34,23 @@ from loraloom.kernels.metadata import SGMVMetadata
 MAX_SLICES = 3  # q, k, v: the widest fused projection in a Llama layer
 
 
-# Defaults, by bytes per program (first H100 run: 266 GB/s shrink, 171 GB/s expand at 64 decode
-# tokens over 64 rank-16 adapters, with 64-wide K steps, 264 target programs and 64-wide N tiles):
-# a memory-bound kernel needs tens of KB in flight per SM to approach HBM bandwidth.
-# - shrink: 64 tiles x 3 slices = 192 programs did not even split K (one program per SM, ~1.5
-#   waves) and each K step loaded 2 KB of lora_a. 128-wide K steps load 4 KB (rank 16) per step
-#   and ~1056 programs (8 per SM) keep several steps of several programs in flight; pipelined
-#   stages cost (4 + 4) KB per stage at rank 16, 20 KB at rank 64, so occupancy stays high.
-# - expand: a 64-wide N tile at rank 16 is 2 KB of lora_b per program, less than the latency of
-#   the program's own chain of metadata loads is worth; 256 columns move 8 KB per program with
-#   ~12 programs per SM at 64 decode tokens (qkv), one wave.
-# benchmarks/gpusuite/sgmv_sweep.py measures these against the alternatives on the GPU.
+# Defaults measured by benchmarks/gpusuite/sgmv_sweep.py on an H100 (2026-11-22, BENCHMARKS.md),
+# the best geometric mean over 16 decode and prefill shapes of the Llama-3.1-8B projections:
+# - shrink: 256-wide K steps and up to 2112 programs (16 per SM, split K): 632 GB/s mean, against
+#   ~390 GB/s for the first version's 64-wide steps and 264 programs (one program per SM left
+#   little in flight at decode);
+# - expand: 64-wide N tiles, 4 warps: 977 GB/s mean; wider tiles (256/512 columns) were slower on
+#   every shape (fewer programs per SM to hide the metadata and rank loads).
 @dataclass(frozen=True)
 class ShrinkConfig:
     """Tuning knobs of sgmv_shrink."""
 
-    block_k: int = 128  # input features per step of the K loop
+    block_k: int = 256  # input features per step of the K loop
     num_warps: int = 4
     num_stages: int | None = None  # None: Triton's default software pipelining depth
-    # Split K until about this many programs run (8 per H100 SM) when a step has few tiles;
+    # Split K until about this many programs run (16 per H100 SM) when a step has few tiles;
     # chosen from the tile capacity, so a CUDA graph's grid is fixed.
-    target_programs: int = 1056
+    target_programs: int = 2112
     max_split_k: int = 16
 
 
@@ -62,7 +58,7 @@ class ShrinkConfig:
 class ExpandConfig:
     """Tuning knobs of sgmv_expand."""
 
-    block_n: int = 256  # output features per program
+    block_n: int = 64  # output features per program
     num_warps: int = 4
     num_stages: int | None = None
 

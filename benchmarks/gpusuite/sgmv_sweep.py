@@ -169,17 +169,29 @@ def run_sweep(cpu: bool) -> tuple[list[Result], float]:
             for config in shrink_configs(sgmv, cpu):
                 out = torch.zeros(len(widths), tokens, RANK, dtype=dtype, device=device)
                 call = lambda: sgmv.sgmv_shrink(x, lora_a, meta, out, config=config)  # noqa: E731
-                call()
-                results.append(measure("shrink", workload, module, config, out, shrunk_ref, call, shrink_bytes,
-                                       device, torch))
+                if fits(call, config):
+                    results.append(measure("shrink", workload, module, config, out, shrunk_ref, call, shrink_bytes,
+                                           device, torch))
             for config in expand_configs(sgmv, cpu):
                 out = base.clone()
-                sgmv.sgmv_expand(y, lora_b, meta, out, offsets, config=config)
                 call = lambda: sgmv.sgmv_expand(y, lora_b, meta, out, offsets, config=config)  # noqa: E731
-                results.append(measure("expand", workload, module, config, out, expand_ref, call, expand_bytes,
-                                       device, torch))
+                if fits(call, config):
+                    results.append(measure("expand", workload, module, config, out, expand_ref, call, expand_bytes,
+                                           device, torch))
             print(f"  {workload.name}, {module.name}: done", file=sys.stderr, flush=True)
     return results, copy_bandwidth
+
+
+def fits(call, config) -> bool:
+    """Run the variant once; a config whose tiles exceed the device's shared memory is skipped, not fatal."""
+    from triton.runtime.errors import OutOfResources
+
+    try:
+        call()
+    except OutOfResources as error:
+        print(f"  skipped {config}: {error}", file=sys.stderr, flush=True)
+        return False
+    return True
 
 
 def graph_replay_check(torch) -> float:
@@ -246,13 +258,14 @@ def report(results: list[Result], copy_bandwidth: float) -> str:
     for op in ("shrink", "expand"):
         configs = list(dict.fromkeys(r.config for r in results if r.op == op))
         shapes = list(dict.fromkeys((r.workload, r.module) for r in results if r.op == op))
-        lines += ["", f"sgmv_{op}: GB/s of the bytes that must move (FAIL = wrong result, not timed)"]
+        lines += ["", f"sgmv_{op}: GB/s of the bytes that must move (FAIL = wrong result, not timed; skip = does not fit)"]
         lines += [f"  [{i}] {config}" for i, config in enumerate(configs)]
         header = f"{'shape':<52} {'MB':>7} " + " ".join(f"{f'[{i}]':>7}" for i in range(len(configs))) + "  best"
         lines.append(header)
         for shape in shapes:
             row = {r.config: r for r in results if r.op == op and (r.workload, r.module) == shape}
-            cells = [f"{number(row[c].gbps):>7}" if row[c].passed else "   FAIL" for c in configs]
+            cells = ["   skip" if c not in row else f"{number(row[c].gbps):>7}" if row[c].passed else "   FAIL"
+                     for c in configs]  # skip: the config does not fit this shape (shared memory)
             timed = [r for r in row.values() if r.passed]
             best = max(timed, key=lambda r: r.gbps) if timed else None
             best_cell = "-" if best is None else (
@@ -265,9 +278,10 @@ def report(results: list[Result], copy_bandwidth: float) -> str:
 
 def best_overall(results: list[Result], op: str, configs: list[str]) -> str:
     scores = {}
+    num_shapes = len({(r.workload, r.module) for r in results if r.op == op})
     for config in configs:
         rows = [r for r in results if r.op == op and r.config == config]
-        if all(r.passed for r in rows):
+        if len(rows) == num_shapes and all(r.passed for r in rows):  # timed on every shape
             scores[config] = math.exp(statistics.fmean(math.log(r.gbps) for r in rows))
     if not scores:
         return "none (every config failed somewhere)"
