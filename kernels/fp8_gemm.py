@@ -18,6 +18,9 @@ linear. At small M the weight read is the whole cost, so this kernel is built ar
 - Split-K for narrow N: N = 4096 gives only 64 tiles of 64 rows for 132 SMs, so K is split and
   each split writes an fp32 partial [SPLIT_K, M, N]; a second, tiny launch sums the partials in
   split order (deterministic, unlike atomics) and applies the scales. SPLIT_K = 1 is one launch.
+- Fusing the quantization repeats it in every program that shares the rows (hundreds for gate_up);
+  `SmallMConfig.fuse_quant = False` runs kernels/fp8_quant.py first instead, and
+  benchmarks/gpusuite/fp8_sweep.py measures which is faster.
 
 CUDA-graph capturable: the grid comes from shapes and the config only; nothing is read back.
 """
@@ -30,7 +33,7 @@ import triton
 import triton.language as tl
 
 from loraloom.kernels.fp8 import FP8_DTYPE
-from loraloom.kernels.fp8_quant import quantize_to_e4m3, scale_from_amax
+from loraloom.kernels.fp8_quant import quantize_per_token_triton, quantize_to_e4m3, scale_from_amax
 
 MIN_BLOCK_M = 16  # tl.dot needs every dimension >= 16: 1..16 tokens share one padded tile
 AMAX_TILE = 4096  # x elements per step of the |max| loop (BLOCK_M rows x AMAX_TILE / BLOCK_M columns)
@@ -47,6 +50,10 @@ class SmallMConfig:
     split_k: int  # K splits; 1 = a single launch
     num_warps: int
     num_stages: int
+    # True: each program quantizes its activation tile itself (one launch). False: the quantization
+    # kernel runs first and the GEMM loads e4m3 activations (one more launch, but x is quantized
+    # once instead of once per program: fewer instructions per weight byte).
+    fuse_quant: bool = True
 
     def __post_init__(self) -> None:
         for name in ("block_n", "block_k"):
@@ -66,7 +73,8 @@ def auto_split_k(n: int, k: int, block_n: int, block_k: int) -> int:
 def default_config(n: int, k: int) -> SmallMConfig:
     """A weight-streaming config for an [n, k] weight: 64-row tiles, 256-byte K steps, auto split-K."""
     block_n, block_k = 64, 256
-    return SmallMConfig(block_n, block_k, auto_split_k(n, k, block_n, block_k), num_warps=4, num_stages=4)
+    return SmallMConfig(block_n, block_k, auto_split_k(n, k, block_n, block_k), num_warps=4, num_stages=4,
+                        fuse_quant=True)
 
 
 @triton.jit
@@ -88,16 +96,16 @@ def _token_scales(x_ptr, input_scale_ptr, offs_m, m_mask, K, stride_x_row,
 
 @triton.jit
 def _fp8_small_m_kernel(
-    x_ptr,  # [M, K] bf16 / fp16 / fp32, unit stride along K
+    x_ptr,  # [M, K] bf16 / fp16 / fp32 (float8_e4m3fn when PREQUANTIZED), unit stride along K
     w_ptr,  # [N, K] float8_e4m3fn, unit stride along K
     w_scale_ptr,  # [N] fp32 (the [N, 1] tensor)
     input_scale_ptr,  # [1] fp32, read only when STATIC_SCALE
     out_ptr,  # [M, N] in x's dtype (SPLIT_K == 1)
     partial_ptr,  # [SPLIT_K, M, N] fp32 (SPLIT_K > 1)
-    x_scale_ptr,  # [M] fp32: the token scales, for the reduce pass (SPLIT_K > 1)
+    x_scale_ptr,  # [M] fp32: the token scales; written for the reduce pass (SPLIT_K > 1), read when PREQUANTIZED
     M, N, K, k_per_split,
     stride_x_row, stride_w_row, stride_out_row,
-    STATIC_SCALE: tl.constexpr, SPLIT_K: tl.constexpr,
+    STATIC_SCALE: tl.constexpr, PREQUANTIZED: tl.constexpr, SPLIT_K: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, AMAX_BLOCK_K: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
@@ -106,8 +114,11 @@ def _fp8_small_m_kernel(
     m_mask = offs_m < M
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     n_mask = offs_n < N
-    x_scale = _token_scales(x_ptr, input_scale_ptr, offs_m, m_mask, K, stride_x_row,
-                            STATIC_SCALE, BLOCK_M, AMAX_BLOCK_K)
+    if PREQUANTIZED:
+        x_scale = tl.load(x_scale_ptr + offs_m, mask=m_mask, other=1.0)
+    else:
+        x_scale = _token_scales(x_ptr, input_scale_ptr, offs_m, m_mask, K, stride_x_row,
+                                STATIC_SCALE, BLOCK_M, AMAX_BLOCK_K)
 
     w_rows = w_ptr + offs_n.to(tl.int64)[:, None] * stride_w_row
     k_start = pid_k * k_per_split
@@ -119,7 +130,11 @@ def _fp8_small_m_kernel(
         w = tl.load(w_rows + offs_k[None, :], mask=n_mask[:, None] & k_mask[None, :], other=0.0)
         x = tl.load(x_ptr + offs_m[None, :] * stride_x_row + offs_k[:, None],
                     mask=m_mask[None, :] & k_mask[:, None], other=0.0)  # [BLOCK_K, BLOCK_M]: x^T
-        acc = tl.dot(w, quantize_to_e4m3(x, x_scale[None, :]), acc)
+        if PREQUANTIZED:
+            x_q = x
+        else:
+            x_q = quantize_to_e4m3(x, x_scale[None, :])
+        acc = tl.dot(w, x_q, acc)
 
     if SPLIT_K == 1:
         # The reference's order: (acc * sx) * sw, then one rounding to the output dtype.
@@ -129,8 +144,9 @@ def _fp8_small_m_kernel(
     else:
         partial = partial_ptr + pid_k * M * N
         tl.store(partial + offs_m[None, :] * N + offs_n[:, None], acc, mask=m_mask[None, :] & n_mask[:, None])
-        if (pid_n == 0) & (pid_k == 0):
-            tl.store(x_scale_ptr + offs_m, x_scale, mask=m_mask)
+        if not PREQUANTIZED:
+            if (pid_n == 0) & (pid_k == 0):
+                tl.store(x_scale_ptr + offs_m, x_scale, mask=m_mask)
 
 
 @triton.jit
@@ -173,22 +189,23 @@ def fp8_linear_small_m(
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     if m == 0 or n == 0:
         return out
+    x_scale = None
+    if not config.fuse_quant:
+        x, x_scale = quantize_per_token_triton(x, input_scale)  # the static scale, if any, is applied here
     block_m = max(MIN_BLOCK_M, triton.next_power_of_2(m))
     # Each split gets a whole number of BLOCK_K steps, so only the last split sees a ragged K edge.
     k_per_split = triton.cdiv(triton.cdiv(k, config.split_k), config.block_k) * config.block_k
     split_k = triton.cdiv(k, k_per_split)  # a too-large split_k would leave empty splits: drop them
-    static = input_scale is not None
+    static = input_scale is not None and config.fuse_quant
     scale_arg = input_scale if static else w_scale  # any fp32 pointer; never read without STATIC_SCALE
-    if split_k > 1:
-        partial = torch.empty(split_k, m, n, dtype=torch.float32, device=x.device)
-        x_scale = torch.empty(m, dtype=torch.float32, device=x.device)
-    else:
-        partial = x_scale = out  # unused
+    if x_scale is None:
+        x_scale = torch.empty(m, dtype=torch.float32, device=x.device)  # filled for the reduce pass
+    partial = torch.empty(split_k, m, n, dtype=torch.float32, device=x.device) if split_k > 1 else out
     grid = (triton.cdiv(n, config.block_n), split_k)
     _fp8_small_m_kernel[grid](
         x, w_q, w_scale, scale_arg, out, partial, x_scale,
         m, n, k, k_per_split, x.stride(0), w_q.stride(0), out.stride(0),
-        STATIC_SCALE=static, SPLIT_K=split_k, BLOCK_M=block_m, BLOCK_N=config.block_n,
+        STATIC_SCALE=static, PREQUANTIZED=not config.fuse_quant, SPLIT_K=split_k, BLOCK_M=block_m, BLOCK_N=config.block_n,
         BLOCK_K=config.block_k, AMAX_BLOCK_K=max(64, AMAX_TILE // block_m),
         num_warps=config.num_warps, num_stages=config.num_stages,
     )

@@ -45,16 +45,16 @@ GPU_SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), 
 # Ragged on purpose: N and K not multiples of the tiles.
 CPU_SHAPES = {"qkv": (96, 80), "o": (72, 72), "gate_up": (160, 72), "down": (72, 176)}
 GPU_TOKENS = (1, 4, 16, 32, 64)
-CPU_TOKENS = (1, 4, 16)
+CPU_TOKENS = (1, 16)
 LAYERS = 32  # Llama-3.1-8B
 LM_HEAD_BYTES = 128256 * 4096 * 2  # BF16
-# (block_n, block_k, num_warps, num_stages); each runs with its automatic split-K and without splitting.
-GPU_TILES = [(16, 512, 4, 4), (32, 256, 4, 4), (32, 512, 4, 3), (64, 128, 4, 5), (64, 256, 4, 4),
-             (64, 512, 4, 3), (128, 128, 4, 4), (128, 256, 8, 3)]
+# (block_n, block_k, num_warps, num_stages); each runs with its automatic split-K and without
+# splitting, and with the quantization fused and as a kernel of its own.
+GPU_TILES = [(32, 256, 4, 4), (32, 512, 4, 3), (64, 128, 4, 6), (64, 256, 4, 4), (64, 512, 4, 3), (128, 256, 8, 3)]
 # Compiling ~150 specializations one after another takes minutes: on CUDA, this many child
 # processes first run the checks on disjoint parts of the variants, filling Triton's cache.
 COMPILE_WORKERS = 12
-CPU_TILES = [(32, 32, 4, 1), (64, 64, 4, 1)]
+CPU_TILES = [(32, 32, 4, 1)]
 # |kernel - reference| / max |reference|: the kernel sums in another order and rounds to bf16 once.
 TOLERANCE = 1e-2
 
@@ -70,8 +70,9 @@ def configs_for(n: int, k: int, tiles: list[tuple[int, int, int, int]]) -> list[
     configs = {default_config(n, k)}
     for block_n, block_k, warps, stages in tiles:
         for split_k in {1, auto_split_k(n, k, block_n, block_k)}:
-            configs.add(SmallMConfig(block_n, block_k, split_k, warps, stages))
-    return sorted(configs, key=lambda c: (c.block_n, c.block_k, c.split_k, c.num_warps, c.num_stages))
+            for fuse_quant in (True, False):
+                configs.add(SmallMConfig(block_n, block_k, split_k, warps, stages, fuse_quant))
+    return sorted(configs, key=lambda c: (c.block_n, c.block_k, c.split_k, c.num_warps, c.num_stages, c.fuse_quant))
 
 
 def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:

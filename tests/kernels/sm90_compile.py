@@ -81,7 +81,8 @@ def compile_attention(dtype: torch.dtype, heads: int, kv_heads: int, head_dim: i
 
 def compile_fp8(dtype: torch.dtype) -> None:
     """The per-token quantization (dynamic and static scale), and the small-M GEMM at 1 and 32 tokens
-    on Llama-3.1-8B's o_proj (split-K + reduce) and gate_up (one launch), dynamic and static."""
+    on Llama-3.1-8B's o_proj (split-K + reduce) and gate_up (one launch), dynamic and static, and
+    once with the quantization kernel first instead of fused."""
     x = torch.zeros(32, 4096, dtype=dtype)
     static_scale = torch.ones(1)
     fp8_quant.quantize_per_token_triton(x)
@@ -91,6 +92,9 @@ def compile_fp8(dtype: torch.dtype) -> None:
         for tokens in (1, 32):
             fp8_gemm.fp8_linear_small_m(x[:tokens], w_q, w_scale)
         fp8_gemm.fp8_linear_small_m(x[:1], w_q, w_scale, static_scale)
+    prequantized = fp8_gemm.SmallMConfig(64, 256, split_k=4, num_warps=4, num_stages=4, fuse_quant=False)
+    fp8_gemm.fp8_linear_small_m(x[:1], torch.zeros(4096, 4096, dtype=FP8_DTYPE), torch.ones(4096, 1),
+                                config=prequantized)
 
 
 def main() -> None:

@@ -80,11 +80,13 @@ def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
 
 # Ragged shapes: N and K not multiples of any block, K splits whose last one is short.
 CONFIGS = [SmallMConfig(block_n=32, block_k=32, split_k=1, num_warps=4, num_stages=1),
-           SmallMConfig(block_n=16, block_k=64, split_k=3, num_warps=4, num_stages=1)]
+           SmallMConfig(block_n=16, block_k=64, split_k=3, num_warps=4, num_stages=1),
+           SmallMConfig(block_n=16, block_k=64, split_k=3, num_warps=4, num_stages=1, fuse_quant=False)]
+CONFIG_IDS = ["one_launch", "split_k", "quant_kernel_first"]
 
 
 @pytest.mark.parametrize("tokens", [1, 5, SMALL_M_THRESHOLD])
-@pytest.mark.parametrize("config", CONFIGS, ids=["one_launch", "split_k"])
+@pytest.mark.parametrize("config", CONFIGS, ids=CONFIG_IDS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_small_m_gemm_equals_the_reference(tokens, config, dtype):
     g = torch.Generator().manual_seed(tokens)
@@ -98,7 +100,7 @@ def test_small_m_gemm_equals_the_reference(tokens, config, dtype):
     assert relative_error(out, reference_linear(x, w_q, w_scale)) <= tolerance
 
 
-@pytest.mark.parametrize("config", CONFIGS, ids=["one_launch", "split_k"])
+@pytest.mark.parametrize("config", CONFIGS, ids=CONFIG_IDS)
 def test_small_m_gemm_with_a_static_input_scale(config):
     g = torch.Generator().manual_seed(7)
     x = torch.randn(3, 96, generator=g) * 4  # some values beyond 448 * 0.02: they must saturate
