@@ -195,9 +195,10 @@ def sweep(cases: list[Case], device: torch.device, bandwidth: float) -> None:
     print(f"suggested small-M threshold: M <= {threshold} (Triton wins on every shape up to there)")
 
 
-def warm_triton_cache() -> None:
+def warm_triton_cache(quick: bool) -> None:
     """Run the GEMM checks split over COMPILE_WORKERS processes, so their compilations run in parallel."""
-    workers = [subprocess.Popen([sys.executable, __file__, "--compile-part", str(i), str(COMPILE_WORKERS)])
+    flags = ["--quick"] if quick else []
+    workers = [subprocess.Popen([sys.executable, __file__, *flags, "--compile-part", str(i), str(COMPILE_WORKERS)])
                for i in range(COMPILE_WORKERS)]
     for worker in workers:
         worker.wait()
@@ -206,10 +207,14 @@ def warm_triton_cache() -> None:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cpu", action="store_true", help="tiny shapes on the CPU under TRITON_INTERPRET")
+    parser.add_argument("--quick", action="store_true", help="CUDA: M in (1, 16) and two tiles only (~1 minute)")
     parser.add_argument("--compile-part", type=int, nargs=2, metavar=("I", "N"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.quick:
+        global GPU_TOKENS, GPU_TILES
+        GPU_TOKENS, GPU_TILES = (1, 16), [(64, 256, 4, 4), (128, 256, 8, 3)]
     if args.compile_part is None and not args.cpu:
-        warm_triton_cache()
+        warm_triton_cache(args.quick)
     device = torch.device("cpu" if args.cpu else "cuda")
     shapes, tokens, tiles = (CPU_SHAPES, CPU_TOKENS, CPU_TILES) if args.cpu else (GPU_SHAPES, GPU_TOKENS, GPU_TILES)
     g = torch.Generator().manual_seed(2)
