@@ -39,6 +39,11 @@ MIN_BLOCK_M = 16  # tl.dot needs every dimension >= 16: 1..16 tokens share one p
 AMAX_TILE = 4096  # x elements per step of the |max| loop (BLOCK_M rows x AMAX_TILE / BLOCK_M columns)
 TARGET_PROGRAMS = 264  # split K until about this many programs run: two per SM of an H100
 REDUCE_BLOCK_N = 256
+# Above this many tokens the default runs the quantization kernel first. Fused, every program
+# reads its rows' whole K for the |max| (2 * M * K bytes from L2 per program): for o_proj with
+# 320 programs that is ~16% of the weight bytes per token, on top of the repeated quantization
+# arithmetic, while the separate kernel costs one launch. A first guess; fp8_sweep measures both.
+FUSED_QUANT_MAX_M = 4
 
 
 @dataclass(frozen=True)
@@ -70,11 +75,12 @@ def auto_split_k(n: int, k: int, block_n: int, block_k: int) -> int:
     return max(1, min(triton.cdiv(TARGET_PROGRAMS, tiles), triton.cdiv(k, block_k)))
 
 
-def default_config(n: int, k: int) -> SmallMConfig:
-    """A weight-streaming config for an [n, k] weight: 64-row tiles, 256-byte K steps, auto split-K."""
+def default_config(n: int, k: int, m: int = 1) -> SmallMConfig:
+    """A weight-streaming config for m tokens through an [n, k] weight: 64-row tiles, 256-byte K
+    steps, auto split-K, the quantization fused up to FUSED_QUANT_MAX_M tokens."""
     block_n, block_k = 64, 256
     return SmallMConfig(block_n, block_k, auto_split_k(n, k, block_n, block_k), num_warps=4, num_stages=4,
-                        fuse_quant=True)
+                        fuse_quant=m <= FUSED_QUANT_MAX_M)
 
 
 @triton.jit
@@ -185,7 +191,7 @@ def fp8_linear_small_m(
         raise ValueError("fp8_linear_small_m: w_q must have unit stride along K and w_scale be contiguous")
     m, k = x.shape
     n = w_q.shape[0]
-    config = config or default_config(n, k)
+    config = config or default_config(n, k, m)
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
     if m == 0 or n == 0:
         return out

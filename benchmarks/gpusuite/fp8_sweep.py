@@ -37,7 +37,13 @@ from loraloom.kernels.fp8 import (  # noqa: E402
     quantize_weight_per_channel,
     quantize_with_scale,
 )
-from loraloom.kernels.fp8_gemm import SmallMConfig, auto_split_k, default_config, fp8_linear_small_m  # noqa: E402
+from loraloom.kernels.fp8_gemm import (  # noqa: E402
+    FUSED_QUANT_MAX_M,
+    SmallMConfig,
+    auto_split_k,
+    default_config,
+    fp8_linear_small_m,
+)  # noqa: E402
 from loraloom.kernels.fp8_quant import quantize_per_token_triton  # noqa: E402
 from loraloom.kernels.reference import fp8_scaled_mm  # noqa: E402
 
@@ -67,7 +73,7 @@ class Case:
 
 
 def configs_for(n: int, k: int, tiles: list[tuple[int, int, int, int]]) -> list[SmallMConfig]:
-    configs = {default_config(n, k)}
+    configs = {default_config(n, k, m) for m in (1, FUSED_QUANT_MAX_M + 1)}
     for block_n, block_k, warps, stages in tiles:
         for split_k in {1, auto_split_k(n, k, block_n, block_k)}:
             for fuse_quant in (True, False):
@@ -118,7 +124,7 @@ def check_gemms(case: Case, tokens: tuple[int, ...], tiles, device: torch.device
                 x_scale = static.reshape(1, 1).expand(m, 1).contiguous()
                 x_q = quantize_with_scale(x, x_scale)
             expected = fp8_scaled_mm(x_q, x_scale, case.w_q, case.w_scale, torch.float32)
-            variants = configs_for(n, k, tiles) if static is None else [default_config(n, k)]
+            variants = configs_for(n, k, tiles) if static is None else [default_config(n, k, m)]
             for config in variants:
                 index += 1
                 if index % part[1] != part[0]:
@@ -180,7 +186,7 @@ def sweep(cases: list[Case], device: torch.device, bandwidth: float) -> None:
             print(f"\n{case.name} {n}x{k}, M={m}: weight GB/s (copy ceiling {bandwidth / 1e9:.0f} GB/s)")
             for seconds, config in results[:5]:
                 print(f"  {weight_bytes / seconds / 1e9:7.0f} GB/s  {seconds * 1e6:7.1f} us  {config}")
-            default = default_config(n, k)
+            default = default_config(n, k, m)
             default_s = next(s for s, c in results if c == default)
             print(f"  default {weight_bytes / default_s / 1e9:7.0f} GB/s  {default_s * 1e6:7.1f} us  {default}")
             print(f"  _scaled_mm + triton quant {weight_bytes / scaled / 1e9:7.0f} GB/s  {scaled * 1e6:7.1f} us")

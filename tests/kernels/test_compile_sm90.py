@@ -25,6 +25,7 @@ def test_kernels_compile_for_sm90(tmp_path: Path) -> None:
     for kernel in KERNELS:
         assert kernel in compiled, f"{kernel} was never compiled; the script printed:\n{result.stdout}"
     # Two dtypes x (shrink direct, shrink split + reduce, expand, Llama-8B decode + prefill, kv write,
-    # fp8: quantization dynamic + static, o_proj split-K at 1, 32 tokens and static (kernel + reduce each),
-    # gate_up one launch at 1, 32 tokens and static, o_proj with the quantization kernel first), plus group 3.
-    assert len(compiled) == 2 * (1 + 2 + 1 + 3 + 2 + 3 * 2 + 3 + 3) + 3
+    # fp8: quantization dynamic + static; o_proj (split-K: kernel + reduce) at 1 token fused, 32 tokens
+    # quantized first (+ the quantization kernel) and static; gate_up (one launch) likewise;
+    # o_proj with an explicit quantize-first config), plus group 3.
+    assert len(compiled) == 2 * (1 + 2 + 1 + 3 + 2 + (2 + 3 + 2) + (1 + 2 + 1) + 3) + 3

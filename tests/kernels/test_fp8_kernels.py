@@ -138,6 +138,8 @@ def test_default_config_splits_k_only_for_narrow_outputs():
     assert default_config(4096, 4096).split_k > 1
     assert default_config(28672, 4096).split_k == 1
     assert auto_split_k(64, 128, block_n=64, block_k=64) == 2  # never more splits than K steps
+    # One token: quantized inside the GEMM (one launch); more: quantized once, by its own kernel.
+    assert default_config(4096, 4096, m=1).fuse_quant and not default_config(4096, 4096, m=16).fuse_quant
 
 
 @pytest.mark.parametrize("field, value", [("block_n", 48), ("block_k", 8), ("split_k", 0)])
