@@ -211,8 +211,8 @@ def fp8_linear_small_m(
     _fp8_small_m_kernel[grid](
         x, w_q, w_scale, scale_arg, out, partial, x_scale,
         m, n, k, k_per_split, x.stride(0), w_q.stride(0), out.stride(0),
-        STATIC_SCALE=static, PREQUANTIZED=not config.fuse_quant, SPLIT_K=split_k, BLOCK_M=block_m, BLOCK_N=config.block_n,
-        BLOCK_K=config.block_k, AMAX_BLOCK_K=max(64, AMAX_TILE // block_m),
+        STATIC_SCALE=static, PREQUANTIZED=not config.fuse_quant, SPLIT_K=split_k,
+        BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_K=config.block_k, AMAX_BLOCK_K=max(64, AMAX_TILE // block_m),
         num_warps=config.num_warps, num_stages=config.num_stages,
     )
     if split_k > 1:
