@@ -19,6 +19,16 @@ has FP8 GEMMs at all (compute capability >= 8.9, through CUTLASS or cuBLAS), so 
 per-tensor fallback. Devices without FP8 GEMMs (compute capability < 8.9, and ROCm, whose MI300
 uses the e4m3fnuz variant) and shapes _scaled_mm refuses (K or N not a multiple of 16) run the
 plain-torch reference `kernels/reference.py:fp8_scaled_mm`, which is also the CPU path.
+
+On those CUDA devices, with Triton installed, `fp8_linear` picks one of two fast paths by the
+number of tokens (`fp8_linear_path`):
+- up to SMALL_M_THRESHOLD tokens (decode steps): the Triton small-M kernel (kernels/fp8_gemm.py),
+  which quantizes the activations itself and streams the weight once, in one launch (two with
+  split-K); cuBLAS tiles such batches like big GEMMs and reads the weight at a quarter of the
+  bandwidth;
+- more tokens (prefill): the Triton quantization kernel (kernels/fp8_quant.py, one launch
+  instead of ~6 torch ops), then `torch._scaled_mm`.
+Both compute the semantics above; only the fp32 summation order differs from the reference.
 """
 from __future__ import annotations
 
@@ -35,6 +45,9 @@ FP8_MAX = 448.0  # largest finite e4m3fn value
 MIN_AMAX = 1e-12
 # torch._scaled_mm needs K and N to be multiples of 16.
 SCALED_MM_ALIGNMENT = 16
+# Largest token count that runs the Triton small-M kernel on CUDA; above it, _scaled_mm.
+# benchmarks/gpusuite/fp8_sweep.py measures where the small-M kernel stops winning.
+SMALL_M_THRESHOLD = 16
 
 
 def quantize_with_scale(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -75,15 +88,39 @@ def fp8_linear(
     """y = x @ W.T with W = w_q * w_scale, x quantized to e4m3 per token (or with `input_scale`)."""
     assert x.dim() == 2 and x.shape[1] == w_q.shape[1], f"fp8_linear: x {list(x.shape)} vs weight {list(w_q.shape)}"
     assert w_q.dtype == FP8_DTYPE and w_scale.shape == (w_q.shape[0], 1) and w_scale.dtype == torch.float32
+    path = fp8_linear_path(x.device, x.shape[0], w_q.shape)
+    if path == "triton_small_m":
+        from loraloom.kernels.fp8_gemm import fp8_linear_small_m  # Triton: imported only where it runs
+
+        return fp8_linear_small_m(x, w_q, w_scale, input_scale)
+    if path == "triton_quant_scaled_mm":
+        from loraloom.kernels.fp8_quant import quantize_per_token_triton
+
+        x_q, x_scale = quantize_per_token_triton(x.contiguous(), input_scale)
+        return _scaled_mm_rowwise(x_q, x_scale, w_q, w_scale, x.dtype)
     if input_scale is None:
         x_q, x_scale = quantize_per_token(x)
     else:
         # Row-wise _scaled_mm wants a contiguous [T, 1] scale, not a stride-0 broadcast.
         x_scale = input_scale.float().reshape(1, 1).expand(x.shape[0], 1).contiguous()
         x_q = quantize_with_scale(x, x_scale)
-    if _runs_scaled_mm(x.device, w_q.shape):
+    if path == "scaled_mm":
         return _scaled_mm_rowwise(x_q, x_scale, w_q, w_scale, x.dtype)
     return fp8_scaled_mm(x_q, x_scale, w_q, w_scale, x.dtype)
+
+
+def fp8_linear_path(device: torch.device, tokens: int, weight_shape: torch.Size) -> str:
+    """Which implementation fp8_linear runs: "triton_small_m" (decode-sized batches),
+    "triton_quant_scaled_mm" (larger ones), "scaled_mm" (CUDA with FP8 GEMMs but no Triton), or
+    "reference" (the CPU, devices without FP8 GEMMs, and weights _scaled_mm refuses at large M)."""
+    if device.type != "cuda" or not fp8_gemm_available(device.index):
+        return "reference"
+    if _triton_available() and tokens <= SMALL_M_THRESHOLD:
+        return "triton_small_m"  # masks every edge: any N and K
+    out_features, in_features = weight_shape
+    if out_features % SCALED_MM_ALIGNMENT or in_features % SCALED_MM_ALIGNMENT:
+        return "reference"
+    return "triton_quant_scaled_mm" if _triton_available() else "scaled_mm"
 
 
 def _scaled_mm_rowwise(
@@ -96,10 +133,11 @@ def _scaled_mm_rowwise(
     return torch._scaled_mm(x_q.contiguous(), w_q.t(), scale_a=x_scale, scale_b=w_scale.t(), out_dtype=out_dtype)
 
 
-def _runs_scaled_mm(device: torch.device, weight_shape: torch.Size) -> bool:
-    out_features, in_features = weight_shape
-    aligned = out_features % SCALED_MM_ALIGNMENT == 0 and in_features % SCALED_MM_ALIGNMENT == 0
-    return device.type == "cuda" and aligned and fp8_gemm_available(device.index)
+@functools.lru_cache(maxsize=None)
+def _triton_available() -> bool:
+    from loraloom.kernels.backend import triton_available
+
+    return triton_available()
 
 
 @functools.lru_cache(maxsize=None)

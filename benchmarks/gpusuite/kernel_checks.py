@@ -19,7 +19,7 @@ from loraloom.engine.config import ModelConfig
 from loraloom.engine.lora import plan_sgmv, segment_capacity, tile_capacity
 from loraloom.kernels import reference
 from loraloom.kernels.backend import KernelBackend
-from loraloom.kernels.fp8 import fp8_linear, quantize_per_token, quantize_weight_per_channel
+from loraloom.kernels.fp8 import fp8_linear, fp8_linear_path, quantize_per_token, quantize_weight_per_channel
 from loraloom.kernels.metadata import AttentionMetadata, SGMVMetadata
 
 CHECK_DTYPES = (torch.bfloat16, torch.float16)
@@ -182,17 +182,23 @@ def check_sgmv(backend: KernelBackend, config: ModelConfig, batch: int, ranks: t
 
 
 # ------------------------------------------------------------------------ FP8
-def check_fp8_linear(config: ModelConfig, tokens: int, device: torch.device, dtype: torch.dtype) -> Row:
-    """The gate/up projection in FP8 against the dequantizing reference on the same quantized values."""
+def check_fp8_linear(config: ModelConfig, tokens: int, device: torch.device, dtype: torch.dtype) -> list[Row]:
+    """The gate/up projection in FP8 against the dequantizing reference on the same quantized values,
+    at one token and at `tokens`: on an FP8 GPU the small-M Triton kernel and the quantization kernel
+    + _scaled_mm path respectively (fp8_linear_path names which one ran)."""
     generator = torch.Generator().manual_seed(3)
     weight = torch.randn(2 * config.intermediate_size, config.hidden_size, generator=generator).to(dtype).to(device)
-    x = torch.randn(tokens, config.hidden_size, generator=generator).to(dtype).to(device)
     w_q, w_scale = quantize_weight_per_channel(weight)
-    x_q, x_scale = quantize_per_token(x)
-    out = fp8_linear(x, w_q, w_scale)
-    expected = reference.fp8_scaled_mm(x_q.cpu(), x_scale.cpu(), w_q.cpu(), w_scale.cpu(), torch.float32)
-    return _check_row(f"fp8_linear ({tokens} tokens, gate_up)", dtype, _relative_error(out, expected),
-                      RELATIVE_TOLERANCE[dtype])
+    rows = []
+    for count in sorted({1, tokens}):
+        x = torch.randn(count, config.hidden_size, generator=generator).to(dtype).to(device)
+        x_q, x_scale = quantize_per_token(x)
+        out = fp8_linear(x, w_q, w_scale)
+        expected = reference.fp8_scaled_mm(x_q.cpu(), x_scale.cpu(), w_q.cpu(), w_scale.cpu(), torch.float32)
+        path = fp8_linear_path(device, count, w_q.shape)
+        rows.append(_check_row(f"fp8_linear ({count} tokens, gate_up, {path})", dtype,
+                               _relative_error(out, expected), RELATIVE_TOLERANCE[dtype]))
+    return rows
 
 
 def check_all(backend: KernelBackend, config: ModelConfig, batch: int, context: int, ranks: tuple[int, ...],
@@ -202,7 +208,7 @@ def check_all(backend: KernelBackend, config: ModelConfig, batch: int, context: 
         rows += check_attention(backend, config, batch, context, device, dtype)
         rows += check_sgmv(backend, config, batch, ranks, device, dtype)
     if quantized:
-        rows.append(check_fp8_linear(config, batch, device, torch.bfloat16))
+        rows += check_fp8_linear(config, batch, device, torch.bfloat16)
     return rows
 
 

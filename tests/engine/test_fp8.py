@@ -20,9 +20,11 @@ from loraloom.engine.loader import checkpoint_files, load_model
 from loraloom.engine.lora import LoRALinear, LoRASlotPool, attach_lora, build_sgmv_metadata, load_adapter_weights
 from loraloom.engine.model import allocate_kv_cache
 from loraloom.engine.tokenizer import Tokenizer
+from loraloom.kernels import fp8 as fp8_module
 from loraloom.kernels.fp8 import (
     FP8_MAX,
     MIN_AMAX,
+    SMALL_M_THRESHOLD,
     fp8_gemm_available,
     fp8_linear,
     quantize_per_token,
@@ -196,20 +198,36 @@ def test_static_input_scale_clips_at_its_range():
 @pytest.mark.skipif(not (torch.cuda.is_available() and fp8_gemm_available(None)),
                     reason="needs a CUDA device with FP8 GEMMs (compute capability >= 8.9)")
 @pytest.mark.parametrize("static", [False, True])
-def test_scaled_mm_on_cuda_equals_the_reference(static):
-    x = (torch.randn(37, 256, generator=torch.Generator().manual_seed(11)) * 3).to("cuda", torch.bfloat16)
+@pytest.mark.parametrize("tokens", [3, 37], ids=["small_m_kernel", "quant_kernel_and_scaled_mm"])
+def test_fp8_linear_on_cuda_equals_the_reference(static, tokens):
+    x = (torch.randn(tokens, 256, generator=torch.Generator().manual_seed(11)) * 3).to("cuda", torch.bfloat16)
     weight = rows_of_many_magnitudes(384, 256, seed=12).to("cuda", torch.bfloat16)
     w_q, w_scale = quantize_weight_per_channel(weight)
     input_scale = torch.tensor([0.03], device="cuda") if static else None
     out = fp8_linear(x, w_q, w_scale, input_scale)
     if static:
-        x_scale = input_scale.expand(37, 1).contiguous()
+        x_scale = input_scale.expand(tokens, 1).contiguous()
         x_q = quantize_with_scale(x, x_scale)
     else:
         x_q, x_scale = quantize_per_token(x)
     expected = fp8_scaled_mm(x_q, x_scale, w_q, w_scale, torch.float32)
     assert out.dtype == torch.bfloat16
     torch.testing.assert_close(out.float(), expected, rtol=2.0 ** -7, atol=1e-3 * expected.abs().max().item())
+
+
+def test_fp8_linear_picks_triton_on_fp8_cuda_devices_and_the_reference_elsewhere(monkeypatch):
+    cuda, cpu = torch.device("cuda", 0), torch.device("cpu")
+    square = torch.Size([4096, 4096])
+    assert fp8_module.fp8_linear_path(cpu, 1, square) == "reference"
+    monkeypatch.setattr(fp8_module, "fp8_gemm_available", lambda index: False)  # e.g. an A100
+    assert fp8_module.fp8_linear_path(cuda, 1, square) == "reference"
+    monkeypatch.setattr(fp8_module, "fp8_gemm_available", lambda index: True)  # an H100
+    assert fp8_module.fp8_linear_path(cuda, 1, square) == "triton_small_m"
+    assert fp8_module.fp8_linear_path(cuda, SMALL_M_THRESHOLD, torch.Size([100, 72])) == "triton_small_m"
+    assert fp8_module.fp8_linear_path(cuda, SMALL_M_THRESHOLD + 1, square) == "triton_quant_scaled_mm"
+    assert fp8_module.fp8_linear_path(cuda, 512, torch.Size([100, 72])) == "reference"  # _scaled_mm refuses
+    monkeypatch.setattr(fp8_module, "_triton_available", lambda: False)
+    assert fp8_module.fp8_linear_path(cuda, 1, square) == "scaled_mm"
 
 
 # ----------------------------------------------------------------------------- perplexity

@@ -14,7 +14,8 @@ from triton.backends.compiler import GPUTarget
 from triton.runtime.driver import driver
 from triton.runtime.jit import JITFunction
 
-from loraloom.kernels import paged_attention, sgmv
+from loraloom.kernels import fp8_gemm, fp8_quant, paged_attention, sgmv
+from loraloom.kernels.fp8 import FP8_DTYPE
 from loraloom.kernels.metadata import AttentionMetadata
 from loraloom.kernels.sgmv_plan import plan_sgmv
 
@@ -74,6 +75,24 @@ def compile_attention(dtype: torch.dtype, heads: int, kv_heads: int, head_dim: i
     paged_attention.paged_attention(torch.zeros(5, heads, head_dim, dtype=dtype), k_cache, v_cache, meta, 0.1)
 
 
+def compile_fp8(dtype: torch.dtype) -> None:
+    """The per-token quantization (dynamic and static scale), and the small-M GEMM at 1 and 32 tokens
+    on Llama-3.1-8B's o_proj (split-K + reduce) and gate_up (one launch), dynamic and static, and
+    once with the quantization kernel first instead of fused."""
+    x = torch.zeros(32, 4096, dtype=dtype)
+    static_scale = torch.ones(1)
+    fp8_quant.quantize_per_token_triton(x)
+    fp8_quant.quantize_per_token_triton(x, static_scale)
+    for n in (4096, 28672):
+        w_q, w_scale = torch.zeros(n, 4096, dtype=FP8_DTYPE), torch.ones(n, 1)
+        for tokens in (1, 32):
+            fp8_gemm.fp8_linear_small_m(x[:tokens], w_q, w_scale)
+        fp8_gemm.fp8_linear_small_m(x[:1], w_q, w_scale, static_scale)
+    prequantized = fp8_gemm.SmallMConfig(64, 256, split_k=4, num_warps=4, num_stages=4, fuse_quant=False)
+    fp8_gemm.fp8_linear_small_m(x[:1], torch.zeros(4096, 4096, dtype=FP8_DTYPE), torch.ones(4096, 1),
+                                config=prequantized)
+
+
 def main() -> None:
     assert isinstance(sgmv._sgmv_shrink_kernel, JITFunction), (
         "the kernels were decorated for the interpreter: run this script without TRITON_INTERPRET")
@@ -83,6 +102,7 @@ def main() -> None:
     for dtype in (torch.bfloat16, torch.float32):
         compile_sgmv(dtype)
         compile_attention(dtype, heads=32, kv_heads=8, head_dim=128)  # Llama-3.1-8B
+        compile_fp8(dtype)
     compile_attention(torch.bfloat16, heads=9, kv_heads=3, head_dim=64)  # SmolLM2-135M: group 3
 
 
