@@ -27,6 +27,7 @@ if RUN_IN_THIS_PROCESS:
         import triton.experimental.gluon  # noqa: F401  (a launch imports it lazily and checks the variable then)
 
         import loraloom.kernels.paged_attention  # noqa: F401
+        import loraloom.kernels.paged_decode  # noqa: F401
         import loraloom.kernels.sgmv  # noqa: F401
     finally:
         if _previous is None:
