@@ -90,6 +90,21 @@ def _decode_attention(query, k_cache, v_cache, meta, rows, scale, out) -> None:
     out[q_rows] = o.reshape(len(rows), num_heads, -1).to(out.dtype)
 
 
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x [T, hidden] -> weight * rmsnorm(x), [T, hidden] in x's dtype."""
+    # The mean of squares in fp32: in bf16 it loses the small components of large-norm rows.
+    x32 = x.float()
+    normed = x32 * torch.rsqrt(x32.pow(2).mean(dim=-1, keepdim=True) + eps)
+    return weight * normed.to(x.dtype)
+
+
+def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                       eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x, residual) [T, hidden] -> (weight * rmsnorm(x + residual), x + residual)."""
+    new_residual = x + residual
+    return rms_norm(new_residual, weight, eps), new_residual
+
+
 def sgmv_shrink(
     x: torch.Tensor,  # [T, in_features]
     lora_a: list[torch.Tensor],  # per slice: [S, max_rank, in_features]

@@ -26,6 +26,7 @@ if RUN_IN_THIS_PROCESS:
     try:
         import triton.experimental.gluon  # noqa: F401  (a launch imports it lazily and checks the variable then)
 
+        import loraloom.kernels.norm  # noqa: F401
         import loraloom.kernels.paged_attention  # noqa: F401
         import loraloom.kernels.paged_decode  # noqa: F401
         import loraloom.kernels.sgmv  # noqa: F401
