@@ -6,11 +6,13 @@ overwritten by the loader, so random initialization would only cost time.
 from __future__ import annotations
 
 import math
+from typing import overload
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from loraloom.kernels.backend import REFERENCE_BACKEND, KernelBackend
 from loraloom.kernels.metadata import SGMVMetadata
 
 
@@ -51,16 +53,29 @@ class Embedding(nn.Module):
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, hidden_size: int, eps: float, dtype: torch.dtype, device: torch.device | str):
+    """weight * rmsnorm(x), by the backend's kernel (kernels/reference.py holds the numerics).
+
+    Given the residual stream as well, it first adds x into it, in one fused launch on CUDA,
+    and returns (normed, new residual): the model never adds the residual separately.
+    """
+
+    def __init__(self, hidden_size: int, eps: float, dtype: torch.dtype, device: torch.device | str,
+                 backend: KernelBackend = REFERENCE_BACKEND):
         super().__init__()
         self.eps = eps
+        self.backend = backend
         self.weight = nn.Parameter(torch.ones(hidden_size, dtype=dtype, device=device), requires_grad=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, hidden] -> [T, hidden]
-        # The mean of squares in fp32: in bf16 it loses the small components of large-norm rows.
-        x32 = x.float()
-        normed = x32 * torch.rsqrt(x32.pow(2).mean(dim=-1, keepdim=True) + self.eps)
-        return self.weight * normed.to(x.dtype)
+    @overload
+    def forward(self, x: torch.Tensor, residual: None = None) -> torch.Tensor: ...
+
+    @overload
+    def forward(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    def forward(self, x, residual=None):  # [T, hidden] (and [T, hidden]) -> [T, hidden] (normed, residual)
+        if residual is None:
+            return self.backend.rms_norm(x, self.weight, self.eps)
+        return self.backend.fused_add_rms_norm(x, residual, self.weight, self.eps)
 
 
 class RotaryEmbedding(nn.Module):
