@@ -14,7 +14,7 @@ from triton.backends.compiler import GPUTarget
 from triton.runtime.driver import driver
 from triton.runtime.jit import JITFunction
 
-from loraloom.kernels import paged_attention, sgmv
+from loraloom.kernels import norm, paged_attention, paged_decode, sgmv
 from loraloom.kernels.metadata import AttentionMetadata, SGMVMetadata
 
 H100 = GPUTarget("cuda", 90, 32)
@@ -76,6 +76,17 @@ def compile_attention(dtype: torch.dtype, heads: int, kv_heads: int, head_dim: i
     kv = torch.zeros(5, kv_heads, head_dim, dtype=dtype)
     paged_attention.write_kv_cache(kv, kv, k_cache, v_cache, meta.slot_mapping)
     paged_attention.paged_attention(torch.zeros(5, heads, head_dim, dtype=dtype), k_cache, v_cache, meta, 0.1)
+    # Split-KV decode (pass 1 with NUM_SPLITS > 1, and the combine pass), as at batch 1.
+    query = torch.zeros(5, heads, head_dim, dtype=dtype)
+    paged_decode.paged_decode_attention(query, k_cache, v_cache, meta.query_start_loc, meta.seq_lens,
+                                        meta.block_tables, 0.1, torch.empty_like(query), num_splits=8)
+
+
+def compile_norms(dtype: torch.dtype, hidden: int) -> None:
+    x = torch.zeros(3, hidden, dtype=dtype)
+    weight = torch.ones(hidden, dtype=dtype)
+    norm.rms_norm(x, weight, 1e-5)
+    norm.fused_add_rms_norm(x, x, weight, 1e-5)
 
 
 def main() -> None:
@@ -87,6 +98,7 @@ def main() -> None:
     for dtype in (torch.bfloat16, torch.float32):
         compile_sgmv(dtype)
         compile_attention(dtype, heads=32, kv_heads=8, head_dim=128)  # Llama-3.1-8B
+        compile_norms(dtype, hidden=4096)
     compile_attention(torch.bfloat16, heads=9, kv_heads=3, head_dim=64)  # SmolLM2-135M: group 3
 
 
