@@ -1,4 +1,4 @@
-"""The building blocks of the Llama forward: linear, embedding, RMSNorm, rotary embedding.
+"""The building blocks of the Llama forward: linear, embedding, RMSNorm, rotary angles.
 
 Parameters are allocated uninitialized (`torch.empty`): every one of them is
 overwritten by the loader, so random initialization would only cost time.
@@ -94,17 +94,12 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """positions [T] int64 -> (cos, sin), each [T, 1, head_dim] in `dtype`, broadcast over heads."""
+        """positions [T] int64 -> (cos, sin), each [T, head_dim] in `dtype`.
+
+        Applied with the backend's rotary_write_kv_cache (kernels/reference.py: apply_rotary)."""
         freqs = positions.float()[:, None] * self.inv_freq[None, :]  # [T, head_dim / 2], fp32 for large positions
-        angles = torch.cat((freqs, freqs), dim=-1)[:, None, :]
+        angles = torch.cat((freqs, freqs), dim=-1)
         return angles.cos().to(dtype), angles.sin().to(dtype)
-
-
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [T, heads, head_dim] rotated by the angles of its token's position."""
-    half = x.shape[-1] // 2
-    rotated_half = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated_half * sin
 
 
 def _scale_inv_freq(inv_freq: torch.Tensor, rope_scaling: dict) -> torch.Tensor:

@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from loraloom.engine.config import ModelConfig
-from loraloom.engine.layers import Embedding, Linear, RMSNorm, RotaryEmbedding, apply_rotary
+from loraloom.engine.layers import Embedding, Linear, RMSNorm, RotaryEmbedding
 from loraloom.kernels.backend import REFERENCE_BACKEND, KernelBackend
 from loraloom.kernels.metadata import AttentionMetadata, SGMVMetadata
 
@@ -37,18 +37,20 @@ class LlamaAttention(nn.Module):
     def forward(
         self,
         hidden: torch.Tensor,  # [T, hidden]
-        rotary: tuple[torch.Tensor, torch.Tensor],  # (cos, sin), each [T, 1, D]
+        rotary: tuple[torch.Tensor, torch.Tensor],  # (cos, sin), each [T, D]
         kv_cache: KVCache,
         attn: AttentionMetadata,
         lora: SGMVMetadata | None,
     ) -> torch.Tensor:  # [T, hidden]
         num_tokens = hidden.shape[0]
         q, k, v = self.qkv_proj(hidden, lora).split(self.qkv_proj.slice_sizes, dim=-1)
-        q = apply_rotary(q.view(num_tokens, self.num_heads, self.head_dim), *rotary)  # [T, H, D]
-        k = apply_rotary(k.view(num_tokens, self.num_kv_heads, self.head_dim), *rotary)  # [T, KVH, D]
+        q = q.view(num_tokens, self.num_heads, self.head_dim)  # [T, H, D], a view into the qkv output
+        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)  # [T, KVH, D]
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
         k_cache, v_cache = kv_cache
-        self.backend.write_kv_cache(k, v, k_cache, v_cache, attn.slot_mapping)
+        # One launch: q rotated in place (the qkv output is this layer's own), k rotated into the
+        # cache next to v.
+        self.backend.rotary_write_kv_cache(q, k, v, *rotary, k_cache, v_cache, attn.slot_mapping)
         out = self.backend.paged_attention(q, k_cache, v_cache, attn, self.scale)  # [T, H, D]
         return self.o_proj(out.reshape(num_tokens, self.num_heads * self.head_dim), lora)
 

@@ -18,8 +18,12 @@ WriteKVCache = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
 PagedAttention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, AttentionMetadata, float], torch.Tensor]
 SGMVShrink = Callable[[torch.Tensor, list[torch.Tensor], SGMVMetadata, torch.Tensor], None]
 SGMVExpand = Callable[[torch.Tensor, list[torch.Tensor], SGMVMetadata, torch.Tensor, list[int]], None]
+RotaryWriteKVCache = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                               torch.Tensor, torch.Tensor], None]
 RMSNorm = Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]
-FusedAddRMSNorm = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float], tuple[torch.Tensor, torch.Tensor]]
+FusedAddRotaryWriteKVCache = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                               torch.Tensor, torch.Tensor], None]
+RMSNorm = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float], tuple[torch.Tensor, torch.Tensor]]
 
 
 @dataclass(frozen=True)
@@ -28,6 +32,7 @@ class KernelBackend:
 
     name: str  # "triton" or "reference"
     write_kv_cache: WriteKVCache
+    rotary_write_kv_cache: RotaryWriteKVCache
     paged_attention: PagedAttention
     sgmv_shrink: SGMVShrink
     sgmv_expand: SGMVExpand
@@ -38,6 +43,7 @@ class KernelBackend:
 REFERENCE_BACKEND = KernelBackend(
     name="reference",
     write_kv_cache=reference.write_kv_cache,
+    rotary_write_kv_cache=reference.rotary_write_kv_cache,
     paged_attention=reference.paged_attention,
     sgmv_shrink=reference.sgmv_shrink,
     sgmv_expand=reference.sgmv_expand,
@@ -59,11 +65,12 @@ def get_backend(device: torch.device | str) -> KernelBackend:
     if torch.device(device).type != "cuda" or not triton_available():
         return REFERENCE_BACKEND
     # Imported here so that a machine without Triton never imports it.
-    from loraloom.kernels import norm, paged_attention, sgmv
+    from loraloom.kernels import norm, paged_attention, rotary, sgmv
 
     return KernelBackend(
         name="triton",
         write_kv_cache=paged_attention.write_kv_cache,
+        rotary_write_kv_cache=rotary.rotary_write_kv_cache,
         paged_attention=paged_attention.paged_attention,
         sgmv_shrink=sgmv.sgmv_shrink,
         sgmv_expand=sgmv.sgmv_expand,

@@ -23,6 +23,30 @@ def write_kv_cache(
     v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slot_mapping, value.to(v_cache.dtype))
 
 
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [T, heads, head_dim] rotated by its token's angles, cos/sin [T, 1, head_dim] (the
+    "rotate half" layout of Hugging Face Llama checkpoints)."""
+    half = x.shape[-1] // 2
+    rotated_half = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated_half * sin
+
+
+def rotary_write_kv_cache(
+    query: torch.Tensor,  # [T, H, D], rotated in place
+    key: torch.Tensor,  # [T, KVH, D], left as it is
+    value: torch.Tensor,  # [T, KVH, D]
+    cos: torch.Tensor,  # [T, D]
+    sin: torch.Tensor,  # [T, D]
+    k_cache: torch.Tensor,  # [num_blocks, block_size, KVH, D]
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,  # [T] int64
+) -> None:
+    """query <- rotary(query); cache[slot_mapping[t]] <- (rotary(key[t]), value[t])."""
+    cos, sin = cos[:, None, :], sin[:, None, :]  # broadcast over heads
+    query.copy_(apply_rotary(query, cos, sin))
+    write_kv_cache(apply_rotary(key, cos, sin), value, k_cache, v_cache, slot_mapping)
+
+
 def _gather_kv(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
     block_size = cache.shape[1]
     num_blocks = -(-length // block_size)

@@ -126,6 +126,31 @@ def check_split_decode(backend: KernelBackend, config: ModelConfig, context: int
                       RELATIVE_TOLERANCE[dtype])
 
 
+def check_rotary_write(backend: KernelBackend, config: ModelConfig, device: torch.device, dtype: torch.dtype) -> Row:
+    """q rotated in place and k rotated into the cache next to v: the reference's roundings, so exact."""
+    generator = torch.Generator().manual_seed(7)
+    tokens, heads, kv_heads, head_dim = 9, config.num_heads, config.num_kv_heads, config.head_dim
+    case = attention_case([(5, 4), (0, 5)], device, generator)
+    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * head_dim, generator=generator).to(dtype)
+    angles = torch.rand(tokens, head_dim // 2, generator=generator) * 1000
+    cos, sin = (f(torch.cat((angles, angles), dim=-1)).to(dtype) for f in (torch.cos, torch.sin))
+    cache_shape = (case.num_blocks, BLOCK_SIZE, kv_heads, head_dim)
+    k_cache, v_cache = (torch.randn(cache_shape, generator=generator).to(dtype) for _ in range(2))
+
+    def run(qkv, cos, sin, k_cache, v_cache, meta, op):
+        q, k, v = qkv.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
+        q = q.view(tokens, heads, head_dim)
+        op(q, k.view(tokens, kv_heads, head_dim), v.view(tokens, kv_heads, head_dim), cos, sin, k_cache, v_cache,
+           meta.slot_mapping)
+        return q, k_cache
+
+    on_device = [t.to(device, copy=True) for t in (qkv, cos, sin, k_cache, v_cache)]
+    q_out, k_out = run(*on_device, case.meta, backend.rotary_write_kv_cache)
+    q_ref, k_ref = run(qkv, cos, sin, k_cache, v_cache, case.meta_cpu, reference.rotary_write_kv_cache)
+    error = max(_relative_error(q_out, q_ref), _relative_error(k_out, k_ref), _relative_error(on_device[4], v_cache))
+    return _check_row("rotary_write_kv_cache", dtype, error, 0.0)
+
+
 # ----------------------------------------------------------------------- norms
 NORM_TOKENS = 37  # a few rows, not a power of two
 
@@ -237,6 +262,7 @@ def check_all(backend: KernelBackend, config: ModelConfig, batch: int, context: 
         rows += check_attention(backend, config, batch, context, device, dtype)
         rows.append(check_split_decode(backend, config, context, device, dtype))
         rows += check_norms(backend, config, device, dtype)
+        rows.append(check_rotary_write(backend, config, device, dtype))
         rows += check_sgmv(backend, config, batch, ranks, device, dtype)
     if quantized:
         rows.append(check_fp8_linear(config, batch, device, torch.bfloat16))

@@ -27,7 +27,7 @@ SUITE = REPO / "benchmarks" / "gpu_suite.py"
 # One prefix per figure of the list (CPU-small sizes: concurrency 4 and 8, 4 adapters).
 EXPECTED_ROWS = [
     "check write_kv_cache", "check paged_attention", "check paged_attention (2 decodes alone: split-KV)",
-    "check rms_norm", "check fused_add_rms_norm", "check sgmv_shrink", "check sgmv_expand",
+    "check rms_norm", "check fused_add_rms_norm", "check rotary_write_kv_cache", "check sgmv_shrink", "check sgmv_expand",
     "ceiling: device copy bandwidth", "ceiling: matmul rate",
     "kernel paged_attention decode (1 x", "kernel paged_attention prefill", "kernel fused_add_rms_norm",
     "kernel sgmv_shrink", "kernel sgmv_expand",

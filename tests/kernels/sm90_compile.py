@@ -14,7 +14,7 @@ from triton.backends.compiler import GPUTarget
 from triton.runtime.driver import driver
 from triton.runtime.jit import JITFunction
 
-from loraloom.kernels import norm, paged_attention, paged_decode, sgmv
+from loraloom.kernels import norm, paged_attention, paged_decode, rotary, sgmv
 from loraloom.kernels.metadata import AttentionMetadata, SGMVMetadata
 
 H100 = GPUTarget("cuda", 90, 32)
@@ -75,6 +75,9 @@ def compile_attention(dtype: torch.dtype, heads: int, kv_heads: int, head_dim: i
     v_cache = torch.zeros_like(k_cache)
     kv = torch.zeros(5, kv_heads, head_dim, dtype=dtype)
     paged_attention.write_kv_cache(kv, kv, k_cache, v_cache, meta.slot_mapping)
+    angles = torch.zeros(5, head_dim, dtype=dtype)
+    rotary.rotary_write_kv_cache(torch.zeros(5, heads, head_dim, dtype=dtype), kv, kv, angles, angles,
+                                 k_cache, v_cache, meta.slot_mapping)
     paged_attention.paged_attention(torch.zeros(5, heads, head_dim, dtype=dtype), k_cache, v_cache, meta, 0.1)
     # Split-KV decode (pass 1 with NUM_SPLITS > 1, and the combine pass), as at batch 1.
     query = torch.zeros(5, heads, head_dim, dtype=dtype)

@@ -11,7 +11,7 @@ import pytest
 SCRIPT = Path(__file__).with_name("sm90_compile.py")
 KERNELS = ["_sgmv_shrink_kernel", "_sgmv_shrink_reduce_kernel", "_sgmv_expand_kernel",
            "_write_kv_cache_kernel", "_paged_attention_kernel", "_paged_decode_kernel",
-           "_paged_decode_combine_kernel", "_rms_norm_kernel"]
+           "_paged_decode_combine_kernel", "_rms_norm_kernel", "_rotary_write_kv_cache_kernel"]
 
 
 def test_kernels_compile_for_sm90(tmp_path: Path) -> None:
@@ -24,6 +24,6 @@ def test_kernels_compile_for_sm90(tmp_path: Path) -> None:
     compiled = [line.split()[0] for line in result.stdout.splitlines()]
     for kernel in KERNELS:
         assert kernel in compiled, f"{kernel} was never compiled; the script printed:\n{result.stdout}"
-    # Two dtypes x (shrink direct, shrink split + reduce, expand, Llama-8B kv write + decode + prefill
-    # + split decode + combine, rms_norm + fused add), plus the group-3 attention (5 again).
-    assert len(compiled) == 2 * (1 + 2 + 1 + 5 + 2) + 5
+    # Two dtypes x (shrink direct, shrink split + reduce, expand, Llama-8B kv write + rotary write
+    # + decode + prefill + split decode + combine, rms_norm + fused add), plus group-3 attention (6).
+    assert len(compiled) == 2 * (1 + 2 + 1 + 6 + 2) + 6
