@@ -1,4 +1,4 @@
-"""The building blocks of the Llama forward: linear, embedding, RMSNorm, rotary embedding.
+"""The building blocks of the Llama forward: linear, embedding, RMSNorm, rotary angles.
 
 Parameters are allocated uninitialized (`torch.empty`): every one of them is
 overwritten by the loader, so random initialization would only cost time.
@@ -6,11 +6,13 @@ overwritten by the loader, so random initialization would only cost time.
 from __future__ import annotations
 
 import math
+from typing import overload
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from loraloom.kernels.backend import REFERENCE_BACKEND, KernelBackend
 from loraloom.kernels.metadata import SGMVMetadata
 
 
@@ -51,16 +53,29 @@ class Embedding(nn.Module):
 
 
 class RMSNorm(nn.Module):
-    def __init__(self, hidden_size: int, eps: float, dtype: torch.dtype, device: torch.device | str):
+    """weight * rmsnorm(x), by the backend's kernel (kernels/reference.py holds the numerics).
+
+    Given the residual stream as well, it first adds x into it, in one fused launch on CUDA,
+    and returns (normed, new residual): the model never adds the residual separately.
+    """
+
+    def __init__(self, hidden_size: int, eps: float, dtype: torch.dtype, device: torch.device | str,
+                 backend: KernelBackend = REFERENCE_BACKEND):
         super().__init__()
         self.eps = eps
+        self.backend = backend
         self.weight = nn.Parameter(torch.ones(hidden_size, dtype=dtype, device=device), requires_grad=False)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:  # [T, hidden] -> [T, hidden]
-        # The mean of squares in fp32: in bf16 it loses the small components of large-norm rows.
-        x32 = x.float()
-        normed = x32 * torch.rsqrt(x32.pow(2).mean(dim=-1, keepdim=True) + self.eps)
-        return self.weight * normed.to(x.dtype)
+    @overload
+    def forward(self, x: torch.Tensor, residual: None = None) -> torch.Tensor: ...
+
+    @overload
+    def forward(self, x: torch.Tensor, residual: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    def forward(self, x, residual=None):  # [T, hidden] (and [T, hidden]) -> [T, hidden] (normed, residual)
+        if residual is None:
+            return self.backend.rms_norm(x, self.weight, self.eps)
+        return self.backend.fused_add_rms_norm(x, residual, self.weight, self.eps)
 
 
 class RotaryEmbedding(nn.Module):
@@ -79,17 +94,12 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
     def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """positions [T] int64 -> (cos, sin), each [T, 1, head_dim] in `dtype`, broadcast over heads."""
+        """positions [T] int64 -> (cos, sin), each [T, head_dim] in `dtype`.
+
+        Applied with the backend's rotary_write_kv_cache (kernels/reference.py: apply_rotary)."""
         freqs = positions.float()[:, None] * self.inv_freq[None, :]  # [T, head_dim / 2], fp32 for large positions
-        angles = torch.cat((freqs, freqs), dim=-1)[:, None, :]
+        angles = torch.cat((freqs, freqs), dim=-1)
         return angles.cos().to(dtype), angles.sin().to(dtype)
-
-
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [T, heads, head_dim] rotated by the angles of its token's position."""
-    half = x.shape[-1] // 2
-    rotated_half = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos + rotated_half * sin
 
 
 def _scale_inv_freq(inv_freq: torch.Tensor, rope_scaling: dict) -> torch.Tensor:

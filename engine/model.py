@@ -14,7 +14,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from loraloom.engine.config import ModelConfig
-from loraloom.engine.layers import Embedding, Linear, RMSNorm, RotaryEmbedding, apply_rotary
+from loraloom.engine.layers import Embedding, Linear, RMSNorm, RotaryEmbedding
 from loraloom.kernels.backend import REFERENCE_BACKEND, KernelBackend
 from loraloom.kernels.metadata import AttentionMetadata, SGMVMetadata
 
@@ -37,18 +37,20 @@ class LlamaAttention(nn.Module):
     def forward(
         self,
         hidden: torch.Tensor,  # [T, hidden]
-        rotary: tuple[torch.Tensor, torch.Tensor],  # (cos, sin), each [T, 1, D]
+        rotary: tuple[torch.Tensor, torch.Tensor],  # (cos, sin), each [T, D]
         kv_cache: KVCache,
         attn: AttentionMetadata,
         lora: SGMVMetadata | None,
     ) -> torch.Tensor:  # [T, hidden]
         num_tokens = hidden.shape[0]
         q, k, v = self.qkv_proj(hidden, lora).split(self.qkv_proj.slice_sizes, dim=-1)
-        q = apply_rotary(q.view(num_tokens, self.num_heads, self.head_dim), *rotary)  # [T, H, D]
-        k = apply_rotary(k.view(num_tokens, self.num_kv_heads, self.head_dim), *rotary)  # [T, KVH, D]
+        q = q.view(num_tokens, self.num_heads, self.head_dim)  # [T, H, D], a view into the qkv output
+        k = k.view(num_tokens, self.num_kv_heads, self.head_dim)  # [T, KVH, D]
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
         k_cache, v_cache = kv_cache
-        self.backend.write_kv_cache(k, v, k_cache, v_cache, attn.slot_mapping)
+        # One launch: q rotated in place (the qkv output is this layer's own), k rotated into the
+        # cache next to v.
+        self.backend.rotary_write_kv_cache(q, k, v, *rotary, k_cache, v_cache, attn.slot_mapping)
         out = self.backend.paged_attention(q, k_cache, v_cache, attn, self.scale)  # [T, H, D]
         return self.o_proj(out.reshape(num_tokens, self.num_heads * self.head_dim), lora)
 
@@ -68,21 +70,29 @@ class LlamaMLP(nn.Module):
 class LlamaDecoderLayer(nn.Module):
     def __init__(self, config: ModelConfig, backend: KernelBackend, dtype: torch.dtype, device: torch.device | str):
         super().__init__()
-        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, device)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, device, backend)
         self.self_attn = LlamaAttention(config, backend, dtype, device)
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, device)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, device, backend)
         self.mlp = LlamaMLP(config, dtype, device)
 
     def forward(
         self,
-        hidden: torch.Tensor,  # [T, hidden]
+        hidden: torch.Tensor,  # [T, hidden]: the previous layer's MLP output, or the embeddings for layer 0
+        residual: torch.Tensor | None,  # [T, hidden]: the stream before that output was added; None for layer 0
         rotary: tuple[torch.Tensor, torch.Tensor],
         kv_cache: KVCache,
         attn: AttentionMetadata,
         lora: SGMVMetadata | None,
-    ) -> torch.Tensor:  # [T, hidden]
-        hidden = hidden + self.self_attn(self.input_layernorm(hidden), rotary, kv_cache, attn, lora)
-        return hidden + self.mlp(self.post_attention_layernorm(hidden), lora)
+    ) -> tuple[torch.Tensor, torch.Tensor]:  # (MLP output, residual stream before it), both [T, hidden]
+        """norm -> attention -> add + norm -> MLP; the MLP's own residual add is left to the next
+        layer's add + norm (or the final norm), so each add rides in a norm's launch."""
+        if residual is None:
+            residual, hidden = hidden, self.input_layernorm(hidden)
+        else:
+            hidden, residual = self.input_layernorm(hidden, residual)
+        hidden = self.self_attn(hidden, rotary, kv_cache, attn, lora)
+        hidden, residual = self.post_attention_layernorm(hidden, residual)
+        return self.mlp(hidden, lora), residual
 
 
 class LlamaModel(nn.Module):
@@ -102,7 +112,7 @@ class LlamaModel(nn.Module):
         self.layers = nn.ModuleList(
             LlamaDecoderLayer(config, attention, dtype, device) for _ in range(config.num_layers)
         )
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, device)
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, device, attention)
         # Tied checkpoints reuse the embedding matrix as the output projection.
         self.lm_head = None if config.tie_word_embeddings else Linear(config.hidden_size, (config.vocab_size,), dtype, device)
 
@@ -121,9 +131,12 @@ class LlamaModel(nn.Module):
             )
         hidden = self.embed_tokens(input_ids)  # [T, hidden]
         rotary = self.rotary(positions, hidden.dtype)
+        residual = None
         for layer, kv_cache in zip(self.layers, kv_caches):
-            hidden = layer(hidden, rotary, kv_cache, attn, lora)
-        return self.norm(hidden)
+            hidden, residual = layer(hidden, residual, rotary, kv_cache, attn, lora)
+        if residual is None:  # a model with no layers
+            return self.norm(hidden)
+        return self.norm(hidden, residual)[0]
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [N, hidden] -> [N, vocab] float32
         weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight

@@ -1,4 +1,4 @@
-"""Which implementation of the four per-step ops the model runs on a given device.
+"""Which implementation of the per-step ops the model runs on a given device.
 
 Triton kernels on CUDA when Triton is installed; the plain-torch references of
 kernels/reference.py everywhere else (the CPU path). Importing this module never imports
@@ -18,6 +18,12 @@ WriteKVCache = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
 PagedAttention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, AttentionMetadata, float], torch.Tensor]
 SGMVShrink = Callable[[torch.Tensor, list[torch.Tensor], SGMVMetadata, torch.Tensor], None]
 SGMVExpand = Callable[[torch.Tensor, list[torch.Tensor], SGMVMetadata, torch.Tensor, list[int]], None]
+RotaryWriteKVCache = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                               torch.Tensor, torch.Tensor], None]
+RMSNorm = Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]
+FusedAddRotaryWriteKVCache = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
+                               torch.Tensor, torch.Tensor], None]
+RMSNorm = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float], tuple[torch.Tensor, torch.Tensor]]
 
 
 @dataclass(frozen=True)
@@ -26,17 +32,23 @@ class KernelBackend:
 
     name: str  # "triton" or "reference"
     write_kv_cache: WriteKVCache
+    rotary_write_kv_cache: RotaryWriteKVCache
     paged_attention: PagedAttention
     sgmv_shrink: SGMVShrink
     sgmv_expand: SGMVExpand
+    rms_norm: RMSNorm
+    fused_add_rms_norm: FusedAddRMSNorm
 
 
 REFERENCE_BACKEND = KernelBackend(
     name="reference",
     write_kv_cache=reference.write_kv_cache,
+    rotary_write_kv_cache=reference.rotary_write_kv_cache,
     paged_attention=reference.paged_attention,
     sgmv_shrink=reference.sgmv_shrink,
     sgmv_expand=reference.sgmv_expand,
+    rms_norm=reference.rms_norm,
+    fused_add_rms_norm=reference.fused_add_rms_norm,
 )
 
 
@@ -53,12 +65,15 @@ def get_backend(device: torch.device | str) -> KernelBackend:
     if torch.device(device).type != "cuda" or not triton_available():
         return REFERENCE_BACKEND
     # Imported here so that a machine without Triton never imports it.
-    from loraloom.kernels import paged_attention, sgmv
+    from loraloom.kernels import norm, paged_attention, rotary, sgmv
 
     return KernelBackend(
         name="triton",
         write_kv_cache=paged_attention.write_kv_cache,
+        rotary_write_kv_cache=rotary.rotary_write_kv_cache,
         paged_attention=paged_attention.paged_attention,
         sgmv_shrink=sgmv.sgmv_shrink,
         sgmv_expand=sgmv.sgmv_expand,
+        rms_norm=norm.rms_norm,
+        fused_add_rms_norm=norm.fused_add_rms_norm,
     )

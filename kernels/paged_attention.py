@@ -3,17 +3,15 @@
 Cache layout: [num_blocks, block_size, KVH, D]; token position p of request b lives in block
 block_tables[b, p // block_size] at offset p % block_size.
 
-One kernel serves decode and prefill. A program owns one request, one KV head and a tile of
-BLOCK_M rows; row m is query token m // GROUP of the tile under query head
-kv_head * GROUP + m % GROUP. So the GROUP query heads that share a KV head share every K/V
-load, and together they form the M dimension of tl.dot. Each K/V tile of BLOCK_N positions
-is gathered through the block table, so any block_size works and a tile may span blocks.
-
-Two launches of that kernel per call, told apart by the DECODE flag:
-- decode (requests with one new token): BLOCK_M is the query-head group padded to 16, the M
-  of one tensor-core MMA, one program per (request, KV head);
-- prefill and chunked prefill (requests with more): BLOCK_M = 64 rows, i.e. 64 // GROUP query
-  tokens per tile, with causal masking at positions seq_len - n + i and online softmax.
+Two launches per call:
+- decode (requests with one new token): kernels/paged_decode.py, split-KV so that even one
+  request fills the GPU, and shaped only by tensor shapes so that a CUDA graph can replay it;
+- prefill and chunked prefill (requests with more): the kernel below. A program owns one
+  request, one KV head and a tile of BLOCK_M = 64 rows; row m is query token m // GROUP of the
+  tile under query head kv_head * GROUP + m % GROUP, so the GROUP query heads that share a KV
+  head share every K/V load and form the M dimension of tl.dot. Causal masking at positions
+  seq_len - n + i, online softmax. Each K/V tile of BLOCK_N positions is gathered through the
+  block table, so any block_size works and a tile may span blocks.
 Each launch's programs exit at once for the other kind of request.
 """
 from __future__ import annotations
@@ -23,11 +21,10 @@ import triton
 import triton.language as tl
 
 from loraloom.kernels.metadata import AttentionMetadata
+from loraloom.kernels.paged_decode import LOG2_E, MIN_DOT_M, paged_decode_attention
 
 PREFILL_BLOCK_M = 64  # query rows (tokens x heads of a group) per prefill tile
 BLOCK_N = 32  # cached positions per step of the K/V loop
-MIN_DOT_M = 16  # one m16n8k16 MMA; Triton would pad fewer rows to it anyway
-LOG2_E = 1.4426950408889634  # softmax runs in base 2: exp(x) = exp2(x * log2(e))
 CACHE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 
@@ -73,7 +70,7 @@ def _paged_attention_kernel(
     stride_o_tok, stride_o_head,
     stride_c_block, stride_c_pos, stride_c_head,
     stride_bt_seq,
-    GROUP: tl.constexpr, DECODE: tl.constexpr,
+    GROUP: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     seq = tl.program_id(0)
@@ -81,12 +78,8 @@ def _paged_attention_kernel(
     q_tile = tl.program_id(2)
     q_begin = tl.load(query_start_loc_ptr + seq)
     num_new = tl.load(query_start_loc_ptr + seq + 1) - q_begin
-    if DECODE:
-        if num_new != 1:
-            return
-    else:
-        if num_new <= 1:
-            return
+    if num_new <= 1:
+        return  # padding (0 new tokens) or a decode row (the decode launch owns it)
     TOKENS_PER_TILE: tl.constexpr = BLOCK_M // GROUP
     tile_first = q_tile * TOKENS_PER_TILE
     if tile_first >= num_new:
@@ -190,6 +183,7 @@ def paged_attention(
     v_cache: torch.Tensor,  # [num_blocks, block_size, KVH, D]
     meta: AttentionMetadata,
     scale: float,
+    num_splits: int | None = None,  # decode split-KV factor; None chooses it from the shapes
 ) -> torch.Tensor:  # [T, H, D]
     """Causal attention of each request's new tokens over its whole cached sequence.
 
@@ -213,20 +207,19 @@ def paged_attention(
     assert meta.block_tables.stride(1) == 1, "AttentionMetadata.block_tables must have contiguous rows"
 
     out = torch.empty_like(query)
-    new_tokens = [end - start for start, end in zip(meta.query_start_loc_host, meta.query_start_loc_host[1:])]
-    if not new_tokens:
-        return out
-    group = num_heads // kv_heads
-    decode_block_m = max(MIN_DOT_M, triton.next_power_of_2(group))
-    prefill_block_m = max(PREFILL_BLOCK_M, decode_block_m)
-    launches = []
-    if 1 in new_tokens:
-        launches.append((True, decode_block_m, 1))
-    longest = max(new_tokens)
+    # The host lists only size the prefill grid and skip a launch with nothing to do. A
+    # decode-only step (every request 0 or 1 new tokens: what CUDA graphs capture, padding rows
+    # included) always launches the decode kernel alone, whatever its rows hold at capture.
+    qsl = meta.query_start_loc_host
+    new_tokens = [end - start for start, end in zip(qsl, qsl[1:])]
+    longest = max(new_tokens, default=0)
+    if longest <= 1 or 1 in new_tokens:
+        paged_decode_attention(query, k_cache, v_cache, meta.query_start_loc, meta.seq_lens, meta.block_tables,
+                               scale, out, num_splits=num_splits)
     if longest > 1:
-        launches.append((False, prefill_block_m, triton.cdiv(longest, prefill_block_m // group)))
-    for decode, block_m, q_tiles in launches:
-        _paged_attention_kernel[(meta.num_seqs, kv_heads, q_tiles)](
+        group = num_heads // kv_heads
+        block_m = max(PREFILL_BLOCK_M, MIN_DOT_M, triton.next_power_of_2(group))
+        _paged_attention_kernel[(meta.num_seqs, kv_heads, triton.cdiv(longest, block_m // group))](
             query, k_cache, v_cache, out,
             meta.query_start_loc, meta.seq_lens, meta.block_tables,
             scale * LOG2_E,
@@ -235,7 +228,7 @@ def paged_attention(
             out.stride(0), out.stride(1),
             k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
             meta.block_tables.stride(0),
-            GROUP=group, DECODE=decode,
+            GROUP=group,
             BLOCK_M=block_m, BLOCK_N=BLOCK_N, BLOCK_D=triton.next_power_of_2(head_dim),
         )
     return out

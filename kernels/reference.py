@@ -29,6 +29,30 @@ def write_kv_cache(
     v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slot_mapping, value.to(v_cache.dtype))
 
 
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [T, heads, head_dim] rotated by its token's angles, cos/sin [T, 1, head_dim] (the
+    "rotate half" layout of Hugging Face Llama checkpoints)."""
+    half = x.shape[-1] // 2
+    rotated_half = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated_half * sin
+
+
+def rotary_write_kv_cache(
+    query: torch.Tensor,  # [T, H, D], rotated in place
+    key: torch.Tensor,  # [T, KVH, D], left as it is
+    value: torch.Tensor,  # [T, KVH, D]
+    cos: torch.Tensor,  # [T, D]
+    sin: torch.Tensor,  # [T, D]
+    k_cache: torch.Tensor,  # [num_blocks, block_size, KVH, D]
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,  # [T] int64
+) -> None:
+    """query <- rotary(query); cache[slot_mapping[t]] <- (rotary(key[t]), value[t])."""
+    cos, sin = cos[:, None, :], sin[:, None, :]  # broadcast over heads
+    query.copy_(apply_rotary(query, cos, sin))
+    write_kv_cache(apply_rotary(key, cos, sin), value, k_cache, v_cache, slot_mapping)
+
+
 def _gather_kv(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
     block_size = cache.shape[1]
     num_blocks = -(-length // block_size)
@@ -94,6 +118,21 @@ def _decode_attention(query, k_cache, v_cache, meta, rows, scale, out) -> None:
     probs = torch.softmax(scores.float(), dim=-1).to(v.dtype)
     o = torch.einsum("nkgl,nlkd->nkgd", probs, v)
     out[q_rows] = o.reshape(len(rows), num_heads, -1).to(out.dtype)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """x [T, hidden] -> weight * rmsnorm(x), [T, hidden] in x's dtype."""
+    # The mean of squares in fp32: in bf16 it loses the small components of large-norm rows.
+    x32 = x.float()
+    normed = x32 * torch.rsqrt(x32.pow(2).mean(dim=-1, keepdim=True) + eps)
+    return weight * normed.to(x.dtype)
+
+
+def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Tensor,
+                       eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x, residual) [T, hidden] -> (weight * rmsnorm(x + residual), x + residual)."""
+    new_residual = x + residual
+    return rms_norm(new_residual, weight, eps), new_residual
 
 
 def sgmv_shrink(

@@ -109,6 +109,73 @@ def check_attention(backend: KernelBackend, config: ModelConfig, batch: int, con
     ]
 
 
+def check_split_decode(backend: KernelBackend, config: ModelConfig, context: int, device: torch.device,
+                       dtype: torch.dtype) -> Row:
+    """Two decodes alone: too few (request, KV head) programs to fill the GPU, so the kernel splits
+    each sequence and combines the parts; lengths that do not fall on a split boundary."""
+    generator = torch.Generator().manual_seed(5)
+    case = attention_case([(context, 1), (context // 3 + 5, 1)], device, generator)
+    heads, kv_heads, head_dim = config.num_heads, config.num_kv_heads, config.head_dim
+    cache_shape = (case.num_blocks, BLOCK_SIZE, kv_heads, head_dim)
+    k_cache, v_cache = (torch.randn(cache_shape, generator=generator).to(dtype) for _ in range(2))
+    query = torch.randn(2, heads, head_dim, generator=generator).to(dtype)
+    scale = head_dim ** -0.5
+    out = backend.paged_attention(query.to(device), k_cache.to(device), v_cache.to(device), case.meta, scale)
+    expected = reference.paged_attention(query.float(), k_cache.float(), v_cache.float(), case.meta_cpu, scale)
+    return _check_row("paged_attention (2 decodes alone: split-KV)", dtype, _relative_error(out, expected),
+                      RELATIVE_TOLERANCE[dtype])
+
+
+def check_rotary_write(backend: KernelBackend, config: ModelConfig, device: torch.device, dtype: torch.dtype) -> Row:
+    """q rotated in place and k rotated into the cache next to v: the reference's roundings, so exact."""
+    generator = torch.Generator().manual_seed(7)
+    tokens, heads, kv_heads, head_dim = 9, config.num_heads, config.num_kv_heads, config.head_dim
+    case = attention_case([(5, 4), (0, 5)], device, generator)
+    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * head_dim, generator=generator).to(dtype)
+    angles = torch.rand(tokens, head_dim // 2, generator=generator) * 1000
+    cos, sin = (f(torch.cat((angles, angles), dim=-1)).to(dtype) for f in (torch.cos, torch.sin))
+    cache_shape = (case.num_blocks, BLOCK_SIZE, kv_heads, head_dim)
+    k_cache, v_cache = (torch.randn(cache_shape, generator=generator).to(dtype) for _ in range(2))
+
+    def run(qkv, cos, sin, k_cache, v_cache, meta, op):
+        q, k, v = qkv.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1)
+        q = q.view(tokens, heads, head_dim)
+        op(q, k.view(tokens, kv_heads, head_dim), v.view(tokens, kv_heads, head_dim), cos, sin, k_cache, v_cache,
+           meta.slot_mapping)
+        return q, k_cache
+
+    on_device = [t.to(device, copy=True) for t in (qkv, cos, sin, k_cache, v_cache)]
+    q_out, k_out = run(*on_device, case.meta, backend.rotary_write_kv_cache)
+    q_ref, k_ref = run(qkv, cos, sin, k_cache, v_cache, case.meta_cpu, reference.rotary_write_kv_cache)
+    error = max(_relative_error(q_out, q_ref), _relative_error(k_out, k_ref), _relative_error(on_device[4], v_cache))
+    return _check_row("rotary_write_kv_cache", dtype, error, 0.0)
+
+
+# ----------------------------------------------------------------------- norms
+NORM_TOKENS = 37  # a few rows, not a power of two
+
+
+def check_norms(backend: KernelBackend, config: ModelConfig, device: torch.device, dtype: torch.dtype) -> list[Row]:
+    """rms_norm and fused_add_rms_norm at the model's hidden size, rows of very different scales."""
+    generator = torch.Generator().manual_seed(6)
+    hidden = config.hidden_size
+    scales = torch.logspace(-2, 2, NORM_TOKENS)[:, None]
+    x, residual = ((torch.randn(NORM_TOKENS, hidden, generator=generator) * scales).to(dtype) for _ in range(2))
+    weight = (1 + 0.5 * torch.randn(hidden, generator=generator)).to(dtype)
+    eps = config.rms_norm_eps
+    out = backend.rms_norm(x.to(device), weight.to(device), eps)
+    normed, new_residual = backend.fused_add_rms_norm(x.to(device), residual.to(device), weight.to(device), eps)
+    # The reference on the CPU in the same dtype: the same roundings (the add, the normed value,
+    # the product), so only the fp32 reduction order and rsqrt may differ.
+    expected_normed, expected_residual = reference.fused_add_rms_norm(x, residual, weight, eps)
+    tolerance = RELATIVE_TOLERANCE[dtype]
+    return [
+        _check_row("rms_norm", dtype, _relative_error(out, reference.rms_norm(x, weight, eps)), tolerance),
+        _check_row("fused_add_rms_norm (normed)", dtype, _relative_error(normed, expected_normed), tolerance),
+        _check_row("fused_add_rms_norm (residual)", dtype, _relative_error(new_residual, expected_residual), 0.0),
+    ]
+
+
 # ----------------------------------------------------------------------- SGMV
 @dataclass
 class SGMVCase:
@@ -206,6 +273,9 @@ def check_all(backend: KernelBackend, config: ModelConfig, batch: int, context: 
     rows: list[Row] = []
     for dtype in CHECK_DTYPES:
         rows += check_attention(backend, config, batch, context, device, dtype)
+        rows.append(check_split_decode(backend, config, context, device, dtype))
+        rows += check_norms(backend, config, device, dtype)
+        rows.append(check_rotary_write(backend, config, device, dtype))
         rows += check_sgmv(backend, config, batch, ranks, device, dtype)
     if quantized:
         rows += check_fp8_linear(config, batch, device, torch.bfloat16)
@@ -219,6 +289,7 @@ def timing_rows(backend: KernelBackend, config: ModelConfig, batch: int, context
     calls = 20 if device.type == "cuda" else 2
     generator = torch.Generator().manual_seed(4)
     rows = _attention_timings(backend, config, batch, context, prefill, device, dtype, ceilings, calls, generator)
+    rows += _norm_timings(backend, config, batch, prefill, device, dtype, ceilings, calls, generator)
     rows += _sgmv_timings(backend, config, batch, device, dtype, ceilings, calls, generator)
     if quantized:
         rows += _fp8_timings(config, prefill, device, dtype, ceilings, calls, generator)
@@ -229,7 +300,9 @@ def _attention_timings(backend, config, batch, context, prefill, device, dtype, 
                        generator) -> list[Row]:
     heads, kv_heads, head_dim = config.num_heads, config.num_kv_heads, config.head_dim
     rows = []
-    for label, requests in (("decode", [(context, 1)] * batch), ("prefill", [(0, prefill)])):
+    # Batch 1 is the launch-bound, split-KV case; `batch` requests fill the GPU without splitting.
+    cases = [("decode", [(context, 1)] * size) for size in sorted({1, batch})] + [("prefill", [(0, prefill)])]
+    for label, requests in cases:
         case = attention_case(requests, device, generator)
         tokens = case.meta.slot_mapping.numel()
         cache_shape = (case.num_blocks, BLOCK_SIZE, kv_heads, head_dim)
@@ -238,13 +311,32 @@ def _attention_timings(backend, config, batch, context, prefill, device, dtype, 
         seconds = seconds_per_call(
             lambda: backend.paged_attention(query, k_cache, v_cache, case.meta, head_dim ** -0.5), device, calls)
         if label == "decode":
-            kv_bytes = 2 * batch * (context + 1) * kv_heads * head_dim * dtype.itemsize  # K and V, one layer
-            rows.append(Row(f"kernel paged_attention decode ({batch} x {context} context)",
+            size = len(requests)
+            kv_bytes = 2 * size * (context + 1) * kv_heads * head_dim * dtype.itemsize  # K and V, one layer
+            rows.append(Row(f"kernel paged_attention decode ({size} x {context} context)",
                             kv_bytes / seconds / GB, "GB/s", ceiling=ceilings.copy_bandwidth / GB))
         else:
             flops = 4 * heads * head_dim * prefill * (prefill + 1) // 2
             rows.append(Row(f"kernel paged_attention prefill ({prefill} tokens)", flops / seconds / TFLOP,
                             "TFLOP/s", ceiling=ceilings.matmul_rate / TFLOP))
+    return rows
+
+
+def _norm_timings(backend, config, batch, prefill, device, dtype, ceilings, calls, generator) -> list[Row]:
+    """fused_add_rms_norm (the one in every layer): microseconds at decode sizes, where a launch
+    is the whole cost, and bandwidth at a prefill's rows (reads x, residual; writes both outputs)."""
+    hidden, eps = config.hidden_size, config.rms_norm_eps
+    weight = torch.ones(hidden, device=device, dtype=dtype)
+    rows = []
+    for tokens in sorted({1, batch, prefill}):
+        x, residual = (torch.randn(tokens, hidden, device=device).to(dtype) for _ in range(2))
+        seconds = seconds_per_call(lambda: backend.fused_add_rms_norm(x, residual, weight, eps), device, calls)
+        label = f"kernel fused_add_rms_norm ({tokens} x {hidden})"
+        if tokens == prefill:
+            moved = (4 * tokens + 1) * hidden * dtype.itemsize
+            rows.append(Row(label, moved / seconds / GB, "GB/s", ceiling=ceilings.copy_bandwidth / GB))
+        else:
+            rows.append(Row(label, seconds * 1e6, "us", higher_is_better=False))
     return rows
 
 

@@ -26,9 +26,11 @@ SUITE = REPO / "benchmarks" / "gpu_suite.py"
 
 # One prefix per figure of the list (CPU-small sizes: concurrency 4 and 8, 4 adapters).
 EXPECTED_ROWS = [
-    "check write_kv_cache", "check paged_attention", "check sgmv_shrink", "check sgmv_expand",
+    "check write_kv_cache", "check paged_attention", "check paged_attention (2 decodes alone: split-KV)",
+    "check rms_norm", "check fused_add_rms_norm", "check rotary_write_kv_cache", "check sgmv_shrink", "check sgmv_expand",
     "ceiling: device copy bandwidth", "ceiling: matmul rate",
-    "kernel paged_attention decode", "kernel paged_attention prefill", "kernel sgmv_shrink", "kernel sgmv_expand",
+    "kernel paged_attention decode (1 x", "kernel paged_attention prefill", "kernel fused_add_rms_norm",
+    "kernel sgmv_shrink", "kernel sgmv_expand",
     "batch-1 decode, 64 context, base", "batch-1 decode, 64 context, 1 adapter r16",
     "decode c=4, base only", "decode c=8, base only",
     "decode c=4, 4 adapters r16", "decode c=8, 4 adapters r16 / base",

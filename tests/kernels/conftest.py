@@ -28,7 +28,10 @@ if RUN_IN_THIS_PROCESS:
 
         import loraloom.kernels.fp8_gemm  # noqa: F401
         import loraloom.kernels.fp8_quant  # noqa: F401
+        import loraloom.kernels.norm  # noqa: F401
         import loraloom.kernels.paged_attention  # noqa: F401
+        import loraloom.kernels.paged_decode  # noqa: F401
+        import loraloom.kernels.rotary  # noqa: F401
         import loraloom.kernels.sgmv  # noqa: F401
     finally:
         if _previous is None:

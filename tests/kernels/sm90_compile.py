@@ -14,7 +14,7 @@ from triton.backends.compiler import GPUTarget
 from triton.runtime.driver import driver
 from triton.runtime.jit import JITFunction
 
-from loraloom.kernels import fp8_gemm, fp8_quant, paged_attention, sgmv
+from loraloom.kernels import fp8_gemm, fp8_quant, norm, paged_attention, paged_decode, rotary, sgmv
 from loraloom.kernels.fp8 import FP8_DTYPE
 from loraloom.kernels.metadata import AttentionMetadata
 from loraloom.kernels.sgmv_plan import plan_sgmv
@@ -72,7 +72,21 @@ def compile_attention(dtype: torch.dtype, heads: int, kv_heads: int, head_dim: i
     v_cache = torch.zeros_like(k_cache)
     kv = torch.zeros(5, kv_heads, head_dim, dtype=dtype)
     paged_attention.write_kv_cache(kv, kv, k_cache, v_cache, meta.slot_mapping)
+    angles = torch.zeros(5, head_dim, dtype=dtype)
+    rotary.rotary_write_kv_cache(torch.zeros(5, heads, head_dim, dtype=dtype), kv, kv, angles, angles,
+                                 k_cache, v_cache, meta.slot_mapping)
     paged_attention.paged_attention(torch.zeros(5, heads, head_dim, dtype=dtype), k_cache, v_cache, meta, 0.1)
+    # Split-KV decode (pass 1 with NUM_SPLITS > 1, and the combine pass), as at batch 1.
+    query = torch.zeros(5, heads, head_dim, dtype=dtype)
+    paged_decode.paged_decode_attention(query, k_cache, v_cache, meta.query_start_loc, meta.seq_lens,
+                                        meta.block_tables, 0.1, torch.empty_like(query), num_splits=8)
+
+
+def compile_norms(dtype: torch.dtype, hidden: int) -> None:
+    x = torch.zeros(3, hidden, dtype=dtype)
+    weight = torch.ones(hidden, dtype=dtype)
+    norm.rms_norm(x, weight, 1e-5)
+    norm.fused_add_rms_norm(x, x, weight, 1e-5)
 
 
 def compile_fp8(dtype: torch.dtype) -> None:
@@ -103,6 +117,7 @@ def main() -> None:
         compile_sgmv(dtype)
         compile_attention(dtype, heads=32, kv_heads=8, head_dim=128)  # Llama-3.1-8B
         compile_fp8(dtype)
+        compile_norms(dtype, hidden=4096)
     compile_attention(torch.bfloat16, heads=9, kv_heads=3, head_dim=64)  # SmolLM2-135M: group 3
 
 

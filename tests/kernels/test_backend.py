@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from loraloom.kernels import paged_attention, reference, sgmv
+from loraloom.kernels import norm, paged_attention, reference, rotary, sgmv
 from loraloom.kernels.backend import get_backend
 
 
@@ -15,6 +15,8 @@ def test_cpu_uses_the_references() -> None:
     assert backend.name == "reference"
     assert backend.paged_attention is reference.paged_attention
     assert backend.sgmv_shrink is reference.sgmv_shrink
+    assert backend.rms_norm is reference.rms_norm and backend.fused_add_rms_norm is reference.fused_add_rms_norm
+    assert backend.rotary_write_kv_cache is reference.rotary_write_kv_cache
 
 
 def test_cuda_uses_the_triton_kernels() -> None:
@@ -24,6 +26,8 @@ def test_cuda_uses_the_triton_kernels() -> None:
     assert backend.paged_attention is paged_attention.paged_attention
     assert backend.sgmv_shrink is sgmv.sgmv_shrink
     assert backend.sgmv_expand is sgmv.sgmv_expand
+    assert backend.rms_norm is norm.rms_norm and backend.fused_add_rms_norm is norm.fused_add_rms_norm
+    assert backend.rotary_write_kv_cache is rotary.rotary_write_kv_cache
 
 
 def test_imports_and_falls_back_without_triton(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -10,7 +10,8 @@ import pytest
 
 SCRIPT = Path(__file__).with_name("sm90_compile.py")
 KERNELS = ["_sgmv_shrink_kernel", "_sgmv_shrink_reduce_kernel", "_sgmv_expand_kernel",
-           "_write_kv_cache_kernel", "_paged_attention_kernel",
+           "_write_kv_cache_kernel", "_paged_attention_kernel", "_paged_decode_kernel",
+           "_paged_decode_combine_kernel", "_rms_norm_kernel", "_rotary_write_kv_cache_kernel",
            "_quantize_per_token_kernel", "_fp8_small_m_kernel", "_fp8_split_k_reduce_kernel"]
 
 
@@ -24,8 +25,8 @@ def test_kernels_compile_for_sm90(tmp_path: Path) -> None:
     compiled = [line.split()[0] for line in result.stdout.splitlines()]
     for kernel in KERNELS:
         assert kernel in compiled, f"{kernel} was never compiled; the script printed:\n{result.stdout}"
-    # Two dtypes x (shrink direct, shrink split + reduce, expand, Llama-8B decode + prefill, kv write,
-    # fp8: quantization dynamic + static; o_proj (split-K: kernel + reduce) at 1 token fused, 32 tokens
-    # quantized first (+ the quantization kernel) and static; gate_up (one launch) likewise;
-    # o_proj with an explicit quantize-first config), plus group 3.
-    assert len(compiled) == 2 * (1 + 2 + 1 + 3 + 2 + (2 + 3 + 2) + (1 + 2 + 1) + 3) + 3
+    # Two dtypes x (SGMV: shrink direct, shrink split + reduce, expand = 4; attention: kv write,
+    # rotary write, prefill, decode, split decode + combine = 6; rms_norm + fused add = 2; FP8:
+    # the per-token quantization (dynamic, static, quantize-first launches) and the small-M GEMM
+    # with its split-K reduce over the o_proj / gate_up configs = 16), plus group-3 attention (6).
+    assert len(compiled) == 2 * (4 + 6 + 2 + 16) + 6
