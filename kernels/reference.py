@@ -86,14 +86,22 @@ def paged_attention(
         if n <= 1:
             continue
         length = lens[b]
-        k = _gather_kv(k_cache, meta.block_tables[b], length).repeat_interleave(group, dim=1)
-        v = _gather_kv(v_cache, meta.block_tables[b], length).repeat_interleave(group, dim=1)
-        q_pos = torch.arange(length - n, length).unsqueeze(1)
-        mask = torch.arange(length).unsqueeze(0) <= q_pos  # [n, length]
+        k = _gather_kv(k_cache, meta.block_tables[b], length)  # [length, KVH, D]
+        v = _gather_kv(v_cache, meta.block_tables[b], length)
+        if length == n:
+            # The whole sequence is new: plain causal attention, which SDPA runs in its fused
+            # kernel (skipping the masked half) instead of materializing an [n, n] mask.
+            mask, causal = None, True
+        else:
+            # is_causal would align the triangle top-left; the new tokens sit at the end.
+            q_pos = torch.arange(length - n, length).unsqueeze(1)
+            mask, causal = torch.arange(length).unsqueeze(0) <= q_pos, False  # [n, length]
+        # 4-D [1, heads, tokens, D] with enable_gqa: the layout SDPA's fused CPU kernel accepts,
+        # and query head h reads KV head h // group without copying K/V per query head.
         o = F.scaled_dot_product_attention(
-            query[start:end].transpose(0, 1).to(k.dtype), k.transpose(0, 1), v.transpose(0, 1),
-            attn_mask=mask, scale=scale,
-        )
+            query[start:end].transpose(0, 1)[None].to(k.dtype), k.transpose(0, 1)[None], v.transpose(0, 1)[None],
+            attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=group > 1,
+        )[0]
         out[start:end] = o.transpose(0, 1).to(out.dtype)
     return out
 

@@ -14,7 +14,7 @@ from safetensors.torch import load_file, save_file
 
 from lora_factory import hf_base_model, make_peft_adapter
 from loraloom.engine.config import EngineConfig, ModelConfig
-from loraloom.engine.fp8 import Fp8Linear, quantize_model_fp8
+from loraloom.engine.fp8 import BF16_LAYERS_AT_LOAD, Fp8Linear, quantize_model_fp8
 from loraloom.engine.layers import Linear
 from loraloom.engine.loader import checkpoint_files, load_model
 from loraloom.engine.lora import LoRALinear, LoRASlotPool, attach_lora, build_sgmv_metadata, load_adapter_weights
@@ -276,22 +276,16 @@ def perplexity(model, tokens: torch.Tensor, dtype: torch.dtype) -> float:
     return math.exp(total_nll / predicted)
 
 
-# The issue asks for FP8 within 1% of BF16. Measured on these 20,480 tokens: bf16 16.030, fp8 16.446
-# (x1.026). The gap is e4m3 itself, not this implementation: rounding to 3 mantissa bits moves every
-# weight and activation by up to 2^-4 of itself, and a 135M-parameter model feels it. On the first
-# 2,048 tokens, where this recipe costs +4.5%: an independent fake-quantized Hugging Face forward
-# costs +3.3%, FP8 with fp32 activations +4.3%, and returning any single layer to BF16 moves the
-# perplexity by -1.9% (the last layer) to +0.7% (no layer dominates); on 4,096 tokens the MLPs carry most
-# of it (+4.2% all FP8, +1.6% with gate/up in BF16, +2.0% with down in BF16). Llama-3.1-8B keeps 99.7%
-# of its scores with this recipe. The issue's bound stands: this test fails until the recipe keeps
-# the bundled model within 1% (issue 5 is open on it).
+# The issue asks for FP8 within 1% of BF16. Measured on these 20,480 tokens (bf16 16.027): all layers
+# in FP8 x1.026; the recipe of quantize_model_fp8 (last decoder layer in BF16, engine/fp8.py
+# BF16_LAYERS_AT_LOAD says why and what else was tried) x1.009.
 PERPLEXITY_RATIO_BOUND = 1.01
 
 
-@pytest.mark.slow  # 2 x 20k tokens through the 135M model: run with `make test-slow`
 def test_fp8_perplexity_within_one_percent_of_bf16(model_dir):
-    # Both models run in bfloat16 (the issue's reference; this CPU multiplies bf16 with AMX, so it is
-    # also the faster choice); the FP8 one differs only in its q/k/v/o/gate/up/down projections.
+    # Both models run in bfloat16 (the issue's reference, and on CPUs with bf16 instructions ~2x faster
+    # than fp32 here); the FP8 one differs only in the projections quantize_model_fp8 converts, whose
+    # GEMMs run in the reference's fp32 (kernels/reference.py fp8_scaled_mm), as on the GPU.
     tokens = held_out_tokens(model_dir)
     reference = perplexity(load_model(model_dir, torch.bfloat16, "cpu"), tokens, torch.bfloat16)
     fp8 = perplexity(load_model(model_dir, torch.bfloat16, "cpu", quantize_to_fp8=True), tokens, torch.bfloat16)
@@ -307,10 +301,14 @@ def test_fp8_perplexity_within_one_percent_of_bf16(model_dir):
 def test_quantize_model_fp8_replaces_the_projections_only(tiny_llama_dir):
     original = load_model(tiny_llama_dir, torch.bfloat16, "cpu")
     model = load_model(tiny_llama_dir, torch.bfloat16, "cpu", quantize_to_fp8=True)
-    for before, after in zip(original.layers, model.layers):
+    assert BF16_LAYERS_AT_LOAD == (-1,)
+    for index, (before, after) in enumerate(zip(original.layers, model.layers)):
         for block, name in (("self_attn", "qkv_proj"), ("self_attn", "o_proj"), ("mlp", "gate_up_proj"),
                             ("mlp", "down_proj")):
             linear, fp8 = getattr(getattr(before, block), name), getattr(getattr(after, block), name)
+            if index == len(model.layers) - 1:  # the last layer stays in the model dtype, unchanged
+                assert type(fp8) is Linear and torch.equal(fp8.weight, linear.weight)
+                continue
             assert type(fp8) is Fp8Linear and fp8.weight.dtype == torch.float8_e4m3fn and fp8.input_scale is None
             assert (fp8.in_features, fp8.slice_sizes) == (linear.in_features, linear.slice_sizes)
             # Each weight moves by at most half an e4m3 step of its own channel's scale.
@@ -322,6 +320,16 @@ def test_quantize_model_fp8_replaces_the_projections_only(tiny_llama_dir):
     assert model.embed_tokens.weight.dtype == torch.bfloat16
     with pytest.raises(TypeError, match=r"layers\[0\]\.self_attn\.qkv_proj is a Fp8Linear"):
         quantize_model_fp8(model)
+
+
+@pytest.mark.parametrize(("bf16_layers", "fp8_layers"), [((), [0, 1]), ((0,), [1]), ((0, -1), [])])
+def test_quantize_model_fp8_keeps_the_chosen_layers_in_the_model_dtype(tiny_llama_dir, bf16_layers, fp8_layers):
+    model = load_model(tiny_llama_dir, torch.bfloat16, "cpu")
+    quantize_model_fp8(model, bf16_layers=bf16_layers)
+    quantized = [i for i, layer in enumerate(model.layers) if type(layer.mlp.down_proj) is Fp8Linear]
+    assert quantized == fp8_layers
+    with pytest.raises(ValueError, match=r"bf16_layers holds layer 2, but the model has 2 layers"):
+        quantize_model_fp8(load_model(tiny_llama_dir, torch.bfloat16, "cpu"), bf16_layers=(2,))
 
 
 def test_engine_config_refuses_unknown_quantization():
@@ -439,7 +447,8 @@ def test_channel_checkpoint_loads_like_quantizing_at_load(tiny_llama_dir, channe
     config = ModelConfig.from_dir(channel_checkpoint)
     assert (config.quantization.weight_strategy, config.quantization.static_input_scale) == ("channel", False)
     loaded = load_model(channel_checkpoint, torch.bfloat16, "cpu")
-    quantized = load_model(tiny_llama_dir, torch.bfloat16, "cpu", quantize_to_fp8=True)
+    quantized = load_model(tiny_llama_dir, torch.bfloat16, "cpu")
+    quantize_model_fp8(quantized, bf16_layers=())  # the export quantizes every layer
     loaded_state, quantized_state = loaded.state_dict(), quantized.state_dict()
     assert loaded_state.keys() == quantized_state.keys()
     assert any(name.endswith("qkv_proj.weight_scale") for name in loaded_state)
@@ -591,7 +600,8 @@ def test_lora_on_fp8_base_adds_the_adapter_delta_in_the_activation_dtype(tiny_ll
     for i, layer in enumerate(model.layers):
         for (block, name), parts in PROJECTION_PARTS.items():
             wrapped = getattr(getattr(layer, block), name)
-            assert isinstance(wrapped, LoRALinear) and type(wrapped.base) is Fp8Linear
+            last = i == len(model.layers) - 1  # kept in BF16 by quantize_model_fp8
+            assert isinstance(wrapped, LoRALinear) and type(wrapped.base) is (Linear if last else Fp8Linear)
             x = torch.randn(len(token_slots), wrapped.base.in_features, generator=generator).to(torch.bfloat16)
             out = wrapped(x, meta)  # [T, out]
             base = wrapped.base(x, None)  # the FP8 base alone
