@@ -278,10 +278,12 @@ def perplexity(model, tokens: torch.Tensor, dtype: torch.dtype) -> float:
 
 # The issue asks for FP8 within 1% of BF16. Measured on these 20,480 tokens (bf16 16.027): all layers
 # in FP8 x1.026; the recipe of quantize_model_fp8 (last decoder layer in BF16, engine/fp8.py
-# BF16_LAYERS_AT_LOAD says why and what else was tried) x1.009.
+# BF16_LAYERS_AT_LOAD says why and what else was tried) x1.0126, with ~0.4% of rounding noise between
+# equivalent variants. This test fails until a recipe meets the bound with margin (issue 5 is open on it).
 PERPLEXITY_RATIO_BOUND = 1.01
 
 
+@pytest.mark.slow  # fails by design for now (see above); ~17 min of a loaded 2-core machine: `make test-slow`
 def test_fp8_perplexity_within_one_percent_of_bf16(model_dir):
     # Both models run in bfloat16 (the issue's reference, and on CPUs with bf16 instructions ~2x faster
     # than fp32 here); the FP8 one differs only in the projections quantize_model_fp8 converts, whose
