@@ -21,6 +21,7 @@ from loraloom.engine.config import EngineConfig
 from loraloom.engine.detokenizer import IncrementalDetokenizer
 from loraloom.engine.fp8 import quantize_model_fp8
 from loraloom.engine.kv_cache import BlockManager
+from loraloom.engine.kv_scales import prepare_kv_scales
 from loraloom.engine.loader import load_model
 from loraloom.engine.lora import LoRASlotPool, attach_lora
 from loraloom.engine.memory import plan_memory
@@ -104,6 +105,9 @@ class LLMEngine:
             device=device,
         )
         attach_lora(model, lora_pool, kernels)
+        # Before the memory plan, whose profiling step would otherwise be the first to use the scales,
+        # and before decode graphs are captured (they read the scales by address).
+        self.kv_scales_source = prepare_kv_scales(model, config, tokenizer)
         # Sized after the weights and LoRA slots are resident: on CUDA the plan measures what is left.
         self.memory_plan = plan_memory(model, self.model_config, config, lora_pool)
         config = dataclasses.replace(config, num_kv_blocks=self.memory_plan.num_kv_blocks)

@@ -20,7 +20,7 @@ import torch
 
 from loraloom.kernels.fp8 import FP8_DTYPE, FP8_MAX, quantize_with_scale
 
-KV_CACHE_DTYPES = ("auto", "fp8")  # EngineConfig.kv_cache_dtype: the activation dtype, or float8_e4m3fn
+
 
 
 def is_fp8_cache(cache: torch.Tensor) -> bool:
