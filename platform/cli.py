@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from loraloom.engine.config import QUANTIZATION_METHODS, EngineConfig
+from loraloom.engine.config import KV_CACHE_DTYPES, QUANTIZATION_METHODS, EngineConfig
 
 if TYPE_CHECKING:
     from loraloom.platform.settings import Settings
@@ -85,6 +85,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="fp8: quantize the base model's linear layers to FP8 at load (weights per channel, activations "
         "per token; lm_head stays unquantized). FP8 checkpoints (compressed-tensors) are FP8 without this flag",
     )
+    serve.add_argument(
+        "--kv-cache-dtype",
+        choices=KV_CACHE_DTYPES,
+        default=defaults.kv_cache_dtype,
+        help="auto: keep K/V in the model's dtype; fp8: store them in FP8 e4m3 with a K and a V scale per layer "
+        "(half the memory of bf16, so twice the tokens fit), taken from the checkpoint (self_attn.k_scale/v_scale) "
+        "or calibrated at start",
+    )
 
     model = commands.add_parser("model", help="manage models")
     model_commands = model.add_subparsers(dest="model_command", required=True)
@@ -153,6 +161,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         max_loras=args.max_loras,
         max_lora_rank=args.max_lora_rank,
         quantization=args.quantization,
+        kv_cache_dtype=args.kv_cache_dtype,
     )
 
 
