@@ -21,8 +21,6 @@ import torch
 from loraloom.kernels.fp8 import FP8_DTYPE, FP8_MAX, quantize_with_scale
 
 
-
-
 def is_fp8_cache(cache: torch.Tensor) -> bool:
     return cache.dtype == FP8_DTYPE
 

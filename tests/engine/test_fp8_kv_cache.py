@@ -182,7 +182,7 @@ def greedy_generations(model_dir: Path, kv_cache_dtype: str) -> list[list[int]]:
 
 
 # The issue asks for "most of 20 prompts identical" and perplexity within ~1%. Measured here (bf16 model,
-# calibrated scales): 8/20 prompts identical over 16 tokens, mean matched prefix 10.5 tokens (fp32 model:
+# calibrated scales): 8/20 prompts identical over 16 tokens, mean matched prefix 10.2 tokens (fp32 model:
 # 10/20, 11.7); perplexity x1.019 over the 3,072 license tokens (fp32 model: x1.017). The gap is e4m3's
 # 3-bit mantissa on this 135M model, not the kernels (they match the reference code for code, and the
 # reference matches the fp64 definition): K alone costs most of it (+0.8% on one chunk, V +0.2%), errors
