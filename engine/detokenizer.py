@@ -88,8 +88,8 @@ class DeferredDetokenizer:
         self._lock = threading.Lock()
 
     def defer(self, output: RequestOutput, token_id: int, final: bool) -> None:
-        """Make `output`'s text the delta of `token_id` (plus the held-back tail if `final`), computed on read."""
-        output.text_delta = self
+        """`output`, made with text_delta=self, gets the delta of `token_id` (plus the held-back tail
+        if `final`) when its text is first read. Call in token order."""
         self._pending.append((output, token_id, final))
 
     def resolve(self, output: RequestOutput) -> None:

@@ -229,13 +229,14 @@ class LLMEngine:
             self._process_token(request, token, sampled, row)
             for row, (request, token) in enumerate(zip(sampled_requests, token_ids))
         ]
+        self.generation_tokens_total += len(outputs)
         timings.postprocess_s = time.perf_counter() - executed
         self.last_step_timings = timings
         return outputs
 
     def _process_token(self, request: Request, token: int, sampled, row: int) -> RequestOutput:
+        """The request's output for its newly sampled `token`; finishes the request on a stop."""
         tracked = self._tracked[request.request_id]
-        self.generation_tokens_total += 1
         finish_reason = check_stop(request, token, self.eos_token_ids)
         text = ""
         if tracked.stops is not None:
@@ -254,9 +255,9 @@ class LLMEngine:
             self._generators.pop(request.request_id, None)
         output = RequestOutput(
             request_id=request.request_id,
-            text_delta=text,
+            text_delta=text if tracked.deferred is None else tracked.deferred,
             token_ids=[token],
-            logprobs=self._logprobs(request, token, sampled, row),
+            logprobs=None if request.sampling_params.logprobs is None else self._logprobs(token, sampled, row),
             finished=finish_reason is not None,
             finish_reason=finish_reason,
             num_prompt_tokens=request.num_prompt_tokens,
@@ -267,9 +268,7 @@ class LLMEngine:
             tracked.deferred.defer(output, token, final=finish_reason is not None)
         return output
 
-    def _logprobs(self, request: Request, token: int, sampled, row: int) -> list[TokenLogprob] | None:
-        if request.sampling_params.logprobs is None:
-            return None
+    def _logprobs(self, token: int, sampled, row: int) -> list[TokenLogprob]:
         top = sampled.top_logprobs[row] or []
         return [TokenLogprob(
             token_id=token,
