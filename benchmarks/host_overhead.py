@@ -1,8 +1,9 @@
 """Host overhead of one decode step: everything the engine does per step besides the model.
 
 Issue 2's target: at most 1 ms per decode step at 256 running requests over 64
-adapters. The engine is built on the bundled model, then its model is replaced
-by a stub that returns fixed hidden states and logits whose argmax walks
+adapters. The engine is built for the bundled model's shape and tokenizer
+(random weights and random rank-8 adapter files, so nothing but the tokenizer
+files is needed: it runs on the GPU box too), then its model is replaced by a stub that returns fixed hidden states and logits whose argmax walks
 through real English text, so detokenization and stop checks see realistic
 tokens while no model compute is timed. Each scenario adds its requests, runs
 until all of them decode, then records `engine.last_step_timings` over the
@@ -15,7 +16,11 @@ measured steps and prints median milliseconds per phase:
     untimed      step wall time minus the model and the four phases (glue between them)
     host         step wall time minus the model: the figure the 1 ms target is about
 
-    python benchmarks/host_overhead.py [--requests 256] [--adapters 64] [--steps 30] [--device cpu] [--clock thread]
+    python benchmarks/host_overhead.py [--requests 256] [--adapters 64] [--steps 30] [--device cpu]
+                                       [--clock thread] [--tokenizer-dir DIR]
+
+--tokenizer-dir defaults to the bundled model's cache directory (imported on first use); a
+directory holding just its tokenizer.json and tokenizer_config.json is enough.
 
 `--clock thread` times every phase in CPU time of the stepping thread instead of wall time:
 on a shared, oversubscribed machine wall-time phases absorb whole scheduler time slices,
@@ -36,16 +41,18 @@ import torch
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT / "benchmarks"))
-sys.path.insert(0, str(REPO_ROOT / "tests"))
 from _loraloom_shim import use_source_tree  # noqa: E402
 
 use_source_tree()
 
+from gpusuite.adapters import write_random_adapter  # noqa: E402
+from gpusuite.shapes import SMOLLM2_135M  # noqa: E402
 from loraloom.engine.adapters import AdapterHandle  # noqa: E402
-from loraloom.engine.bundled import import_bundled  # noqa: E402
 from loraloom.engine.config import EngineConfig  # noqa: E402
 from loraloom.engine.engine import LLMEngine  # noqa: E402
+from loraloom.engine.random_model import random_model  # noqa: E402
 from loraloom.engine.request import SamplingParams  # noqa: E402
+from loraloom.engine.tokenizer import Tokenizer  # noqa: E402
 
 # What the stub "generates": ordinary prose with some non-ASCII characters, so that some
 # tokens end inside a multi-byte character and the detokenizer's hold-back path runs too.
@@ -69,6 +76,9 @@ class StubModel:
         self.text_tokens = torch.tensor(text_tokens, device=device)
         generator = torch.Generator().manual_seed(0)
         self.noise = torch.randn(max_rows, vocab_size, generator=generator).to(device)  # [rows, vocab] fp32
+        # Logits go to one persistent buffer: a fresh 50 MB tensor per step would add the allocator's
+        # map/unmap of it to the step (freed after the timed phases), which is the model's business.
+        self.logits = torch.empty_like(self.noise)
         self.calls = 0
 
     def __call__(self, input_ids, positions, kv_caches, attn, lora) -> torch.Tensor:
@@ -76,7 +86,8 @@ class StubModel:
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [N, hidden] -> [N, vocab] fp32
         rows = hidden.shape[0]
-        logits = self.noise[:rows].clone()
+        logits = self.logits[:rows]
+        logits.copy_(self.noise[:rows])
         picks = (torch.arange(rows, device=self.device) * 37 + self.calls) % len(self.text_tokens)
         logits[torch.arange(rows, device=self.device), self.text_tokens[picks]] = 20.0
         self.calls += 1
@@ -135,17 +146,19 @@ def run_scenario(engine: LLMEngine, name: str, requests: int, adapters: list[Ada
     return {phase: statistics.median(values) * 1000 for phase, values in samples.items()} | {"running": running}
 
 
-def build_engine(model_dir: Path, requests: int, num_adapters: int, device: str) -> tuple[LLMEngine, list[AdapterHandle]]:
-    from lora_factory import make_peft_adapter
-
+def build_engine(tokenizer_dir: Path, requests: int, num_adapters: int,
+                 device: str) -> tuple[LLMEngine, list[AdapterHandle]]:
+    model_config = SMOLLM2_135M
     root = Path(tempfile.mkdtemp(prefix="host_overhead_"))
     # One adapter file, many keys: the engine treats each key as a distinct adapter (own slot,
     # own prefix-cache identity), which is all the host side can tell apart.
-    path = make_peft_adapter(model_dir, root / "adapter", rank=8, alpha=16, target_modules=["q_proj", "v_proj"], seed=1)
+    path = write_random_adapter(root / "adapter", model_config, rank=8, seed=1, dtype=torch.float32, device=device)
     adapters = [AdapterHandle(key=f"host{i}", name=f"adapter{i}", uri=path.as_uri()) for i in range(num_adapters)]
-    config = EngineConfig(device=device, max_loras=num_adapters, max_lora_rank=8, max_num_seqs=requests,
+    dtype = "float32" if device == "cpu" else "bfloat16"
+    config = EngineConfig(device=device, dtype=dtype, max_loras=num_adapters, max_lora_rank=8, max_num_seqs=requests,
                           max_num_batched_tokens=max(2048, requests * 16), num_kv_blocks=requests * 8)
-    engine = LLMEngine(model_dir, config)
+    model = random_model(model_config, getattr(torch, dtype), device, seed=0)
+    engine = LLMEngine.from_model(model, config, Tokenizer.from_dir(tokenizer_dir))
     text_tokens = engine.tokenizer.encode(SAMPLE_TEXT, add_special_tokens=False)
     engine.runner.model = StubModel(engine.model_config.hidden_size, engine.model_config.vocab_size,
                                     text_tokens, requests, engine.runner.device)
@@ -177,9 +190,14 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--scenarios", default="greedy,greedy+stop,mixed")
     parser.add_argument("--clock", choices=("wall", "thread"), default="wall")
+    parser.add_argument("--tokenizer-dir", type=Path, default=None)
     args = parser.parse_args()
     torch.manual_seed(0)
-    engine, adapters = build_engine(import_bundled(), args.requests, args.adapters, args.device)
+    if args.tokenizer_dir is None:
+        from loraloom.engine.bundled import import_bundled
+
+        args.tokenizer_dir = import_bundled()
+    engine, adapters = build_engine(args.tokenizer_dir, args.requests, args.adapters, args.device)
     print(f"decode step host overhead, median ms over {args.steps} steps, {args.requests} requests over "
           f"{args.adapters} adapters, device {args.device}, {args.clock} clock, torch {torch.__version__}")
     print(f"{'scenario':<12} {'running':>7} " + " ".join(f"{phase:>11}" for phase in PHASES))

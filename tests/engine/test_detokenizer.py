@@ -214,3 +214,12 @@ def test_deferred_text_read_on_other_threads_while_tokens_arrive(bundled):
     expected = eager_deltas(bundled, prompt_ids, output_ids)
     assert read_in_order == expected
     assert racer_reads == expected
+
+
+def test_outputs_dropped_unread_do_not_change_later_deltas(bundled):
+    prompt_ids, output_ids = encode(bundled, PROMPT), encode(bundled, TEXTS[0] + TEXTS[2])
+    outputs = deferred_outputs(bundled, prompt_ids, output_ids)
+    kept = {index: output for index, output in enumerate(outputs) if index % 3 == 0}
+    del outputs  # two thirds are garbage now, never read; their tokens must still be decoded in order
+    expected = eager_deltas(bundled, prompt_ids, output_ids)
+    assert {index: output.text_delta for index, output in kept.items()} == {index: expected[index] for index in kept}
