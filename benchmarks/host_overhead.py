@@ -10,7 +10,7 @@ until all of them decode, then records `engine.last_step_timings` over the
 measured steps and prints median milliseconds per phase:
 
     schedule     Scheduler.schedule()
-    prepare      the runner's batch flattening and metadata (ModelRunner._prepare_inputs)
+    prepare      the runner's batch flattening and metadata (engine/step_batch.py + device tensors)
     sample       the sampler, logits in -> token ids out
     postprocess  scheduler update, detokenization, stop checks, outputs
     untimed      step wall time minus the model and the four phases (glue between them)
