@@ -78,6 +78,15 @@ def build_parser() -> argparse.ArgumentParser:
     ]
     for flag, default, help_text in engine_sizes:
         serve.add_argument(flag, type=positive_int, default=default, help=help_text)
+    serve.add_argument("--device", default=None,
+                       help="torch device to serve on (default: cuda when a GPU is visible, else cpu)")
+    serve.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default=None,
+                       help="activation dtype (default: bfloat16 on a GPU, float32 on the CPU)")
+    serve.add_argument("--gpu-memory-utilization", type=fraction, default=defaults.gpu_memory_utilization,
+                       help="share of the GPU's memory the engine may use; the KV cache gets what the weights, "
+                       "adapter slots and activations leave of it")
+    serve.add_argument("--enforce-eager", action="store_true",
+                       help="run every step eagerly instead of replaying decode steps from CUDA graphs")
     serve.add_argument(
         "--quantization",
         choices=QUANTIZATION_METHODS,
@@ -153,7 +162,13 @@ def add_client_commands(commands: argparse._SubParsersAction) -> None:
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:
+    device = args.device or default_device()
+    dtype = args.dtype or ("bfloat16" if device.startswith("cuda") else "float32")
     return EngineConfig(
+        device=device,
+        dtype=dtype,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        enforce_eager=args.enforce_eager,
         block_size=args.block_size,
         num_kv_blocks=args.num_kv_blocks,
         max_num_seqs=args.max_num_seqs,
@@ -163,6 +178,23 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         quantization=args.quantization,
         kv_cache_dtype=args.kv_cache_dtype,
     )
+
+
+def default_device() -> str:
+    import torch  # imported here: `--help` need not pay for torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def fraction(text: str) -> float:
+    """An argparse type: a number in (0, 1]."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0.0 < value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be a number in (0, 1], e.g. 0.9; got {text!r}")
+    return value
 
 
 def serve(args: argparse.Namespace) -> None:
