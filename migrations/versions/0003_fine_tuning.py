@@ -73,6 +73,7 @@ def upgrade() -> None:
         sa.Column("worker_id", sa.String(length=255), nullable=True),
         sa.Column("heartbeat_at", timestamp, nullable=True),
         sa.Column("trained_tokens", sa.BigInteger(), nullable=True),
+        sa.Column("metrics", json_document, nullable=True),
         sa.Column("result_version_id", sa.Uuid(), nullable=True),
         sa.Column("fine_tuned_model", sa.String(length=256), nullable=True),
         sa.Column("created_at", timestamp, nullable=False),

@@ -404,6 +404,8 @@ class FineTuningJob(Base):
     worker_id: Mapped[str | None] = mapped_column(String(255))
     heartbeat_at: Mapped[datetime | None]
     trained_tokens: Mapped[int | None] = mapped_column(BigInteger)
+    # The last step's metrics (train and eval loss, step, epoch ...), part of the result's lineage.
+    metrics: Mapped[dict[str, Any] | None] = mapped_column(JSONDocument)
     result_version_id: Mapped[uuid.UUID | None] = mapped_column(
         ForeignKey("adapter_versions.id", ondelete="SET NULL")
     )
