@@ -183,6 +183,7 @@ def _train_and_publish(factory: sessionmaker[Session], claim: Claim, context: Wo
     def on_metrics(metrics: TrainingMetrics) -> None:
         last_metrics.clear()
         last_metrics.update({key: value for key, value in asdict(metrics).items() if value is not None})
+        last_metrics["attempt"] = claim.attempt  # which run wrote it: runs of one job never interleave
         evaluated = f", validation loss={metrics.eval_loss:.4f}" if metrics.eval_loss is not None else ""
         _event(factory, f"Step {metrics.step}/{metrics.total_steps}: training loss={metrics.train_loss:.4f}"
                         f"{evaluated}", claim, type="metrics", data=dict(last_metrics))
