@@ -216,7 +216,8 @@ def _train_and_publish(factory: sessionmaker[Session], claim: Claim, context: Wo
                 session.commit()
         return
     if cancel_requested(factory, claim):  # asked during the last step: keep the work as a checkpoint only
-        save_checkpoint(result.steps, result.adapter_dir)
+        if result.steps % settings.training_checkpoint_every:  # else the last step saved one already
+            save_checkpoint(result.steps, result.adapter_dir)
         with factory() as session:
             if finish_job(session, claim, FineTuningJobStatus.cancelled, trained_tokens=result.trained_tokens,
                           metrics=last_metrics or None, message="The job was cancelled after its last step"):

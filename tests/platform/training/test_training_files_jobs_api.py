@@ -5,6 +5,9 @@ cancelled without running, lists paginate with `after`."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -135,3 +138,43 @@ def test_a_queued_job_is_cancelled_without_running_and_lists_paginate(server: Tr
         with server.http("globex-developer") as other:
             assert other.get(f"/v1/fine_tuning/jobs/{created[1]['id']}").status_code == 404
             assert other.post(f"/v1/fine_tuning/jobs/{created[1]['id']}/cancel").status_code == 404
+
+
+LORALOOM = Path(sys.executable).parent / "loraloom"  # the installed console script
+
+
+def run_cli(server: TrainingServer, *args: str) -> subprocess.CompletedProcess:
+    env = {name: value for name, value in os.environ.items() if not name.startswith("LORALOOM_")}
+    env.update(LORALOOM_BASE_URL=server.url, LORALOOM_API_KEY=server.keys["acme-developer"])
+    return subprocess.run([str(LORALOOM), *args], env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_cli_uploads_creates_cancels_and_follows(server: TrainingServer, tmp_path: Path) -> None:
+    good = tmp_path / "train.jsonl"
+    good.write_text("\n".join(json.dumps(line) for line in product_dataset()[:3]))
+    uploaded = run_cli(server, "files", "upload", str(good))
+    assert uploaded.returncode == 0, uploaded.stderr
+    file_id = uploaded.stdout.strip()
+    assert file_id.startswith("file-") and "3 examples" in uploaded.stderr
+
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('not json\n{"text": " "}\n')
+    refused = run_cli(server, "files", "upload", str(bad))
+    assert refused.returncode == 1 and "line 1: not valid JSON" in refused.stderr
+    assert "line 2: text is empty" in refused.stderr
+
+    created = run_cli(server, "jobs", "create", "--training-file", file_id, "--suffix", "cli-bot", "--n-epochs", "2",
+                      "--target-modules", "q_proj,v_proj")
+    assert created.returncode == 0, created.stderr
+    job_id = created.stdout.strip()
+    with server.http() as client:
+        job = client.get(f"/v1/fine_tuning/jobs/{job_id}").json()
+    assert (job["model"], job["status"], job["hyperparameters"]["n_epochs"]) == (server.model_name, "queued", 2)
+    assert job["hyperparameters"]["target_modules"] == ["q_proj", "v_proj"]
+    assert job_id in run_cli(server, "jobs", "list").stdout
+
+    cancelled = run_cli(server, "jobs", "cancel", job_id)
+    assert cancelled.returncode == 0 and f"{job_id}: cancelled" in cancelled.stderr
+    followed = run_cli(server, "jobs", "follow", job_id)  # a finished job: its events, then how it ended
+    assert followed.returncode == 1 and "The job was cancelled before it ran" in followed.stderr
+    assert f"{job_id} cancelled" in followed.stderr
