@@ -218,10 +218,12 @@ def serve(args: argparse.Namespace) -> None:
 def start_worker_process(model_dir: Path, broker_url: str | None) -> subprocess.Popen:
     """`loraloom worker` beside the server, so `serve` alone trains too. A process of its own: it
     forks a fresh child per job, which the server's threads and CUDA state must not be part of."""
+    from loraloom.platform.training.worker import end_with_parent
+
     command = [sys.executable, "-m", "loraloom.platform.cli", "worker", "--model", str(model_dir)]
     if broker_url is not None:
         command += ["--broker-url", broker_url]
-    return subprocess.Popen(command)
+    return subprocess.Popen(command, preexec_fn=end_with_parent)
 
 
 def stop_worker_process(worker: subprocess.Popen) -> None:

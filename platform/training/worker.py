@@ -1,17 +1,21 @@
 """`loraloom worker`: a Celery worker for the training queue, plus the reaper.
 
-The worker's main process only consumes messages and reaps; each job runs in a fresh
-child (max tasks per child 1), which imports torch. The reaper, a thread of the main
-process, requeues or fails jobs whose worker stopped writing heartbeats, so a job whose
-worker died (on any machine) is never left `running`. Several workers reap at once
+The worker's main process only consumes messages; each job runs in a fresh child (max
+tasks per child 1), which imports torch. The reaper, a process beside it, requeues or
+fails jobs whose worker stopped writing heartbeats, so a job whose worker died (on any
+machine) is never left `running`. Several workers reap at once
 safely: every requeue is a compare-and-set.
 """
 from __future__ import annotations
 
+import ctypes
 import logging
+import multiprocessing
 import os
+import signal
 import socket
-import threading
+import sys
+import time
 from pathlib import Path
 
 from celery import Celery
@@ -22,6 +26,16 @@ from loraloom.platform.training.celery_app import RUN_JOB_TASK, TRAINING_QUEUE, 
 from loraloom.platform.training.job_state import reap_stale_jobs
 
 logger = logging.getLogger(__name__)
+
+
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
+
+
+def end_with_parent() -> None:
+    """A Popen preexec_fn: on Linux, the child gets SIGTERM when the process that started it dies,
+    so a worker started by `serve` never outlives it (not even a SIGKILLed one)."""
+    if sys.platform == "linux":
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def worker_id() -> str:
@@ -48,44 +62,43 @@ def create_worker_app(settings: Settings, model_dir: Path) -> Celery:
     return app
 
 
-class Reaper:
-    """Every `interval_s`, requeue or fail the jobs whose heartbeat is older than the timeout."""
+def reap_forever(settings: Settings) -> None:
+    """The reaper's process: every heartbeat interval, requeue or fail the jobs whose heartbeat is
+    older than the timeout. A process, not a thread of the worker: the worker forks a child per
+    job, and a fork while another thread holds a lock (SQLAlchemy's, kombu's) leaves the child
+    waiting on that lock for ever."""
+    end_with_parent()
+    app = create_celery_app(settings)
+    db_engine = create_db_engine(settings.database_url)
+    factory = create_session_factory(db_engine)
+    try:
+        while True:
+            time.sleep(settings.training_heartbeat_interval_s)
+            try:
+                for job_id, status in reap_stale_jobs(
+                    factory, heartbeat_timeout_s=settings.training_heartbeat_timeout_s,
+                    send=lambda job_id: send_run_job(app, job_id),
+                ):
+                    logger.warning("job %s had a stale heartbeat: now %s", job_id, status.value)
+            except Exception:  # the database or broker is down for now: try again next round
+                logger.exception("reaping stale training jobs failed")
+    finally:
+        db_engine.dispose()
 
-    def __init__(self, settings: Settings, app: Celery) -> None:
-        self.settings = settings
-        self.app = app
-        self.stop = threading.Event()
-        self.thread = threading.Thread(target=self._run, name="training-reaper", daemon=True)
 
-    def _run(self) -> None:
-        db_engine = create_db_engine(self.settings.database_url)
-        factory = create_session_factory(db_engine)
-        try:
-            while not self.stop.wait(self.settings.training_heartbeat_interval_s):
-                try:
-                    for job_id, status in reap_stale_jobs(
-                        factory, heartbeat_timeout_s=self.settings.training_heartbeat_timeout_s,
-                        send=lambda job_id: send_run_job(self.app, job_id),
-                    ):
-                        logger.warning("job %s had a stale heartbeat: now %s", job_id, status.value)
-                except Exception:  # the database or broker is down for now: try again next round
-                    logger.exception("reaping stale training jobs failed")
-        finally:
-            db_engine.dispose()
-
-    def start(self) -> None:
-        self.thread.start()
-
-    def close(self) -> None:
-        self.stop.set()
-        self.thread.join()
+def start_reaper(settings: Settings) -> multiprocessing.process.BaseProcess:
+    # Spawned, not forked: a fresh interpreter that shares nothing with the worker's state.
+    reaper = multiprocessing.get_context("spawn").Process(
+        target=reap_forever, args=(settings,), name="training-reaper", daemon=True
+    )
+    reaper.start()
+    return reaper
 
 
 def run_worker(settings: Settings, model_dir: Path, *, loglevel: str = "INFO") -> None:
     """Consume the training queue until stopped (SIGTERM: finish the current job's step and exit)."""
     app = create_worker_app(settings, model_dir)
-    reaper = Reaper(settings, app)
-    reaper.start()
+    reaper = start_reaper(settings)
     try:
         app.worker_main([
             "worker", f"--loglevel={loglevel}", "--queues", TRAINING_QUEUE, "--concurrency", "1",
@@ -93,4 +106,5 @@ def run_worker(settings: Settings, model_dir: Path, *, loglevel: str = "INFO") -
             "--without-gossip", "--without-mingle",
         ])
     finally:
-        reaper.close()
+        reaper.terminate()
+        reaper.join()

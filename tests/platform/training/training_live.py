@@ -6,7 +6,6 @@ its job child), configured through the same LORALOOM_* environment a deployment 
 """
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import signal
@@ -30,9 +29,9 @@ from loraloom.platform.db import upgrade_database
 from loraloom.platform.registry_lookup import adapter_fetcher_from_settings, registry_lookup_from_settings
 from loraloom.platform.settings import Settings
 from loraloom.platform.storage import storage_from_settings
+from loraloom.platform.training.worker import end_with_parent
 
 MAX_LORA_RANK = 16
-PR_SET_PDEATHSIG = 1
 FINISHED = ("succeeded", "failed", "cancelled")
 # Quick to notice a dead worker, slow enough that a live one on 2 busy cores is never taken for dead.
 HEARTBEAT_INTERVAL_S = 0.5
@@ -95,18 +94,12 @@ def worker_process(settings: Settings, model_dir: Path, log_path: Path) -> Itera
         process = subprocess.Popen(
             [sys.executable, "-m", "loraloom.platform.cli", "worker", "--model", str(model_dir)],
             env=worker_environment(settings), stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-            preexec_fn=_die_with_parent,
+            preexec_fn=end_with_parent,  # no worker outlives a test run cut short
         )
     try:
         yield process
     finally:
         kill_worker(process)
-
-
-def _die_with_parent() -> None:
-    """Linux: the worker gets SIGKILL if the test process dies without its cleanup (PR_SET_PDEATHSIG)."""
-    if sys.platform == "linux":
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
 
 
 def kill_worker(process: subprocess.Popen) -> None:
