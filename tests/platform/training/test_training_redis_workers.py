@@ -27,9 +27,13 @@ from loraloom.platform.training.hyperparameters import Hyperparameters
 
 # A database of its own, emptied before and after, so nothing else's messages mix in.
 REDIS_URL = os.environ.get("LORALOOM_TEST_REDIS_URL", "redis://127.0.0.1:6379/11")
-# A short job: 30 examples, batches of 8, two epochs = 8 steps.
-SHORT_JOB = Hyperparameters(n_epochs=2, batch_size=8, learning_rate=1e-3, lora_r=4, lora_alpha=8, max_seq_len=64)
-JOB_TIMEOUT_S = 600
+# A short job: 24 examples in batches of 8 = 3 steps, LoRA on two projections; long enough to be
+# killed mid-run (after its first step), short enough for 2 CPU cores.
+SHORT_JOB = Hyperparameters(n_epochs=1, batch_size=8, learning_rate=1e-3, lora_r=4, lora_alpha=8, max_seq_len=64,
+                            target_modules=["q_proj", "v_proj"])
+SHORT_JOB_EXAMPLES = 24
+SHORT_JOB_STEPS = 3
+JOB_TIMEOUT_S = 1200  # an upper bound for 2 shared, busy cores; a few minutes on idle ones
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +60,7 @@ def server(model_dir: Path, tmp_path_factory: pytest.TempPathFactory, redis_clie
 
 def create_job(server: TrainingServer, suffix: str) -> str:
     with server.http() as client:
-        file_id = upload(client, product_dataset())["id"]
+        file_id = upload(client, product_dataset()[:SHORT_JOB_EXAMPLES])["id"]
         response = client.post("/v1/fine_tuning/jobs", json={
             "model": server.model_name, "training_file": file_id, "suffix": suffix, "seed": 1,
             "hyperparameters": SHORT_JOB.model_dump(),
@@ -97,7 +101,7 @@ def test_a_killed_worker_s_job_is_requeued_and_finished_by_another(
         metrics = [(i, e["data"]["attempt"]) for i, e in enumerate(events) if e["type"] == "metrics"]
         assert metrics and all((attempt == 1) == (i < started[1]) for i, attempt in metrics)
         assert [step["data"]["step"] for step in events[started[1]:] if step["type"] == "metrics"] == list(
-            range(1, 9))
+            range(1, SHORT_JOB_STEPS + 1))
         versions = client.get("/v1/adapters/survivor/versions").json()["data"]
         assert [v["version"] for v in versions] == [1]
 
