@@ -3,8 +3,8 @@
 The worker's main process only consumes messages; each job runs in a fresh child (max
 tasks per child 1), which imports torch. The reaper, a process beside it, requeues or
 fails jobs whose worker stopped writing heartbeats, so a job whose worker died (on any
-machine) is never left `running`. Several workers reap at once
-safely: every requeue is a compare-and-set.
+machine) is never left `running`. Several workers reap at once safely: every requeue
+is a compare-and-set.
 """
 from __future__ import annotations
 
@@ -26,8 +26,6 @@ from loraloom.platform.training.celery_app import RUN_JOB_TASK, TRAINING_QUEUE, 
 from loraloom.platform.training.job_state import reap_stale_jobs
 
 logger = logging.getLogger(__name__)
-
-
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
