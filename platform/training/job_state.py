@@ -126,6 +126,13 @@ def record_checkpoint(
     return checkpoint_id
 
 
+def set_checkpoint_metrics(factory: sessionmaker[Session], checkpoint_id: str, metrics: dict[str, Any]) -> None:
+    """The trainer saves a checkpoint before it reports that step's metrics: they are filled in after."""
+    with factory.begin() as session:
+        session.execute(update(FineTuningCheckpoint).where(FineTuningCheckpoint.id == checkpoint_id)
+                        .values(metrics=metrics))
+
+
 def finish_job(
     session: Session, claim: Claim, status: FineTuningJobStatus, *, message: str, level: str = "info",
     error: tuple[str, str, str | None] | None = None, **fields: Any,

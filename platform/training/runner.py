@@ -34,6 +34,7 @@ from loraloom.platform.training.job_state import (
     finish_job,
     record_checkpoint,
     requeue_or_fail,
+    set_checkpoint_metrics,
 )
 
 logger = logging.getLogger(__name__)
@@ -180,10 +181,15 @@ def _train_and_publish(factory: sessionmaker[Session], claim: Claim, context: Wo
                     f"{f', evaluating on {len(eval_examples)}' if eval_examples else ''}", claim)
     last_metrics: dict[str, Any] = {}
 
+    # Step -> the checkpoint saved at it, whose metrics the trainer reports right after.
+    checkpoints_awaiting_metrics: dict[int, str] = {}
+
     def on_metrics(metrics: TrainingMetrics) -> None:
         last_metrics.clear()
         last_metrics.update({key: value for key, value in asdict(metrics).items() if value is not None})
         last_metrics["attempt"] = claim.attempt  # which run wrote it: runs of one job never interleave
+        if (checkpoint_id := checkpoints_awaiting_metrics.pop(metrics.step, None)) is not None:
+            set_checkpoint_metrics(factory, checkpoint_id, dict(last_metrics))
         evaluated = f", validation loss={metrics.eval_loss:.4f}" if metrics.eval_loss is not None else ""
         _event(factory, f"Step {metrics.step}/{metrics.total_steps}: training loss={metrics.train_loss:.4f}"
                         f"{evaluated}", claim, type="metrics", data=dict(last_metrics))
@@ -191,9 +197,16 @@ def _train_and_publish(factory: sessionmaker[Session], claim: Claim, context: Wo
     def save_checkpoint(step: int, directory: Path) -> None:
         config_ref = store.put_file(directory / "adapter_config.json")
         weights_ref = store.put_file(directory / "adapter_model.safetensors")
-        if record_checkpoint(factory, claim, step=step, metrics=dict(last_metrics), config_sha256=config_ref.sha256,
-                             weights_sha256=weights_ref.sha256, weights_size_bytes=weights_ref.size) is None:
+        # On cancel the checkpoint holds the last reported step; on schedule, the step reported next.
+        reported = last_metrics.get("step") == step
+        checkpoint_id = record_checkpoint(
+            factory, claim, step=step, metrics=dict(last_metrics) if reported else {"step": step},
+            config_sha256=config_ref.sha256, weights_sha256=weights_ref.sha256, weights_size_bytes=weights_ref.size,
+        )
+        if checkpoint_id is None:
             raise LostOwnershipError(claim.job_id)
+        if not reported:
+            checkpoints_awaiting_metrics[step] = checkpoint_id
 
     work_dir = settings.training_work_dir / claim.job_id / f"attempt-{claim.attempt}"
     result = train_lora(
