@@ -85,6 +85,7 @@ class Fp8CheckpointScheme:
 
     weight_strategy: str  # "channel": weight_scale [out, 1]; "tensor": one scale per weight matrix
     static_input_scale: bool  # True: a calibrated per-tensor `*.input_scale` per linear; False: per token at run time
+    kv_cache_scales: bool = False  # a `kv_cache_scheme`: every layer has self_attn.k_scale / v_scale for an FP8 KV cache
 
 
 def _read_quantization(raw: dict) -> Fp8CheckpointScheme | None:
@@ -129,12 +130,19 @@ def _read_quantization(raw: dict) -> Fp8CheckpointScheme | None:
     if group.get("output_activations") is not None:
         raise _refuse(f"{prefix}.output_activations", group["output_activations"],
                       "output quantization is not supported")
-    if config.get("kv_cache_scheme") is not None:
-        raise _refuse("kv_cache_scheme", config["kv_cache_scheme"], "an FP8 KV cache is not supported yet")
+    kv_cache_scheme = config.get("kv_cache_scheme")
+    if kv_cache_scheme is not None:
+        # Static per-tensor FP8 K/V scales (`self_attn.k_scale` / `v_scale`, engine/loader.py reads
+        # them); they are used when the engine runs with kv_cache_dtype "fp8".
+        _check_fp8_args(kv_cache_scheme, "kv_cache_scheme")
+        if kv_cache_scheme.get("strategy") != "tensor" or kv_cache_scheme.get("dynamic"):
+            raise _refuse("kv_cache_scheme", {key: kv_cache_scheme.get(key) for key in ("strategy", "dynamic")},
+                          "expected static per-'tensor' K/V scales (one k_scale and one v_scale per layer)")
     if any(entry != "lm_head" for entry in config.get("ignore") or []):
         raise _refuse("ignore", config["ignore"], "only lm_head may stay unquantized: every q/k/v/o/gate/up/down "
                       "projection must be FP8")
-    return Fp8CheckpointScheme(weight_strategy=weights["strategy"], static_input_scale=not layout[1])
+    return Fp8CheckpointScheme(weight_strategy=weights["strategy"], static_input_scale=not layout[1],
+                               kv_cache_scales=kv_cache_scheme is not None)
 
 
 def _refuse(field: str, value: object, fix: str) -> ValueError:
@@ -155,6 +163,7 @@ def _check_fp8_args(args: dict, field: str) -> None:
 
 
 QUANTIZATION_METHODS = ("fp8",)
+KV_CACHE_DTYPES = ("auto", "fp8")  # EngineConfig.kv_cache_dtype
 
 
 @dataclass
@@ -176,6 +185,9 @@ class EngineConfig:
     # per output channel, activations per token); lm_head stays in `dtype`. None: serve the checkpoint
     # as stored; a pre-quantized FP8 checkpoint (config.json quantization_config) is FP8 either way.
     quantization: str | None = None
+    # "auto": K/V cached in `dtype`; "fp8": in float8_e4m3fn with a K and a V scale per layer (half the
+    # bytes of bf16, so twice the tokens fit), from the checkpoint or calibrated at start (engine/kv_scales.py).
+    kv_cache_dtype: str = "auto"
     # On CUDA, decode steps replay CUDA graphs (engine/cuda_graphs.py); True runs every step eagerly
     # (for debugging, or to save the graphs' capture time and memory).
     enforce_eager: bool = False
@@ -184,6 +196,8 @@ class EngineConfig:
         if self.quantization is not None and self.quantization not in QUANTIZATION_METHODS:
             raise ValueError(f"EngineConfig.quantization is {self.quantization!r}; "
                              f"use None or one of {list(QUANTIZATION_METHODS)}")
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            raise ValueError(f"EngineConfig.kv_cache_dtype is {self.kv_cache_dtype!r}; use one of {list(KV_CACHE_DTYPES)}")
 
     def resolved_max_model_len(self, model: ModelConfig) -> int:
         if self.num_kv_blocks is None:

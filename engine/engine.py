@@ -1,8 +1,13 @@
 """LLMEngine: the synchronous core. `add_request`, then `step()` until done.
 
 One step = schedule -> copy newly admitted adapters into their slots -> run the
-model -> sample -> advance the scheduler -> detokenize and check stops. The
+model -> sample -> advance the scheduler -> check stops and emit outputs. The
 engine is single-threaded; AsyncEngine serializes all calls onto one thread.
+
+Text is produced where it is needed: a request with stop strings is detokenized
+in the step (its stop check reads the text); any other request's outputs carry
+a DeferredDetokenizer and are detokenized when their text_delta is first read,
+off the step loop (by AsyncEngine's consumers).
 """
 from __future__ import annotations
 
@@ -18,9 +23,10 @@ from loraloom.engine.adapter_cache import AdapterFetcher, HostAdapterCache, fetc
 from loraloom.engine.adapter_slots import AdapterSlotTable
 from loraloom.engine.adapters import AdapterHandle
 from loraloom.engine.config import EngineConfig
-from loraloom.engine.detokenizer import IncrementalDetokenizer
+from loraloom.engine.detokenizer import DeferredDetokenizer, IncrementalDetokenizer
 from loraloom.engine.fp8 import quantize_model_fp8
 from loraloom.engine.kv_cache import BlockManager
+from loraloom.engine.kv_scales import prepare_kv_scales
 from loraloom.engine.loader import load_model
 from loraloom.engine.lora import LoRASlotPool, attach_lora
 from loraloom.engine.memory import plan_memory
@@ -39,12 +45,15 @@ HOST_ADAPTER_CACHE_SIZE = 64
 
 @dataclass
 class _Tracked:
-    """Per-request state the scheduler does not need: text, stops, RNG."""
+    """Per-request state the scheduler does not need: text, stops, RNG.
+
+    Without a tokenizer all three text fields are None and outputs carry token ids only.
+    """
 
     request: Request
-    detokenizer: IncrementalDetokenizer | None  # None: the engine has no tokenizer, outputs are token ids only
-    stops: StopStringMatcher
-    generator: torch.Generator | None
+    stops: StopStringMatcher | None  # None: no stop strings
+    detokenizer: IncrementalDetokenizer | None  # text made in the step: requests with stop strings
+    deferred: DeferredDetokenizer | None  # text made when read: requests without stop strings
     arrival_time: float
 
 
@@ -104,6 +113,9 @@ class LLMEngine:
             device=device,
         )
         attach_lora(model, lora_pool, kernels)
+        # Before the memory plan, whose profiling step would otherwise be the first to use the scales,
+        # and before decode graphs are captured (they read the scales by address).
+        self.kv_scales_source = prepare_kv_scales(model, config, tokenizer)
         # Sized after the weights and LoRA slots are resident: on CUDA the plan measures what is left.
         self.memory_plan = plan_memory(model, self.model_config, config, lora_pool)
         config = dataclasses.replace(config, num_kv_blocks=self.memory_plan.num_kv_blocks)
@@ -122,6 +134,8 @@ class LLMEngine:
             fetch=adapter_fetch,
         )
         self._tracked: dict[str, _Tracked] = {}
+        # Seeded requests' own random streams; the runner reads None for every other request.
+        self._generators: dict[str, torch.Generator] = {}
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
         self.preemptions_total = 0
@@ -174,14 +188,18 @@ class LLMEngine:
         if adapter is not None:
             self.load_adapter(adapter)
         request = Request(request_id, list(prompt_token_ids), params, adapter)
+        detokenizer = None if self.tokenizer is None else IncrementalDetokenizer(self.tokenizer, request.prompt_token_ids)
+        eager = bool(params.stop)
         self._tracked[request_id] = _Tracked(
             request=request,
-            detokenizer=(None if self.tokenizer is None
-                         else IncrementalDetokenizer(self.tokenizer, request.prompt_token_ids)),
-            stops=StopStringMatcher(params.stop),
-            generator=make_generator(params.seed, self.runner.device),
+            stops=StopStringMatcher(params.stop) if eager else None,
+            detokenizer=detokenizer if eager else None,
+            deferred=None if eager or detokenizer is None else DeferredDetokenizer(detokenizer),
             arrival_time=time.monotonic(),
         )
+        generator = make_generator(params.seed, self.runner.device)
+        if generator is not None:
+            self._generators[request_id] = generator
         self.scheduler.add_request(request)
         self.prompt_tokens_total += len(prompt_token_ids)
         self.requests_per_adapter[request.adapter_label] += 1
@@ -189,6 +207,7 @@ class LLMEngine:
     def abort_request(self, request_id: str) -> None:
         """Stop a request wherever it is and free its KV blocks and adapter slot reference."""
         if self._tracked.pop(request_id, None) is not None:
+            self._generators.pop(request_id, None)
             self.scheduler.abort_request(request_id)
 
     def has_unfinished(self) -> bool:
@@ -206,54 +225,56 @@ class LLMEngine:
         for slot, adapter in step.adapter_loads:  # rare, and timed by nobody: a copy into a GPU slot
             self.runner.load_adapter(slot, self.adapter_cache.get(adapter))
         sampled_requests = [item.request for item in step.scheduled if item.sample]
-        generators = {request.request_id: self._tracked[request.request_id].generator for request in sampled_requests}
-        sampled = self.runner.execute(step, generators, timings)
+        sampled = self.runner.execute(step, self._generators, timings)
         executed = time.perf_counter()
-        new_tokens = {} if sampled is None else {
-            request.request_id: token for request, token in zip(sampled_requests, sampled.token_ids)
-        }
-        self.scheduler.update_after_step(step, new_tokens)
+        token_ids = [] if sampled is None else sampled.token_ids
+        self.scheduler.update_after_step(step, {
+            request.request_id: token for request, token in zip(sampled_requests, token_ids)
+        })
         outputs = [
-            self._process_token(request, new_tokens[request.request_id], sampled, row)
-            for row, request in enumerate(sampled_requests)
+            self._process_token(request, token, sampled, row)
+            for row, (request, token) in enumerate(zip(sampled_requests, token_ids))
         ]
+        self.generation_tokens_total += len(outputs)
         timings.postprocess_s = time.perf_counter() - executed
         self.last_step_timings = timings
         return outputs
 
     def _process_token(self, request: Request, token: int, sampled, row: int) -> RequestOutput:
+        """The request's output for its newly sampled `token`; finishes the request on a stop."""
         tracked = self._tracked[request.request_id]
-        self.generation_tokens_total += 1
         finish_reason = check_stop(request, token, self.eos_token_ids)
         text = ""
-        if tracked.detokenizer is not None:
+        if tracked.stops is not None:
             text = tracked.detokenizer.step(token)
             if finish_reason is not None:
                 text += tracked.detokenizer.flush()
-        text, hit_stop_string = tracked.stops.feed(text)
-        if hit_stop_string:
-            finish_reason = "stop"
-        elif finish_reason is not None:
-            text += tracked.stops.flush()
+            text, hit_stop_string = tracked.stops.feed(text)
+            if hit_stop_string:
+                finish_reason = "stop"
+            elif finish_reason is not None:
+                text += tracked.stops.flush()
         if finish_reason is not None:
             status = RequestStatus.FINISHED_LENGTH if finish_reason == "length" else RequestStatus.FINISHED_STOPPED
             self.scheduler.finish_request(request.request_id, status)
             del self._tracked[request.request_id]
-        return RequestOutput(
+            self._generators.pop(request.request_id, None)
+        output = RequestOutput(
             request_id=request.request_id,
-            text_delta=text,
+            text_delta=text if tracked.deferred is None else tracked.deferred,
             token_ids=[token],
-            logprobs=self._logprobs(request, token, sampled, row),
+            logprobs=None if request.sampling_params.logprobs is None else self._logprobs(token, sampled, row),
             finished=finish_reason is not None,
             finish_reason=finish_reason,
             num_prompt_tokens=request.num_prompt_tokens,
             num_output_tokens=len(request.output_token_ids),
             num_cached_tokens=request.num_cached_tokens,
         )
+        if tracked.deferred is not None:
+            tracked.deferred.defer(output, token, final=finish_reason is not None)
+        return output
 
-    def _logprobs(self, request: Request, token: int, sampled, row: int) -> list[TokenLogprob] | None:
-        if request.sampling_params.logprobs is None:
-            return None
+    def _logprobs(self, token: int, sampled, row: int) -> list[TokenLogprob]:
         top = sampled.top_logprobs[row] or []
         return [TokenLogprob(
             token_id=token,

@@ -16,6 +16,7 @@ from safetensors.torch import load_file
 
 from loraloom.engine.config import ModelConfig
 from loraloom.engine.fp8 import quantize_model_fp8, take_fp8_scales, use_fp8_linears
+from loraloom.engine.kv_scales import KV_SCALE_NAMES, set_kv_cache_scales, take_kv_cache_scales
 from loraloom.engine.model import LlamaModel
 from loraloom.kernels.backend import REFERENCE_BACKEND, KernelBackend
 
@@ -124,15 +125,17 @@ def _fuse(tensors: dict[str, torch.Tensor], config: ModelConfig) -> dict[str, to
 
 
 def load_weights(model_dir: str | Path, config: ModelConfig) -> dict[str, torch.Tensor]:
-    """Checkpoint tensors (on the CPU, in the checkpoint's dtype) under LlamaModel's parameter names."""
+    """Checkpoint tensors (on the CPU, in the checkpoint's dtype) under LlamaModel's parameter names,
+    FP8 KV cache scales (`layers.{i}.self_attn.k_scale` / `v_scale`) included when the checkpoint has them."""
     model_dir = Path(model_dir)
     tensors: dict[str, torch.Tensor] = {}
     for path in checkpoint_files(model_dir):
         tensors.update(load_file(str(path)))
+    kv_scales = take_kv_cache_scales(tensors, config)
     # An FP8 checkpoint's scales leave `tensors` here, already fused; its weights are checked like any other.
     fp8_scales = take_fp8_scales(tensors, config) if config.quantization is not None else {}
     _check_checkpoint(tensors, config, model_dir)
-    return {**_fuse(tensors, config), **fp8_scales}
+    return {**_fuse(tensors, config), **fp8_scales, **kv_scales}
 
 
 def load_model(
@@ -149,10 +152,13 @@ def load_model(
     """
     config = ModelConfig.from_dir(model_dir)
     weights = load_weights(model_dir, config)
+    kv_scales = {name: weights.pop(name) for name in list(weights) if name.endswith(KV_SCALE_NAMES)}
     model = LlamaModel(config, dtype, device, attention)
     if config.quantization is not None:
         use_fp8_linears(model, static_input_scale=config.quantization.static_input_scale)
     model.load_state_dict(weights, strict=True)
+    if kv_scales:
+        set_kv_cache_scales(model, kv_scales)
     if quantize_to_fp8 and config.quantization is None:
         quantize_model_fp8(model)
     return model.eval()

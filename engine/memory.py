@@ -24,6 +24,7 @@ import torch
 from torch import nn
 
 from loraloom.engine.config import DEFAULT_NUM_KV_BLOCKS, EngineConfig, ModelConfig
+from loraloom.engine.kv_scales import kv_cache_torch_dtype
 from loraloom.engine.lora import AdapterWeights, LoRASlotPool
 from loraloom.engine.lora_weights import LoRAModuleWeights, lora_module_shapes
 from loraloom.engine.model_runner import ModelRunner, StepTimings
@@ -49,6 +50,7 @@ class MemoryPlan:
     kv_cache_bytes: int
     num_kv_blocks: int
     block_size: int
+    kv_cache_dtype: torch.dtype  # the activation dtype, or float8_e4m3fn (half of bf16's bytes per token)
 
     @property
     def max_num_tokens(self) -> int:
@@ -64,8 +66,8 @@ class MemoryPlan:
         return (
             f"memory plan: weights {gb(self.weights_bytes)}, LoRA slots {gb(self.lora_slots_bytes)}, "
             f"activation peak {gb(self.activation_peak_bytes)}, outside torch {gb(self.non_torch_bytes)}, "
-            f"KV cache {gb(self.kv_cache_bytes)} = {self.num_kv_blocks} blocks of {self.block_size} tokens "
-            f"({self.max_num_tokens} tokens)"
+            f"KV cache {gb(self.kv_cache_bytes)} in {str(self.kv_cache_dtype).removeprefix('torch.')} = "
+            f"{self.num_kv_blocks} blocks of {self.block_size} tokens ({self.max_num_tokens} tokens)"
         )
 
 
@@ -109,8 +111,8 @@ def plan_memory(
     """
     if not 0.0 < config.gpu_memory_utilization <= 1.0:
         raise ValueError(f"gpu_memory_utilization: must be in (0, 1], got {config.gpu_memory_utilization!r}")
-    dtype = getattr(torch, config.dtype)
-    block_bytes = kv_block_bytes(model_config, config.block_size, dtype)
+    kv_dtype = kv_cache_torch_dtype(config)
+    block_bytes = kv_block_bytes(model_config, config.block_size, kv_dtype)
     device = torch.device(config.device)
     measured = config.num_kv_blocks is None and device.type == "cuda"
     activation_peak = non_torch = None
@@ -143,6 +145,7 @@ def plan_memory(
         kv_cache_bytes=num_blocks * block_bytes,
         num_kv_blocks=num_blocks,
         block_size=config.block_size,
+        kv_cache_dtype=kv_dtype,
     )
     logger.info(plan.describe())
     return plan

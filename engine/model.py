@@ -16,6 +16,7 @@ from torch import nn
 from loraloom.engine.config import ModelConfig
 from loraloom.engine.layers import Embedding, Linear, RMSNorm, RotaryEmbedding
 from loraloom.kernels.backend import REFERENCE_BACKEND, KernelBackend
+from loraloom.kernels.kv_quant import is_fp8_cache
 from loraloom.kernels.metadata import AttentionMetadata, SGMVMetadata
 
 KVCache = tuple[torch.Tensor, torch.Tensor]  # (k_cache, v_cache), each [num_blocks, block_size, KVH, D]
@@ -33,6 +34,11 @@ class LlamaAttention(nn.Module):
         kv_size = config.num_kv_heads * config.head_dim
         self.qkv_proj = Linear(config.hidden_size, (q_size, kv_size, kv_size), dtype, device)
         self.o_proj = Linear(q_size, (config.hidden_size,), dtype, device)
+        # An FP8 KV cache stores K / k_scale and V / v_scale (kernels/kv_quant.py); set by
+        # engine/kv_scales.py (checkpoint or calibration) and read by the kernels on the device.
+        # Not in the state dict: a checkpoint without them loads as before.
+        self.register_buffer("k_scale", torch.ones(1, dtype=torch.float32, device=device), persistent=False)
+        self.register_buffer("v_scale", torch.ones(1, dtype=torch.float32, device=device), persistent=False)
 
     def forward(
         self,
@@ -48,10 +54,11 @@ class LlamaAttention(nn.Module):
         k = k.view(num_tokens, self.num_kv_heads, self.head_dim)  # [T, KVH, D]
         v = v.view(num_tokens, self.num_kv_heads, self.head_dim)
         k_cache, v_cache = kv_cache
+        scales = (self.k_scale, self.v_scale) if is_fp8_cache(k_cache) else (None, None)
         # One launch: q rotated in place (the qkv output is this layer's own), k rotated into the
         # cache next to v.
-        self.backend.rotary_write_kv_cache(q, k, v, *rotary, k_cache, v_cache, attn.slot_mapping)
-        out = self.backend.paged_attention(q, k_cache, v_cache, attn, self.scale)  # [T, H, D]
+        self.backend.rotary_write_kv_cache(q, k, v, *rotary, k_cache, v_cache, attn.slot_mapping, *scales)
+        out = self.backend.paged_attention(q, k_cache, v_cache, attn, self.scale, *scales)  # [T, H, D]
         return self.o_proj(out.reshape(num_tokens, self.num_heads * self.head_dim), lora)
 
 
@@ -115,6 +122,9 @@ class LlamaModel(nn.Module):
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, device, attention)
         # Tied checkpoints reuse the embedding matrix as the output projection.
         self.lm_head = None if config.tie_word_embeddings else Linear(config.hidden_size, (config.vocab_size,), dtype, device)
+        # True once engine/loader.py has set every layer's k_scale / v_scale from the checkpoint;
+        # otherwise an FP8 KV cache calibrates them at start (engine/kv_scales.py).
+        self.kv_scales_from_checkpoint = False
 
     def forward(
         self,
@@ -147,6 +157,8 @@ def allocate_kv_cache(
     config: ModelConfig, num_blocks: int, block_size: int, dtype: torch.dtype, device: torch.device | str
 ) -> list[KVCache]:
     """One (k_cache, v_cache) pair per layer, each [num_blocks, block_size, num_kv_heads, head_dim].
+
+    `dtype` is the activation dtype, or float8_e4m3fn for an FP8 cache (engine/kv_scales.py).
 
     Zeroed, not empty: attention masks unwritten slots out of the softmax, but a NaN
     left in a V slot would still poison the weighted sum (0 * NaN = NaN).

@@ -13,6 +13,7 @@ import torch
 
 from loraloom.engine.config import EngineConfig, ModelConfig
 from loraloom.engine.cuda_graphs import DecodeGraphs, GraphLoRAMetadata
+from loraloom.engine.kv_scales import kv_cache_torch_dtype
 from loraloom.engine.lora import AdapterWeights, LoRASlotPool, build_sgmv_metadata
 from loraloom.engine.model import LlamaModel, allocate_kv_cache
 from loraloom.engine.sampler import Sampler, SamplerOutput
@@ -61,7 +62,7 @@ class ModelRunner:
         self.lora_pool = lora_pool
         self.device = torch.device(config.device)
         self.kv_caches = allocate_kv_cache(
-            model_config, config.num_kv_blocks, config.block_size, getattr(torch, config.dtype), self.device
+            model_config, config.num_kv_blocks, config.block_size, kv_cache_torch_dtype(config), self.device
         )
         self.sampler = Sampler()
         self.decode_graphs: DecodeGraphs | None = None  # enable_decode_graphs turns them on

@@ -1,9 +1,15 @@
 """Batched token sampling: greedy, temperature, top-k, top-p and per-request seeds in one pass.
 
-Every row of the logits is one request. The filtering and the draw are tensor
-ops over all rows at once; only the random noise is drawn row by row, because
-each seeded request owns a `torch.Generator` and its draws must not depend on
-what else shares the batch.
+Every row of the logits is one request, and each row pays only for what its
+request asks: an all-greedy batch without logprobs is one argmax (on the
+logits' device) and nothing per request beyond one scan of the parameters.
+Sampled rows are split by need: plain temperature rows draw over their whole
+row; top-k / top-p rows first look for their kept set among the row's
+CANDIDATES best tokens (a top-k, far cheaper than sorting the vocabulary) and
+draw over those alone, falling back to a full sort only for the rows whose
+kept set does not fit. The random noise is drawn row by row for seeded
+requests, because each owns a `torch.Generator` and its draws must not depend
+on what else shares the batch.
 """
 from __future__ import annotations
 
@@ -15,6 +21,10 @@ from loraloom.engine.request import SamplingParams
 
 # torch.Generator.manual_seed accepts only 64-bit values; larger or negative API seeds wrap into that range.
 _SEED_MASK = 0xFFFF_FFFF_FFFF_FFFF
+
+# How many of a filtered row's best tokens are examined before falling back to a full sort.
+# Nuclei of real next-token distributions are usually far smaller; flat ones take the fallback.
+CANDIDATES = 256
 
 
 @dataclass
@@ -40,11 +50,14 @@ def make_generator(seed: int | None, device: torch.device | str = "cpu") -> torc
 
 
 def row_argmax(values: torch.Tensor) -> torch.Tensor:  # [rows, vocab] -> [rows] int64
-    """Index of each row's maximum (first one on ties).
+    """Index of each row's maximum (first one on ties), computed where `values` lives.
 
-    torch's CPU argmax is not vectorized (16 ms for 256 x 49k floats here, numpy's
-    is 9x faster), and this sits on the per-step path, so the CPU path goes
-    through numpy without a copy.
+    On CUDA this stays on the device: only the [rows] result is ever copied back.
+    torch's CPU argmax is not vectorized (about 12 ms for 256 x 49k floats here);
+    numpy's is, and it reads the logits at memory bandwidth (about 1.5 ms, ties
+    resolved to the first index like torch), so the CPU path goes through numpy
+    without a copy. Splitting the rows over threads does not help: the read is
+    bandwidth-bound.
     """
     if values.device.type != "cpu":
         return values.argmax(dim=-1)
@@ -59,18 +72,22 @@ class Sampler:
         generators: list[torch.Generator | None],
     ) -> SamplerOutput:
         _check_inputs(logits, params, generators)
-        random_rows = [row for row, p in enumerate(params) if not p.greedy]
-        if not random_rows:
-            token_ids = row_argmax(logits)  # [num_rows]
-        elif len(random_rows) == len(params):
-            token_ids = _sample_filtered(logits, params, generators)
-        else:
-            token_ids = row_argmax(logits)
-            index = torch.tensor(random_rows, device=logits.device)
-            token_ids[index] = _sample_filtered(
-                logits[index], [params[r] for r in random_rows], [generators[r] for r in random_rows]
-            )
-        return _with_logprobs(logits, params, token_ids)
+        num_rows = len(params)
+        token_ids = row_argmax(logits)  # [num_rows]; final for greedy rows
+        # The one scan over the batch: rows that sample or report logprobs.
+        special = [row for row, p in enumerate(params) if p.temperature != 0.0 or p.logprobs is not None]
+        if not special:
+            return SamplerOutput(token_ids=token_ids.tolist(), logprobs=[None] * num_rows,
+                                 top_logprobs=[None] * num_rows)
+        random_rows = [row for row in special if params[row].temperature != 0.0]
+        if random_rows:
+            sampled = _sample_random(_select_rows(logits, random_rows), [params[r] for r in random_rows],
+                                     [generators[r] for r in random_rows])
+            if len(random_rows) == num_rows:
+                token_ids = sampled
+            else:
+                token_ids[torch.tensor(random_rows, device=logits.device)] = sampled
+        return _with_logprobs(logits, params, special, token_ids)
 
 
 def _check_inputs(
@@ -88,7 +105,19 @@ def _check_inputs(
         )
 
 
-def _sample_filtered(
+def _select_rows(values: torch.Tensor, rows: list[int]) -> torch.Tensor:
+    """values[rows], without a copy when `rows` is every row in order."""
+    if len(rows) == values.shape[0]:
+        return values
+    return values[torch.tensor(rows, device=values.device)]
+
+
+def _top_k(params: SamplingParams, vocab_size: int) -> int:
+    """The effective top-k: the whole vocabulary when disabled (0, -1) or not smaller than it."""
+    return params.top_k if 0 < params.top_k < vocab_size else vocab_size
+
+
+def _sample_random(
     logits: torch.Tensor,  # [rows, vocab], every row has temperature > 0
     params: list[SamplingParams],
     generators: list[torch.Generator | None],
@@ -97,56 +126,121 @@ def _sample_filtered(
     vocab_size = logits.shape[1]
     temperatures = torch.tensor([p.temperature for p in params], device=device, dtype=logits.dtype)
     scaled = logits / temperatures[:, None]  # [rows, vocab]
+    filtered = [row for row, p in enumerate(params) if _top_k(p, vocab_size) < vocab_size or p.top_p < 1.0]
+    if not filtered:  # plain temperature sampling: every token is a candidate
+        return _draw(scaled, None, None, generators, vocab_size)
+    filtered_set = set(filtered)
+    plain = [row for row in range(len(params)) if row not in filtered_set]
+    token_ids = torch.empty(len(params), dtype=torch.int64, device=device)
+    if plain:
+        token_ids[torch.tensor(plain, device=device)] = _draw(
+            _select_rows(scaled, plain), None, None, [generators[r] for r in plain], vocab_size)
+    token_ids[torch.tensor(filtered, device=device)] = _sample_filtered(
+        _select_rows(scaled, filtered), [params[r] for r in filtered], [generators[r] for r in filtered])
+    return token_ids
 
-    top_ks = [p.top_k if 0 < p.top_k < vocab_size else vocab_size for p in params]
-    uses_top_k = any(k < vocab_size for k in top_ks)
-    uses_top_p = any(p.top_p < 1.0 for p in params)
-    if uses_top_p:
-        # One sort serves both filters: top-k first, then the nucleus over what top-k kept (vLLM's order).
-        sorted_logits, sorted_ids = scaled.sort(dim=-1, descending=True)  # [rows, vocab]
-        if uses_top_k:
-            sorted_logits = _mask_below_kth(sorted_logits, sorted_logits, top_ks)
-        sorted_probs = sorted_logits.softmax(dim=-1)
-        mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs  # exactly 0 for the best token: it always stays
-        # top_p == 1 rows get an infinite bound so rounding in the cumsum never drops their tail.
-        top_ps = torch.tensor(
-            [p.top_p if p.top_p < 1.0 else float("inf") for p in params], device=device, dtype=logits.dtype
-        )
-        sorted_logits = sorted_logits.masked_fill(mass_before >= top_ps[:, None], float("-inf"))
-        scaled = torch.empty_like(scaled).scatter_(1, sorted_ids, sorted_logits)
-    elif uses_top_k:
-        top_values = scaled.topk(max(top_ks), dim=-1).values  # [rows, max_k], descending
-        scaled = _mask_below_kth(scaled, top_values, top_ks)
 
-    probs = scaled.softmax(dim=-1)  # [rows, vocab]
+def _sample_filtered(
+    scaled: torch.Tensor,  # [rows, vocab], temperature applied, every row with top-k or top-p
+    params: list[SamplingParams],
+    generators: list[torch.Generator | None],
+) -> torch.Tensor:  # [rows] int64
+    """Top-k, then the nucleus over what top-k kept (vLLM's order); draw among the kept tokens."""
+    device = scaled.device
+    vocab_size = scaled.shape[1]
+    top_ks = torch.tensor([_top_k(p, vocab_size) for p in params], device=device)
+    top_ps = torch.tensor([p.top_p for p in params], device=device, dtype=scaled.dtype)
+    values, ids = scaled.topk(min(CANDIDATES, vocab_size), dim=-1)  # [rows, K], best first
+    threshold, fits = _kept_threshold(scaled, values, top_ks, top_ps)
+    token_ids = torch.empty(len(params), dtype=torch.int64, device=device)
+    fitting = fits.nonzero().squeeze(1)  # one device-to-host sync decides the fallback rows
+    fitting_rows = fitting.tolist()
+    if fitting_rows:
+        token_ids[fitting] = _draw(values[fitting], ids[fitting], threshold[fitting],
+                                   [generators[r] for r in fitting_rows], vocab_size)
+    if len(fitting_rows) < len(params):
+        # Kept sets larger than the candidates (flat distributions, huge top-k, ties at the edge): sort them.
+        rest = (~fits).nonzero().squeeze(1)
+        rest_rows = rest.tolist()
+        rest_scaled = scaled[rest]
+        values, ids = rest_scaled.sort(dim=-1, descending=True)  # [rest, vocab]
+        threshold, _ = _kept_threshold(rest_scaled, values, top_ks[rest], top_ps[rest])
+        token_ids[rest] = _draw(values, ids, threshold, [generators[r] for r in rest_rows], vocab_size)
+    return token_ids
+
+
+def _kept_threshold(
+    scaled: torch.Tensor,  # [rows, vocab]
+    values: torch.Tensor,  # [rows, K] each row's K largest values, best first (K may be the vocab)
+    top_ks: torch.Tensor,  # [rows] effective top-k (vocab = disabled)
+    top_ps: torch.Tensor,  # [rows] top-p (1 = disabled)
+) -> tuple[torch.Tensor, torch.Tensor]:  # ([rows] value threshold, [rows] bool: the kept set lies in `values`)
+    """The value at or above which a token is kept, and whether every kept token is among the candidates.
+
+    Top-k keeps the values >= the k-th largest (ties with it included). The nucleus keeps, in
+    descending order, every token whose preceding probability mass (under the top-k filtered
+    softmax) is below top_p, the best token always; all tokens tied with the last kept value stay.
+    """
+    num_candidates = values.shape[1]
+    vocab_size = scaled.shape[1]
+    whole_vocab = num_candidates == vocab_size
+    kth_index = (top_ks.clamp(max=num_candidates) - 1)[:, None]
+    kth_value = values.gather(1, kth_index).squeeze(1)  # [rows]
+    kth_value = torch.where(top_ks < vocab_size, kth_value, torch.full_like(kth_value, float("-inf")))
+    # Top-k fits when its k-th value is among the candidates (or it is disabled).
+    fits = (top_ks <= num_candidates) | (top_ks >= vocab_size) | whole_vocab
+    threshold = kth_value
+    if bool((top_ps < 1.0).any()):
+        # Normalizer of the top-k filtered distribution over the whole row, then the mass of the candidates.
+        log_norm = scaled.masked_fill(scaled < kth_value[:, None], float("-inf")).logsumexp(dim=-1)  # [rows]
+        probs = (values.masked_fill(values < kth_value[:, None], float("-inf")) - log_norm[:, None]).exp()
+        mass = probs.cumsum(dim=-1)
+        kept = (mass - probs < top_ps[:, None]) & (probs > 0)  # mass before each token < top_p; best always kept
+        top_p_value = values.masked_fill(~kept, float("inf")).amin(dim=-1)  # smallest kept value
+        uses_top_p = top_ps < 1.0
+        threshold = torch.where(uses_top_p, torch.maximum(kth_value, top_p_value), kth_value)
+    # When the last candidate is kept, the kept set may go on past the window: a nucleus short of
+    # top_p mass, or ties with the threshold value. Such rows take the full sort.
+    return threshold, fits & ((values[:, -1] < threshold) | whole_vocab)
+
+
+def _draw(
+    values: torch.Tensor,  # [rows, n] scaled logits of each row's candidates
+    ids: torch.Tensor | None,  # [rows, n] their token ids; None: the candidates are the whole row in order
+    threshold: torch.Tensor | None,  # [rows] candidates below it are excluded; None: none are
+    generators: list[torch.Generator | None],
+    vocab_size: int,
+) -> torch.Tensor:  # [rows] int64 token ids
+    """Draw one token per row from the softmax over its kept candidates."""
+    if threshold is not None:
+        values = values.masked_fill(values < threshold[:, None], float("-inf"))
+    probs = values.softmax(dim=-1)
     # Exponential race: argmax(p_i / E_i) with E_i ~ Exp(1) picks i with probability p_i.
-    noise = _exponential_noise(probs, generators)
-    return row_argmax(probs / noise)
-
-
-def _mask_below_kth(
-    values: torch.Tensor,  # [rows, vocab] to filter
-    descending: torch.Tensor,  # [rows, >= max k] the same rows' values sorted best first
-    top_ks: list[int],
-) -> torch.Tensor:
-    """Set to -inf every value below its row's k-th largest (ties with the k-th are kept)."""
-    kth_index = torch.tensor(top_ks, device=values.device)[:, None] - 1  # [rows, 1]
-    kth_value = descending.gather(1, kth_index)  # [rows, 1]
-    return values.masked_fill(values < kth_value, float("-inf"))
+    noise = _exponential_noise(probs, ids, generators, vocab_size)
+    choice = row_argmax(probs / noise)  # [rows] indices into the candidates
+    if ids is None:
+        return choice.to(values.device)
+    return ids.gather(1, choice.to(ids.device)[:, None]).squeeze(1)
 
 
 def _exponential_noise(
-    probs: torch.Tensor,  # [rows, vocab]
+    probs: torch.Tensor,  # [rows, n]
+    ids: torch.Tensor | None,  # [rows, n] token ids of the columns; None: column = token id
     generators: list[torch.Generator | None],
-) -> torch.Tensor:  # [rows, vocab], Exp(1) samples
+    vocab_size: int,
+) -> torch.Tensor:  # [rows, n], Exp(1) samples
     noise = torch.empty_like(probs)
-    if all(g is None for g in generators):
-        noise.exponential_()
-    else:
-        # Each seeded row draws exactly `vocab` values from its own generator, so its tokens
-        # are the same alone or in any batch.
-        for row, generator in enumerate(generators):
-            noise[row].exponential_(generator=generator)
+    seeded = [row for row, generator in enumerate(generators) if generator is not None]
+    if len(seeded) < len(generators):
+        noise.exponential_()  # unseeded rows share torch's global RNG; seeded rows are overwritten below
+    for row in seeded:
+        # Each seeded row draws exactly `vocab` values per step from its own generator, one per token id
+        # whatever the candidates, so its tokens are the same alone or in any batch, on any path.
+        if ids is None:
+            noise[row].exponential_(generator=generators[row])
+        else:
+            row_noise = torch.empty(vocab_size, dtype=probs.dtype, device=probs.device)
+            noise[row] = row_noise.exponential_(generator=generators[row])[ids[row]]
     # A zero draw would turn a zero-probability token into 0/0 = NaN, which argmax would pick.
     return noise.clamp_min_(torch.finfo(noise.dtype).tiny)
 
@@ -154,25 +248,28 @@ def _exponential_noise(
 def _with_logprobs(
     logits: torch.Tensor,  # [num_rows, vocab] raw
     params: list[SamplingParams],
+    special: list[int],  # the rows that sample or ask for logprobs
     token_ids: torch.Tensor,  # [num_rows]
 ) -> SamplerOutput:
     sampled_ids = token_ids.tolist()
     logprobs: list[float | None] = [None] * len(params)
     top_logprobs: list[list[tuple[int, float]] | None] = [None] * len(params)
-    rows = [row for row, p in enumerate(params) if p.logprobs is not None]
+    rows = [row for row in special if params[row].logprobs is not None]
     if not rows:
         return SamplerOutput(token_ids=sampled_ids, logprobs=logprobs, top_logprobs=top_logprobs)
 
     index = torch.tensor(rows, device=logits.device)
-    # The raw model distribution, before temperature and filtering (OpenAI's and vLLM's default).
-    raw_logprobs = torch.log_softmax(logits[index], dim=-1)  # [len(rows), vocab]
-    chosen = raw_logprobs.gather(1, token_ids[index][:, None]).squeeze(1).tolist()
+    # The raw model distribution, before temperature and filtering (OpenAI's and vLLM's default):
+    # logprob = logit - logsumexp(row), without materializing the whole log-softmax.
+    selected = logits[index]  # [len(rows), vocab]
+    log_norm = selected.logsumexp(dim=-1, keepdim=True)  # [len(rows), 1]
+    chosen = (selected.gather(1, token_ids[index][:, None]) - log_norm).squeeze(1).tolist()
     max_top = min(max(params[row].logprobs for row in rows), logits.shape[1])
     top_ids: list[list[int]] = [[] for _ in rows]
     top_values: list[list[float]] = [[] for _ in rows]
     if max_top > 0:
-        values, ids_tensor = raw_logprobs.topk(max_top, dim=-1)  # [len(rows), max_top], best first
-        top_values, top_ids = values.tolist(), ids_tensor.tolist()
+        values, ids_tensor = selected.topk(max_top, dim=-1)  # [len(rows), max_top], best first
+        top_values, top_ids = (values - log_norm).tolist(), ids_tensor.tolist()
     for i, row in enumerate(rows):
         k = params[row].logprobs
         logprobs[row] = chosen[i]

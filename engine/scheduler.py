@@ -137,13 +137,19 @@ class Scheduler:
         scheduled: list[ScheduledRequest] = []
         preempted: list[Request] = []
         index = 0
+        # This loop runs once per running request every step (hundreds): it reads each
+        # request's fields directly instead of through the helpers used on rarer paths.
+        slot_of_key = self.slot_table.lookup
+        ensure_capacity = self.block_manager.ensure_capacity
         while index < len(self._running) and budget > 0:
             request = self._running[index]
             num_younger = len(self._running) - index - 1
-            num_new = min(request.num_tokens - request.num_computed_tokens, max(1, budget - num_younger))
-            if not self._make_room(request, num_new, preempted):
+            num_tokens = len(request.prompt_token_ids) + len(request.output_token_ids)
+            num_new = min(num_tokens - request.num_computed_tokens, max(1, budget - num_younger))
+            if not ensure_capacity(request, num_new) and not self._make_room(request, num_new, preempted):
                 break  # it preempted itself, so it was the youngest: nobody is left after it
-            scheduled.append(self._scheduled(request, num_new, self._slot_of(request)))
+            slot = BASE_SLOT if request.adapter is None else slot_of_key(request.adapter.key)
+            scheduled.append(self._scheduled(request, num_new, slot))
             budget -= num_new
             index += 1
 
@@ -241,10 +247,6 @@ class Scheduler:
         self.block_manager.free(request)
         if request.adapter_key is not None:
             self.slot_table.release(request.adapter_key)
-
-    def _slot_of(self, request: Request) -> int:
-        key = request.adapter_key
-        return BASE_SLOT if key is None else self.slot_table.lookup(key)
 
     @staticmethod
     def _scheduled(request: Request, num_new: int, slot: int) -> ScheduledRequest:

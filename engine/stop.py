@@ -19,6 +19,8 @@ class StopStringMatcher:
             raise ValueError("stop: contains an empty string, which would match at once; remove it")
         self._stop = list(stop)
         self._longest = max((len(s) for s in self._stop), default=0)
+        # Every proper prefix of every stop string: the held-back check is then one set lookup per length.
+        self._proper_prefixes = {s[:length] for s in self._stop for length in range(1, len(s))}
         self._held = ""
         self._stopped = False
 
@@ -49,8 +51,7 @@ class StopStringMatcher:
     def _partial_stop_suffix_len(self, text: str) -> int:
         """Length of the longest suffix of `text` that is a proper prefix of some stop string."""
         for length in range(min(len(text), self._longest - 1), 0, -1):
-            suffix = text[len(text) - length :]
-            if any(s.startswith(suffix) for s in self._stop):
+            if text[len(text) - length :] in self._proper_prefixes:
                 return length
         return 0
 

@@ -14,16 +14,18 @@ import torch
 from loraloom.kernels import reference
 from loraloom.kernels.metadata import AttentionMetadata, SGMVMetadata
 
-WriteKVCache = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], None]
-PagedAttention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, AttentionMetadata, float], torch.Tensor]
+# K/V writers and attention take (k_scale, v_scale) last: [1] fp32 tensors for an FP8 cache, None
+# for a cache in the activation dtype (kernels/kv_quant.py).
+Scale = torch.Tensor | None
+WriteKVCache = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, Scale, Scale], None]
+PagedAttention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, AttentionMetadata, float, Scale, Scale],
+                          torch.Tensor]
 SGMVShrink = Callable[[torch.Tensor, list[torch.Tensor], SGMVMetadata, torch.Tensor], None]
 SGMVExpand = Callable[[torch.Tensor, list[torch.Tensor], SGMVMetadata, torch.Tensor, list[int]], None]
 RotaryWriteKVCache = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
-                               torch.Tensor, torch.Tensor], None]
+                               torch.Tensor, torch.Tensor, Scale, Scale], None]
 RMSNorm = Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]
-FusedAddRotaryWriteKVCache = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
-                               torch.Tensor, torch.Tensor], None]
-RMSNorm = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float], tuple[torch.Tensor, torch.Tensor]]
+FusedAddRMSNorm = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float], tuple[torch.Tensor, torch.Tensor]]
 
 
 @dataclass(frozen=True)

@@ -36,8 +36,6 @@ import functools
 
 import torch
 
-from loraloom.kernels.reference import fp8_scaled_mm
-
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = 448.0  # largest finite e4m3fn value
 # Floor on a row's |max| before it becomes a scale: an all-zero row gets a tiny positive scale
@@ -106,6 +104,9 @@ def fp8_linear(
         x_q = quantize_with_scale(x, x_scale)
     if path == "scaled_mm":
         return _scaled_mm_rowwise(x_q, x_scale, w_q, w_scale, x.dtype)
+    # Imported here: reference.py imports this module's quantization rules (for the FP8 KV cache).
+    from loraloom.kernels.reference import fp8_scaled_mm
+
     return fp8_scaled_mm(x_q, x_scale, w_q, w_scale, x.dtype)
 
 

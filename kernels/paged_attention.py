@@ -13,6 +13,10 @@ Two launches per call:
   seq_len - n + i, online softmax. Each K/V tile of BLOCK_N positions is gathered through the
   block table, so any block_size works and a tile may span blocks.
 Each launch's programs exit at once for the other kind of request.
+
+An FP8 (e4m3) cache (kernels/kv_quant.py) is written as e4m3(x / scale) and read by converting
+the e4m3 values to the query's dtype (exact) for the products, with K's scale folded into the
+softmax scale and V's into the output: one multiply per tile row instead of one per element.
 """
 from __future__ import annotations
 
@@ -20,12 +24,15 @@ import torch
 import triton
 import triton.language as tl
 
+from loraloom.kernels.fp8 import FP8_DTYPE
+from loraloom.kernels.fp8_quant import quantize_to_e4m3
+from loraloom.kernels.kv_quant import check_kv_scales, is_fp8_cache
 from loraloom.kernels.metadata import AttentionMetadata
-from loraloom.kernels.paged_decode import LOG2_E, MIN_DOT_M, paged_decode_attention
+from loraloom.kernels.paged_decode import LOG2_E, MIN_DOT_M, kernel_scales, paged_decode_attention
 
 PREFILL_BLOCK_M = 64  # query rows (tokens x heads of a group) per prefill tile
 BLOCK_N = 32  # cached positions per step of the K/V loop
-CACHE_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+CACHE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, FP8_DTYPE)
 
 
 @triton.jit
@@ -33,11 +40,12 @@ def _write_kv_cache_kernel(
     key_ptr, value_ptr,  # [T, KVH, D]
     k_cache_ptr, v_cache_ptr,  # [num_blocks, block_size, KVH, D]
     slot_mapping_ptr,  # [T] int64
+    k_scale_ptr, v_scale_ptr,  # [1] fp32, read only when FP8_KV
     block_size, kv_heads, head_dim,
     stride_k_tok, stride_k_head,
     stride_v_tok, stride_v_head,
     stride_c_block, stride_c_pos, stride_c_head,
-    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
+    FP8_KV: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     token = tl.program_id(0)
     slot = tl.load(slot_mapping_ptr + token)
@@ -52,8 +60,12 @@ def _write_kv_cache_kernel(
             + offs_h[:, None] * stride_c_head + offs_d[None, :])
     key = tl.load(key_ptr + key_source, mask=mask)
     value = tl.load(value_ptr + value_source, mask=mask)
-    tl.store(k_cache_ptr + dest, key.to(k_cache_ptr.dtype.element_ty), mask=mask)
-    tl.store(v_cache_ptr + dest, value.to(v_cache_ptr.dtype.element_ty), mask=mask)
+    if FP8_KV:
+        tl.store(k_cache_ptr + dest, quantize_to_e4m3(key, tl.load(k_scale_ptr)), mask=mask)
+        tl.store(v_cache_ptr + dest, quantize_to_e4m3(value, tl.load(v_scale_ptr)), mask=mask)
+    else:
+        tl.store(k_cache_ptr + dest, key.to(k_cache_ptr.dtype.element_ty), mask=mask)
+        tl.store(v_cache_ptr + dest, value.to(v_cache_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -64,13 +76,14 @@ def _paged_attention_kernel(
     query_start_loc_ptr,  # [B + 1] int32
     seq_lens_ptr,  # [B] int32
     block_tables_ptr,  # [B, max_blocks_per_seq] int32
+    k_scale_ptr, v_scale_ptr,  # [1] fp32, read only when FP8_KV
     scale_log2,  # softmax scale times log2(e)
     block_size, head_dim,
     stride_q_tok, stride_q_head,
     stride_o_tok, stride_o_head,
     stride_c_block, stride_c_pos, stride_c_head,
     stride_bt_seq,
-    GROUP: tl.constexpr,
+    GROUP: tl.constexpr, FP8_KV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     seq = tl.program_id(0)
@@ -98,7 +111,10 @@ def _paged_attention_kernel(
     q_rows = (q_begin + q_index).to(tl.int64)
     query = tl.load(query_ptr + q_rows[:, None] * stride_q_tok + head[:, None] * stride_q_head + offs_d[None, :],
                     mask=row_mask[:, None] & d_mask[None, :], other=0.0)  # [BLOCK_M, BLOCK_D]
-    query = query.to(k_cache_ptr.dtype.element_ty)
+    if FP8_KV:
+        scale_log2 = scale_log2 * tl.load(k_scale_ptr)  # q . (k_q * s) = (q . k_q) * s; k_q goes to q's dtype
+    else:
+        query = query.to(k_cache_ptr.dtype.element_ty)
 
     row_max = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
     row_sum = tl.zeros((BLOCK_M,), dtype=tl.float32)
@@ -114,7 +130,7 @@ def _paged_attention_kernel(
                          + kv_head * stride_c_head)  # [BLOCK_N]
         kv_mask = n_mask[None, :] & d_mask[:, None]
         keys = tl.load(k_cache_ptr + cache_offsets[None, :] + offs_d[:, None],
-                       mask=kv_mask, other=0.0)  # [BLOCK_D, BLOCK_N]
+                       mask=kv_mask, other=0.0).to(query.dtype)  # [BLOCK_D, BLOCK_N]
         # "ieee" keeps fp32 inputs exact (no TF32); fp16/bf16 inputs ignore it.
         scores = tl.dot(query, keys, input_precision="ieee") * scale_log2  # [BLOCK_M, BLOCK_N]
         visible = (offs_n[None, :] <= q_pos[:, None]) & n_mask[None, :]
@@ -126,11 +142,13 @@ def _paged_attention_kernel(
         probs = tl.exp2(scores - new_max[:, None])
         row_sum = row_sum * rescale + tl.sum(probs, axis=1)
         values = tl.load(v_cache_ptr + cache_offsets[:, None] + offs_d[None, :],
-                         mask=n_mask[:, None] & d_mask[None, :], other=0.0)  # [BLOCK_N, BLOCK_D]
+                         mask=n_mask[:, None] & d_mask[None, :], other=0.0).to(query.dtype)  # [BLOCK_N, BLOCK_D]
         acc = acc * rescale[:, None] + tl.dot(probs.to(values.dtype), values, input_precision="ieee")
         row_max = new_max
 
     result = acc / row_sum[:, None]
+    if FP8_KV:
+        result = result * tl.load(v_scale_ptr)  # sum_n p_n (v_q,n * s) = s * sum_n p_n v_q,n
     tl.store(out_ptr + q_rows[:, None] * stride_o_tok + head[:, None] * stride_o_head + offs_d[None, :],
              result.to(out_ptr.dtype.element_ty), mask=row_mask[:, None] & d_mask[None, :])
 
@@ -150,12 +168,16 @@ def write_kv_cache(
     k_cache: torch.Tensor,  # [num_blocks, block_size, KVH, D]
     v_cache: torch.Tensor,  # [num_blocks, block_size, KVH, D]
     slot_mapping: torch.Tensor,  # [T] int64
+    k_scale: torch.Tensor | None = None,  # [1] fp32; an FP8 cache only (kernels/kv_quant.py)
+    v_scale: torch.Tensor | None = None,
 ) -> None:
     """for t: cache[slot_mapping[t] // block_size, slot_mapping[t] % block_size] = kv[t]
 
-    Tokens whose slot is negative are skipped (padding rows of a CUDA-graph batch).
+    An FP8 cache stores e4m3(kv[t] / scale) instead. Tokens whose slot is negative are skipped
+    (padding rows of a CUDA-graph batch).
     """
     _check_cache(k_cache, v_cache)
+    check_kv_scales(k_cache, k_scale, v_scale)
     num_tokens, kv_heads, head_dim = key.shape
     # value is usually a view into the fused qkv output while key is rotary's fresh tensor,
     # so the two may have different token/head strides; only head_dim must be contiguous.
@@ -167,13 +189,15 @@ def write_kv_cache(
         f"slot_mapping must be [T={num_tokens}] int64; got {tuple(slot_mapping.shape)} {slot_mapping.dtype}")
     if num_tokens == 0:
         return
+    fp8_kv = is_fp8_cache(k_cache)
     _write_kv_cache_kernel[(num_tokens,)](
         key, value, k_cache, v_cache, slot_mapping,
+        *kernel_scales(k_cache, k_scale, v_scale),
         k_cache.shape[1], kv_heads, head_dim,
         key.stride(0), key.stride(1),
         value.stride(0), value.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        BLOCK_H=triton.next_power_of_2(kv_heads), BLOCK_D=triton.next_power_of_2(head_dim),
+        FP8_KV=fp8_kv, BLOCK_H=triton.next_power_of_2(kv_heads), BLOCK_D=triton.next_power_of_2(head_dim),
     )
 
 
@@ -183,6 +207,8 @@ def paged_attention(
     v_cache: torch.Tensor,  # [num_blocks, block_size, KVH, D]
     meta: AttentionMetadata,
     scale: float,
+    k_scale: torch.Tensor | None = None,  # [1] fp32; an FP8 cache only: K = stored * k_scale
+    v_scale: torch.Tensor | None = None,
     num_splits: int | None = None,  # decode split-KV factor; None chooses it from the shapes
 ) -> torch.Tensor:  # [T, H, D]
     """Causal attention of each request's new tokens over its whole cached sequence.
@@ -194,6 +220,7 @@ def paged_attention(
     Rows of requests with no new tokens are not written.
     """
     _check_cache(k_cache, v_cache)
+    check_kv_scales(k_cache, k_scale, v_scale)
     num_tokens, num_heads, head_dim = query.shape
     kv_heads = k_cache.shape[2]
     assert query.stride(2) == 1, "query must have contiguous head_dim"
@@ -215,20 +242,21 @@ def paged_attention(
     longest = max(new_tokens, default=0)
     if longest <= 1 or 1 in new_tokens:
         paged_decode_attention(query, k_cache, v_cache, meta.query_start_loc, meta.seq_lens, meta.block_tables,
-                               scale, out, num_splits=num_splits)
+                               scale, out, k_scale, v_scale, num_splits=num_splits)
     if longest > 1:
         group = num_heads // kv_heads
         block_m = max(PREFILL_BLOCK_M, MIN_DOT_M, triton.next_power_of_2(group))
         _paged_attention_kernel[(meta.num_seqs, kv_heads, triton.cdiv(longest, block_m // group))](
             query, k_cache, v_cache, out,
             meta.query_start_loc, meta.seq_lens, meta.block_tables,
+            *kernel_scales(k_cache, k_scale, v_scale),
             scale * LOG2_E,
             k_cache.shape[1], head_dim,
             query.stride(0), query.stride(1),
             out.stride(0), out.stride(1),
             k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
             meta.block_tables.stride(0),
-            GROUP=group,
+            GROUP=group, FP8_KV=is_fp8_cache(k_cache),
             BLOCK_M=block_m, BLOCK_N=BLOCK_N, BLOCK_D=triton.next_power_of_2(head_dim),
         )
     return out

@@ -18,6 +18,10 @@ sequence writes a neutral partial (lse -inf, output 0) that pass 2 weighs by 2^-
 Rows with no new token (padding of a graph batch: query_start_loc repeats) are skipped
 before anything else is read.
 
+FP8 cache (kernels/kv_quant.py): e4m3 K/V are converted to the query's dtype for the products;
+K's scale is folded into the softmax scale and V's into the partial output (pass 2 is linear in
+the partials, so scaling them before the combine is the same as after).
+
 GQA: the GROUP query heads that share a KV head form the M rows of one tl.dot, so each K/V
 tile is read once per KV head, not once per query head.
 """
@@ -28,6 +32,8 @@ import functools
 import torch
 import triton
 import triton.language as tl
+
+from loraloom.kernels.kv_quant import is_fp8_cache
 
 DECODE_BLOCK_N = 64  # cached positions per step of a program's K/V loop (also the split alignment)
 MIN_DOT_M = 16  # one m16n8k16 MMA; Triton would pad fewer rows to it anyway
@@ -47,13 +53,14 @@ def _paged_decode_kernel(
     query_start_loc_ptr,  # [B + 1] int32
     seq_lens_ptr,  # [B] int32
     block_tables_ptr,  # [B, max_blocks_per_seq] int32
+    k_scale_ptr, v_scale_ptr,  # [1] fp32, read only when FP8_KV
     scale_log2,  # softmax scale times log2(e)
     block_size, head_dim,
     stride_q_tok, stride_q_head,
     stride_o_tok, stride_o_head,
     stride_c_block, stride_c_pos, stride_c_head,
     stride_bt_seq,
-    GROUP: tl.constexpr, NUM_SPLITS: tl.constexpr,
+    GROUP: tl.constexpr, NUM_SPLITS: tl.constexpr, FP8_KV: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):
     seq = tl.program_id(0)
@@ -77,7 +84,10 @@ def _paged_decode_kernel(
     q_row64 = q_row.to(tl.int64)
     query = tl.load(query_ptr + q_row64 * stride_q_tok + head[:, None] * stride_q_head + offs_d[None, :],
                     mask=row_mask[:, None] & d_mask[None, :], other=0.0)  # [BLOCK_M, BLOCK_D]
-    query = query.to(k_cache_ptr.dtype.element_ty)
+    if FP8_KV:
+        scale_log2 = scale_log2 * tl.load(k_scale_ptr)  # q . (k_q * s) = (q . k_q) * s; k_q goes to q's dtype
+    else:
+        query = query.to(k_cache_ptr.dtype.element_ty)
 
     row_max = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
     row_sum = tl.zeros((BLOCK_M,), dtype=tl.float32)
@@ -91,7 +101,7 @@ def _paged_decode_kernel(
         cache_offsets = (block_ids * stride_c_block + (offs_n % block_size) * stride_c_pos
                          + kv_head * stride_c_head)  # [BLOCK_N]
         keys = tl.load(k_cache_ptr + cache_offsets[None, :] + offs_d[:, None],
-                       mask=n_mask[None, :] & d_mask[:, None], other=0.0)  # [BLOCK_D, BLOCK_N]
+                       mask=n_mask[None, :] & d_mask[:, None], other=0.0).to(query.dtype)  # [BLOCK_D, BLOCK_N]
         # "ieee" keeps fp32 inputs exact (no TF32); fp16/bf16 inputs ignore it.
         scores = tl.dot(query, keys, input_precision="ieee") * scale_log2  # [BLOCK_M, BLOCK_N]
         # The single new token sees the whole sequence: only the range's end masks. Position
@@ -102,9 +112,11 @@ def _paged_decode_kernel(
         probs = tl.exp2(scores - new_max[:, None])
         row_sum = row_sum * rescale + tl.sum(probs, axis=1)
         values = tl.load(v_cache_ptr + cache_offsets[:, None] + offs_d[None, :],
-                         mask=n_mask[:, None] & d_mask[None, :], other=0.0)  # [BLOCK_N, BLOCK_D]
+                         mask=n_mask[:, None] & d_mask[None, :], other=0.0).to(query.dtype)  # [BLOCK_N, BLOCK_D]
         acc = acc * rescale[:, None] + tl.dot(probs.to(values.dtype), values, input_precision="ieee")
         row_max = new_max
+    if FP8_KV:
+        acc = acc * tl.load(v_scale_ptr)  # sum_n p_n (v_q,n * s) = s * sum_n p_n v_q,n
 
     store_mask = row_mask[:, None] & d_mask[None, :]
     if NUM_SPLITS == 1:
@@ -171,6 +183,14 @@ def choose_num_splits(num_seqs: int, kv_heads: int, max_seq_len: int, device: to
     return max(1, min(MAX_SPLITS, triton.cdiv(target, programs), triton.cdiv(max_seq_len, DECODE_BLOCK_N)))
 
 
+def kernel_scales(k_cache: torch.Tensor, k_scale: torch.Tensor | None,
+                  v_scale: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The scale pointers a kernel takes: an FP8 cache's scales, else the cache itself (never read)."""
+    if k_scale is None or v_scale is None:
+        return k_cache, k_cache
+    return k_scale, v_scale
+
+
 def paged_decode_attention(
     query: torch.Tensor,  # [T, H, D]
     k_cache: torch.Tensor,  # [num_blocks, block_size, KVH, D]
@@ -180,6 +200,8 @@ def paged_decode_attention(
     block_tables: torch.Tensor,  # [B, max_blocks_per_seq] int32
     scale: float,
     out: torch.Tensor,  # [T, H, D]: rows of one-token requests are written
+    k_scale: torch.Tensor | None = None,  # [1] fp32; an FP8 cache only
+    v_scale: torch.Tensor | None = None,
     num_splits: int | None = None,  # None: choose_num_splits; tests force other values
 ) -> None:
     """Attention of every one-token request's query over its whole cached sequence.
@@ -205,13 +227,14 @@ def paged_decode_attention(
     _paged_decode_kernel[(num_seqs, kv_heads, num_splits)](
         query, k_cache, v_cache, out, partial, lse,
         query_start_loc, seq_lens, block_tables,
+        *kernel_scales(k_cache, k_scale, v_scale),
         scale * LOG2_E,
         block_size, head_dim,
         query.stride(0), query.stride(1),
         out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         block_tables.stride(0),
-        GROUP=group, NUM_SPLITS=num_splits,
+        GROUP=group, NUM_SPLITS=num_splits, FP8_KV=is_fp8_cache(k_cache),
         BLOCK_M=max(MIN_DOT_M, triton.next_power_of_2(group)), BLOCK_N=DECODE_BLOCK_N, BLOCK_D=block_d,
     )
     if num_splits > 1:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from loraloom.kernels.kv_quant import check_kv_scales, dequantize_kv, quantize_kv
 from loraloom.kernels.metadata import AttentionMetadata, SGMVMetadata
 
 
@@ -17,16 +18,25 @@ def write_kv_cache(
     k_cache: torch.Tensor,  # [num_blocks, block_size, KVH, D]
     v_cache: torch.Tensor,  # [num_blocks, block_size, KVH, D]
     slot_mapping: torch.Tensor,  # [T] int64
+    k_scale: torch.Tensor | None = None,  # [1] fp32; an FP8 cache only (kernels/kv_quant.py)
+    v_scale: torch.Tensor | None = None,
 ) -> None:
     """for t: cache[slot_mapping[t] // block_size, slot_mapping[t] % block_size] = kv[t]
 
-    Tokens whose slot is negative are skipped (padding rows of a CUDA-graph batch).
+    An FP8 cache stores e4m3(kv[t] / scale) instead. Tokens whose slot is negative are skipped
+    (padding rows of a CUDA-graph batch).
     """
+    check_kv_scales(k_cache, k_scale, v_scale)
     if bool((slot_mapping < 0).any()):
         keep = slot_mapping >= 0
         key, value, slot_mapping = key[keep], value[keep], slot_mapping[keep]
-    k_cache.view(-1, *k_cache.shape[2:]).index_copy_(0, slot_mapping, key.to(k_cache.dtype))
-    v_cache.view(-1, *v_cache.shape[2:]).index_copy_(0, slot_mapping, value.to(v_cache.dtype))
+    for cache, source, scale in ((k_cache, key, k_scale), (v_cache, value, v_scale)):
+        stored = quantize_kv(source, scale, cache.dtype)
+        # Through a byte view: CPU index_copy_ has no float8 kernel, and a copy is a copy.
+        flat = cache.view(-1, *cache.shape[2:])
+        if cache.dtype.itemsize == 1:
+            flat, stored = flat.view(torch.uint8), stored.view(torch.uint8)
+        flat.index_copy_(0, slot_mapping, stored)
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -46,11 +56,13 @@ def rotary_write_kv_cache(
     k_cache: torch.Tensor,  # [num_blocks, block_size, KVH, D]
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,  # [T] int64
+    k_scale: torch.Tensor | None = None,  # [1] fp32; an FP8 cache only
+    v_scale: torch.Tensor | None = None,
 ) -> None:
-    """query <- rotary(query); cache[slot_mapping[t]] <- (rotary(key[t]), value[t])."""
+    """query <- rotary(query); cache[slot_mapping[t]] <- (rotary(key[t]), value[t]) (FP8: / scale, e4m3)."""
     cos, sin = cos[:, None, :], sin[:, None, :]  # broadcast over heads
     query.copy_(apply_rotary(query, cos, sin))
-    write_kv_cache(apply_rotary(key, cos, sin), value, k_cache, v_cache, slot_mapping)
+    write_kv_cache(apply_rotary(key, cos, sin), value, k_cache, v_cache, slot_mapping, k_scale, v_scale)
 
 
 def _gather_kv(cache: torch.Tensor, block_table: torch.Tensor, length: int) -> torch.Tensor:
@@ -65,29 +77,34 @@ def paged_attention(
     v_cache: torch.Tensor,  # [num_blocks, block_size, KVH, D]
     meta: AttentionMetadata,
     scale: float,
+    k_scale: torch.Tensor | None = None,  # [1] fp32; an FP8 cache only: K = stored * k_scale
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:  # [T, H, D]
     """Causal attention of each request's new tokens over its whole cached sequence.
 
     for each request b with n new tokens and L = seq_lens[b] cached tokens:
         new token i sits at position L - n + i and attends cache positions 0 .. L - n + i,
         read through block_tables[b]; query head h uses KV head h // (H // KVH).
-    The new tokens' K/V must already be in the cache (write_kv_cache first).
+    The new tokens' K/V must already be in the cache (write_kv_cache first). An FP8 cache is
+    dequantized to the query's dtype (stored * scale) before the products.
     """
+    check_kv_scales(k_cache, k_scale, v_scale)
     num_heads, kv_heads = query.shape[1], k_cache.shape[2]
     group = num_heads // kv_heads
     out = torch.empty_like(query)
     qsl, lens = meta.query_start_loc_host, meta.seq_lens_host
     decode_rows = [b for b in range(meta.num_seqs) if qsl[b + 1] - qsl[b] == 1]
     if decode_rows:
-        _decode_attention(query, k_cache, v_cache, meta, decode_rows, scale, out)
+        _decode_attention(query, k_cache, v_cache, meta, decode_rows, scale, out, k_scale, v_scale)
     for b in range(meta.num_seqs):
         start, end = qsl[b], qsl[b + 1]
         n = end - start
         if n <= 1:
             continue
         length = lens[b]
-        k = _gather_kv(k_cache, meta.block_tables[b], length)  # [length, KVH, D]
-        v = _gather_kv(v_cache, meta.block_tables[b], length)
+        # [length, KVH, D] each
+        k = dequantize_kv(_gather_kv(k_cache, meta.block_tables[b], length), k_scale, query.dtype)
+        v = dequantize_kv(_gather_kv(v_cache, meta.block_tables[b], length), v_scale, query.dtype)
         if length == n:
             # The whole sequence is new: plain causal attention, which SDPA runs in its fused
             # kernel (skipping the masked half) instead of materializing an [n, n] mask.
@@ -106,7 +123,7 @@ def paged_attention(
     return out
 
 
-def _decode_attention(query, k_cache, v_cache, meta, rows, scale, out) -> None:
+def _decode_attention(query, k_cache, v_cache, meta, rows, scale, out, k_scale, v_scale) -> None:
     """All one-token requests at once: pad their sequences to the longest and mask."""
     num_heads, kv_heads = query.shape[1], k_cache.shape[2]
     group = num_heads // kv_heads
@@ -116,8 +133,8 @@ def _decode_attention(query, k_cache, v_cache, meta, rows, scale, out) -> None:
     max_blocks = -(-max_len // block_size)
     rows_t = torch.tensor(rows)
     tables = meta.block_tables[rows_t, :max_blocks].long()  # [n, max_blocks]
-    k = k_cache[tables].flatten(1, 2)[:, :max_len]  # [n, max_len, KVH, D]
-    v = v_cache[tables].flatten(1, 2)[:, :max_len]
+    k = dequantize_kv(k_cache[tables].flatten(1, 2)[:, :max_len], k_scale, query.dtype)  # [n, max_len, KVH, D]
+    v = dequantize_kv(v_cache[tables].flatten(1, 2)[:, :max_len], v_scale, query.dtype)
     q_rows = torch.tensor([meta.query_start_loc_host[b] for b in rows])
     q = query[q_rows].view(len(rows), kv_heads, group, -1).to(k.dtype)  # [n, KVH, G, D]
     scores = torch.einsum("nkgd,nlkd->nkgl", q, k) * scale

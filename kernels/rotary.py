@@ -15,7 +15,10 @@ import torch
 import triton
 import triton.language as tl
 
+from loraloom.kernels.fp8_quant import quantize_to_e4m3
+from loraloom.kernels.kv_quant import check_kv_scales, is_fp8_cache
 from loraloom.kernels.paged_attention import _check_cache
+from loraloom.kernels.paged_decode import kernel_scales
 
 
 @triton.jit
@@ -33,11 +36,12 @@ def _rotary_write_kv_cache_kernel(
     cos_ptr, sin_ptr,  # [T, D]
     k_cache_ptr, v_cache_ptr,  # [num_blocks, block_size, KVH, D]
     slot_mapping_ptr,  # [T] int64
+    k_scale_ptr, v_scale_ptr,  # [1] fp32, read only when FP8_KV
     num_heads, kv_heads, half, block_size,
     stride_q_tok, stride_q_head, stride_k_tok, stride_k_head, stride_v_tok, stride_v_head,
     stride_cos_tok, stride_sin_tok,
     stride_c_block, stride_c_pos, stride_c_head,
-    BLOCK_H: tl.constexpr, BLOCK_KVH: tl.constexpr, BLOCK_HALF: tl.constexpr,
+    FP8_KV: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_KVH: tl.constexpr, BLOCK_HALF: tl.constexpr,
 ):
     token = tl.program_id(0).to(tl.int64)
     dtype = query_ptr.dtype.element_ty
@@ -67,12 +71,22 @@ def _rotary_write_kv_cache_kernel(
         k1, k2 = _rotate(k1, k2, cos1, cos2, sin1, sin2, key_ptr.dtype.element_ty)
         dest = ((slot // block_size) * stride_c_block + (slot % block_size) * stride_c_pos
                 + offs_kvh[:, None] * stride_c_head + offs_d[None, :])
-        cache_dtype = k_cache_ptr.dtype.element_ty
-        tl.store(k_cache_ptr + dest, k1.to(cache_dtype), mask=kv_mask)
-        tl.store(k_cache_ptr + dest + half, k2.to(cache_dtype), mask=kv_mask)
         v_first = value_ptr + token * stride_v_tok + offs_kvh[:, None] * stride_v_head + offs_d[None, :]
-        tl.store(v_cache_ptr + dest, tl.load(v_first, mask=kv_mask).to(cache_dtype), mask=kv_mask)
-        tl.store(v_cache_ptr + dest + half, tl.load(v_first + half, mask=kv_mask).to(cache_dtype), mask=kv_mask)
+        v1 = tl.load(v_first, mask=kv_mask)
+        v2 = tl.load(v_first + half, mask=kv_mask)
+        if FP8_KV:
+            k_scale = tl.load(k_scale_ptr)
+            v_scale = tl.load(v_scale_ptr)
+            tl.store(k_cache_ptr + dest, quantize_to_e4m3(k1, k_scale), mask=kv_mask)
+            tl.store(k_cache_ptr + dest + half, quantize_to_e4m3(k2, k_scale), mask=kv_mask)
+            tl.store(v_cache_ptr + dest, quantize_to_e4m3(v1, v_scale), mask=kv_mask)
+            tl.store(v_cache_ptr + dest + half, quantize_to_e4m3(v2, v_scale), mask=kv_mask)
+        else:
+            cache_dtype = k_cache_ptr.dtype.element_ty
+            tl.store(k_cache_ptr + dest, k1.to(cache_dtype), mask=kv_mask)
+            tl.store(k_cache_ptr + dest + half, k2.to(cache_dtype), mask=kv_mask)
+            tl.store(v_cache_ptr + dest, v1.to(cache_dtype), mask=kv_mask)
+            tl.store(v_cache_ptr + dest + half, v2.to(cache_dtype), mask=kv_mask)
 
 
 def rotary_write_kv_cache(
@@ -84,9 +98,12 @@ def rotary_write_kv_cache(
     k_cache: torch.Tensor,  # [num_blocks, block_size, KVH, D]
     v_cache: torch.Tensor,
     slot_mapping: torch.Tensor,  # [T] int64, -1 = padding
+    k_scale: torch.Tensor | None = None,  # [1] fp32; an FP8 cache only
+    v_scale: torch.Tensor | None = None,
 ) -> None:
-    """query <- rotary(query); cache[slot_mapping[t]] <- (rotary(key[t]), value[t])."""
+    """query <- rotary(query); cache[slot_mapping[t]] <- (rotary(key[t]), value[t]) (FP8: / scale, e4m3)."""
     _check_cache(k_cache, v_cache)
+    check_kv_scales(k_cache, k_scale, v_scale)
     num_tokens, num_heads, head_dim = query.shape
     kv_heads = key.shape[1]
     assert head_dim % 2 == 0, f"rotary needs an even head_dim; got {head_dim}"
@@ -107,10 +124,11 @@ def rotary_write_kv_cache(
     half = head_dim // 2
     _rotary_write_kv_cache_kernel[(num_tokens,)](
         query, key, value, cos, sin, k_cache, v_cache, slot_mapping,
+        *kernel_scales(k_cache, k_scale, v_scale),
         num_heads, kv_heads, half, k_cache.shape[1],
         query.stride(0), query.stride(1), key.stride(0), key.stride(1), value.stride(0), value.stride(1),
         cos.stride(0), sin.stride(0),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        BLOCK_H=triton.next_power_of_2(num_heads), BLOCK_KVH=triton.next_power_of_2(kv_heads),
+        FP8_KV=is_fp8_cache(k_cache), BLOCK_H=triton.next_power_of_2(num_heads), BLOCK_KVH=triton.next_power_of_2(kv_heads),
         BLOCK_HALF=triton.next_power_of_2(half),
     )

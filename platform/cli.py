@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import argparse
 import logging
+import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from loraloom.engine.config import QUANTIZATION_METHODS, EngineConfig
+from loraloom.engine.config import KV_CACHE_DTYPES, QUANTIZATION_METHODS, EngineConfig
 
 if TYPE_CHECKING:
     from loraloom.platform.settings import Settings
@@ -17,6 +18,7 @@ if TYPE_CHECKING:
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8000
 RESERVED_NAME_CHARACTERS = ":@/\\"  # kept free for the registry's "name:alias" and "name@version"
+WORKER_STOP_TIMEOUT_S = 30
 ROLE_CHOICES = ("admin", "developer", "inference")  # ApiKeyRole's values, without importing the database layer
 
 
@@ -78,12 +80,37 @@ def build_parser() -> argparse.ArgumentParser:
     ]
     for flag, default, help_text in engine_sizes:
         serve.add_argument(flag, type=positive_int, default=default, help=help_text)
+    serve.add_argument("--device", default=None,
+                       help="torch device to serve on (default: cuda when a GPU is visible, else cpu)")
+    serve.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default=None,
+                       help="activation dtype (default: bfloat16 on a GPU, float32 on the CPU)")
+    serve.add_argument("--gpu-memory-utilization", type=fraction, default=defaults.gpu_memory_utilization,
+                       help="share of the GPU's memory the engine may use; the KV cache gets what the weights, "
+                       "adapter slots and activations leave of it")
+    serve.add_argument("--enforce-eager", action="store_true",
+                       help="run every step eagerly instead of replaying decode steps from CUDA graphs")
+    serve.add_argument(
+        "--broker-url", metavar="URL",
+        help="training job queue (redis://... or amqp://...); default: LORALOOM_BROKER_URL, else an embedded one",
+    )
+    serve.add_argument(
+        "--no-worker", action="store_true",
+        help="start no training worker (run `loraloom worker` elsewhere with the same database, storage and broker)",
+    )
     serve.add_argument(
         "--quantization",
         choices=QUANTIZATION_METHODS,
         default=None,
         help="fp8: quantize the base model's linear layers to FP8 at load (weights per channel, activations "
         "per token; lm_head stays unquantized). FP8 checkpoints (compressed-tensors) are FP8 without this flag",
+    )
+    serve.add_argument(
+        "--kv-cache-dtype",
+        choices=KV_CACHE_DTYPES,
+        default=defaults.kv_cache_dtype,
+        help="auto: keep K/V in the model's dtype; fp8: store them in FP8 e4m3 with a K and a V scale per layer "
+        "(half the memory of bf16, so twice the tokens fit), taken from the checkpoint (self_attn.k_scale/v_scale) "
+        "or calibrated at start",
     )
 
     model = commands.add_parser("model", help="manage models")
@@ -97,6 +124,13 @@ def build_parser() -> argparse.ArgumentParser:
     db_commands = db.add_subparsers(dest="db_command", required=True)
     db_commands.add_parser("upgrade", help="apply the migrations (serve also does this on start)")
 
+    worker = commands.add_parser(
+        "worker", help="run a training worker (queue `training`)", formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+    worker.add_argument("--model", type=Path, metavar="PATH", help="the base the server serves; default: bundled")
+    worker.add_argument("--broker-url", metavar="URL", help="default: LORALOOM_BROKER_URL, else the embedded broker")
+    worker.add_argument("--loglevel", default="INFO")
+
     admin = commands.add_parser("admin", help="administer the database directly, without a server")
     admin_commands = admin.add_subparsers(dest="admin_command", required=True)
     create_key = admin_commands.add_parser(
@@ -107,6 +141,9 @@ def build_parser() -> argparse.ArgumentParser:
     create_key.add_argument("--name", default="cli", help="what the key is for")
 
     add_client_commands(commands)
+    from loraloom.platform.cli_training import add_training_commands
+
+    add_training_commands(commands, positive_int)
     return parser
 
 
@@ -145,7 +182,13 @@ def add_client_commands(commands: argparse._SubParsersAction) -> None:
 
 
 def engine_config(args: argparse.Namespace) -> EngineConfig:
+    device = args.device or default_device()
+    dtype = args.dtype or ("bfloat16" if device.startswith("cuda") else "float32")
     return EngineConfig(
+        device=device,
+        dtype=dtype,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        enforce_eager=args.enforce_eager,
         block_size=args.block_size,
         num_kv_blocks=args.num_kv_blocks,
         max_num_seqs=args.max_num_seqs,
@@ -153,7 +196,25 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         max_loras=args.max_loras,
         max_lora_rank=args.max_lora_rank,
         quantization=args.quantization,
+        kv_cache_dtype=args.kv_cache_dtype,
     )
+
+
+def default_device() -> str:
+    import torch  # imported here: `--help` need not pay for torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def fraction(text: str) -> float:
+    """An argparse type: a number in (0, 1]."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0.0 < value <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be a number in (0, 1], e.g. 0.9; got {text!r}")
+    return value
 
 
 def serve(args: argparse.Namespace) -> None:
@@ -171,7 +232,7 @@ def serve(args: argparse.Namespace) -> None:
     from loraloom.platform.storage import storage_from_settings
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
-    settings = load_settings()
+    settings = load_settings(args.broker_url)
     try:
         prepare_database(settings, sys.stderr)
     except SQLAlchemyError as error:
@@ -186,18 +247,65 @@ def serve(args: argparse.Namespace) -> None:
         lookup = registry_lookup_from_settings(settings, store, local)
     except (ValueError, FileNotFoundError) as error:  # bad model directory or adapter names: say which, no traceback
         sys.exit(f"loraloom serve: {error}")
-    uvicorn.run(create_app(engine, lookup, settings), host=args.host, port=args.port)
+    app = create_app(engine, lookup, settings)
+    worker = None if args.no_worker else start_worker_process(model_dir, settings.broker_url)
+    try:
+        uvicorn.run(app, host=args.host, port=args.port)
+    finally:
+        if worker is not None:
+            stop_worker_process(worker)
 
 
-def load_settings() -> Settings:
+def start_worker_process(model_dir: Path, broker_url: str | None) -> subprocess.Popen:
+    """`loraloom worker` beside the server, so `serve` alone trains too. A process of its own: it
+    forks a fresh child per job, which the server's threads and CUDA state must not be part of."""
+    from loraloom.platform.training.worker import end_with_parent
+
+    command = [sys.executable, "-m", "loraloom.platform.cli", "worker", "--model", str(model_dir)]
+    if broker_url is not None:
+        command += ["--broker-url", broker_url]
+    return subprocess.Popen(command, preexec_fn=end_with_parent)
+
+
+def stop_worker_process(worker: subprocess.Popen) -> None:
+    worker.terminate()  # Celery's warm shutdown; a running job is requeued by the reaper if it is cut off
+    try:
+        worker.wait(timeout=WORKER_STOP_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        worker.kill()
+        worker.wait()
+
+
+def run_worker_command(args: argparse.Namespace) -> None:
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from loraloom.engine.bundled import import_bundled
+    from loraloom.platform.cli_admin import shown_url
+    from loraloom.platform.db import upgrade_database
+    from loraloom.platform.training.worker import run_worker
+
+    logging.basicConfig(level=args.loglevel, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    settings = load_settings(args.broker_url)
+    try:
+        upgrade_database(settings.database_url)
+    except SQLAlchemyError as error:
+        sys.exit(f"loraloom worker: database {shown_url(settings.database_url)}: {error}")
+    model_dir = args.model if args.model is not None else import_bundled()
+    if not (model_dir / "config.json").is_file():
+        sys.exit(f"loraloom worker: --model {model_dir}: no config.json there; pass the served base's directory")
+    run_worker(settings, model_dir, loglevel=args.loglevel)
+
+
+def load_settings(broker_url: str | None = None) -> Settings:
     from pydantic import ValidationError
 
     from loraloom.platform.settings import Settings
 
     try:
-        return Settings()
+        settings = Settings()
     except ValidationError as error:
         sys.exit(f"loraloom: invalid LORALOOM_* environment settings:\n{error}")
+    return settings if broker_url is None else settings.model_copy(update={"broker_url": broker_url})
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -207,6 +315,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         if len({name for name, _ in args.adapter}) != len(args.adapter):
             parser.error("--adapter: each NAME may be given once")
         serve(args)
+    elif args.command == "worker":
+        run_worker_command(args)
     elif args.command == "model":
         from loraloom.engine.bundled import import_bundled
 

@@ -1,4 +1,5 @@
-"""CLI commands that talk to a loraloom server over HTTP: `loraloom keys ...` and `loraloom adapters ...`.
+"""CLI commands that talk to a loraloom server over HTTP: `loraloom keys ...` and `loraloom adapters ...`
+(`files` and `jobs` are in cli_training.py).
 
 The server is LORALOOM_BASE_URL (default http://127.0.0.1:8000) and the key LORALOOM_API_KEY
 (never taken on the command line, where shell history and `ps` would keep it). Results go
@@ -52,9 +53,16 @@ def call(client: httpx.Client, method: str, path: str, **request: Any) -> Any:
     if response.is_success:
         return response.json()
     try:
-        message = response.json()["error"]["message"]
+        error = response.json()["error"]
+        message = error["message"]
     except (ValueError, KeyError, TypeError):
         message = response.text[:500]
+    else:  # a refused dataset: every reported line, not just the summary
+        report = (error.get("details") or {}).get("report") or {}
+        message += "".join(
+            f"\n  line {item['line']}: {item['message']}" if item["line"] is not None else f"\n  {item['message']}"
+            for item in report.get("errors", [])
+        )
     raise CommandError(f"{method} {path}: {response.status_code} {message}")
 
 
@@ -217,9 +225,11 @@ COMMANDS = {
 
 
 def run_client_command(args: argparse.Namespace) -> None:
-    subcommand = args.keys_command if args.command == "keys" else args.adapters_command
+    from loraloom.platform.cli_training import TRAINING_COMMANDS
+
+    subcommand = getattr(args, f"{args.command}_command")
     try:
         with client_from_environment() as client:
-            COMMANDS[(args.command, subcommand)](client, args)
+            {**COMMANDS, **TRAINING_COMMANDS}[(args.command, subcommand)](client, args)
     except CommandError as error:
         sys.exit(f"loraloom {args.command} {subcommand}: {error}")

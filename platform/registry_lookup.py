@@ -17,14 +17,21 @@ from loraloom.engine.adapters import AdapterHandle
 from loraloom.platform.adapter_lookup import AdapterNotFoundError, LocalAdapterLookup
 from loraloom.platform.db import create_db_engine, create_session_factory
 from loraloom.platform.db.models import Adapter, AdapterVersion, AdapterVersionStatus, Alias
-from loraloom.platform.registry.fetch import StorageAdapterFetcher
+from loraloom.platform.registry.fetch import StorageAdapterFetcher, version_uri
 from loraloom.platform.registry.references import LATEST_ALIAS, AdapterReference, parse_reference
-from loraloom.platform.registry.resolution import ResolutionCache, ResolvedVersion, resolve_reference
+from loraloom.platform.registry.resolution import (
+    KEY_HASH_CHARS,
+    ResolutionCache,
+    ResolvedVersion,
+    resolve_reference,
+)
 from loraloom.platform.registry.staging import UploadLimits
 from loraloom.platform.settings import Settings
 from loraloom.platform.storage import BlobStore
+from loraloom.platform.training.jobs import find_checkpoint
 
-RESOLUTION_CACHE_ENTRIES = 100_000  # (tenant, reference) answers; a few hundred bytes each
+RESOLUTION_CACHE_ENTRIES = 100_000
+CHECKPOINT_ID_PREFIX = "ftckpt-"  # (tenant, reference) answers; a few hundred bytes each
 
 
 @dataclass(frozen=True)
@@ -46,6 +53,8 @@ class RegistryAdapterLookup:
     def resolve(self, model: str, tenant_id: uuid.UUID | None = None) -> AdapterHandle | None:
         if model in self.local.base_names:
             return None
+        if model.startswith(CHECKPOINT_ID_PREFIX) and tenant_id is not None:
+            return self._checkpoint(model, tenant_id)
         reference = parse_reference(model)
         if reference is not None and tenant_id is not None:
             resolved = self._registry_version(reference, tenant_id)
@@ -61,6 +70,20 @@ class RegistryAdapterLookup:
                 return resolve_reference(session, tenant_id=tenant_id, reference=reference)
 
         return self.registry.resolutions.get_or_load(tenant_id, reference, load)
+
+    def _checkpoint(self, checkpoint_id: str, tenant_id: uuid.UUID) -> AdapterHandle:
+        """A fine-tuning checkpoint (its id is the `fine_tuned_model_checkpoint` the API shows)."""
+        with self.registry.session_factory() as session:
+            checkpoint = find_checkpoint(session, tenant_id=tenant_id, checkpoint_id=checkpoint_id)
+        if checkpoint is None:
+            raise AdapterNotFoundError(checkpoint_id)
+        return AdapterHandle(
+            key=f"{tenant_id}/{checkpoint.id}#{checkpoint.weights_sha256[:KEY_HASH_CHARS]}",
+            name=checkpoint.id,
+            uri=version_uri(self.registry.store, weights_sha256=checkpoint.weights_sha256,
+                            config_sha256=checkpoint.config_sha256),
+            sha256=checkpoint.weights_sha256,
+        )
 
     def list_adapters(self, tenant_id: uuid.UUID | None = None) -> list[AdapterHandle]:
         """The tenant's adapters at their `latest` version, then the server-local ones."""

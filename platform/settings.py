@@ -50,6 +50,18 @@ class Settings(BaseSettings):
     adapter_cache_dir: Path | None = None
     adapter_cache_max_bytes: int = Field(default=20 * 1024**3, ge=1)
     adapter_resolution_ttl_s: float = Field(default=5.0, gt=0)
+    # Fine-tuning. broker_url None = the embedded broker: a folder under data_dir shared by `serve`
+    # and the worker it starts (no server to run); redis://... or amqp://... for workers elsewhere.
+    broker_url: str | None = None
+    training_file_max_bytes: int = Field(default=512 * MIB, ge=1)  # one uploaded dataset
+    training_time_limit_s: int = Field(default=24 * 3600, ge=1)  # one run; the worker kills it past this
+    # A running job's worker writes a heartbeat every interval; a job not heard from for
+    # heartbeat_timeout is presumed dead and requeued (at most max_attempts runs) or failed.
+    training_heartbeat_interval_s: float = Field(default=10.0, gt=0)
+    training_heartbeat_timeout_s: float = Field(default=120.0, gt=0)
+    training_max_attempts: int = Field(default=3, ge=1)
+    training_checkpoint_every: int = Field(default=100, ge=1)  # optimizer steps between checkpoints
+    training_work_dir: Path | None = None  # None = <data_dir>/training; scratch space of running jobs
 
     @model_validator(mode="after")
     def fill_data_dir_defaults(self) -> "Settings":
@@ -61,4 +73,11 @@ class Settings(BaseSettings):
             self.storage_url = (data_dir / "blobs").as_uri()
         if self.adapter_cache_dir is None:
             self.adapter_cache_dir = data_dir / "cache" / "adapters"
+        if self.training_work_dir is None:
+            self.training_work_dir = data_dir / "training"
+        if self.training_heartbeat_timeout_s <= 2 * self.training_heartbeat_interval_s:
+            raise ValueError(
+                f"training_heartbeat_timeout_s ({self.training_heartbeat_timeout_s}) must exceed twice "
+                f"training_heartbeat_interval_s ({self.training_heartbeat_interval_s}), or live jobs look dead"
+            )
         return self

@@ -19,7 +19,8 @@ from loraloom.engine.config import ModelConfig
 from loraloom.engine.lora import plan_sgmv, segment_capacity, tile_capacity
 from loraloom.kernels import reference
 from loraloom.kernels.backend import KernelBackend
-from loraloom.kernels.fp8 import fp8_linear, fp8_linear_path, quantize_per_token, quantize_weight_per_channel
+from loraloom.kernels.fp8 import (fp8_linear, fp8_linear_path, quantize_per_token, quantize_weight_per_channel,
+                                  quantize_with_scale)
 from loraloom.kernels.metadata import AttentionMetadata, SGMVMetadata
 
 CHECK_DTYPES = (torch.bfloat16, torch.float16)
@@ -151,6 +152,60 @@ def check_rotary_write(backend: KernelBackend, config: ModelConfig, device: torc
     return _check_row("rotary_write_kv_cache", dtype, error, 0.0)
 
 
+# ------------------------------------------------------------------ FP8 KV cache
+FP8_K_SCALE, FP8_V_SCALE = 0.05, 0.004  # |K| ~ 4 / 0.05 = 80 fits; |V| ~ 3 / 0.004 > 448 saturates some codes
+
+
+def _fp8_code_mismatch(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    """Share of e4m3 codes that differ: the writes round like torch, so 0."""
+    return float((actual.cpu().view(torch.uint8) != expected.view(torch.uint8)).float().mean())
+
+
+def check_fp8_kv_cache(backend: KernelBackend, config: ModelConfig, batch: int, context: int,
+                       device: torch.device, dtype: torch.dtype) -> list[Row]:
+    """The FP8 (e4m3) cache: the K/V write and the rotary write code for code against the reference,
+    and attention (decodes next to chunked and fresh prefills; then two decodes alone, split-KV) over
+    the same FP8 cache against the reference dequantizing it in fp32."""
+    generator = torch.Generator().manual_seed(8)
+    heads, kv_heads, head_dim = config.num_heads, config.num_kv_heads, config.head_dim
+    scales_cpu = torch.tensor([FP8_K_SCALE]), torch.tensor([FP8_V_SCALE])
+    scales = tuple(scale.to(device) for scale in scales_cpu)
+    rows, write_errors = [], []
+    for label, requests in ((f"{batch} decodes, chunked + fresh prefill", _mixed_requests(batch, context)),
+                            ("2 decodes alone: split-KV", [(context, 1), (context // 3 + 5, 1)])):
+        case = attention_case(requests, device, generator)
+        tokens = case.meta.slot_mapping.numel()
+        cache_shape = (case.num_blocks, BLOCK_SIZE, kv_heads, head_dim)
+        # Stale codes everywhere, so a read of a wrong slot is caught.
+        k_cache, v_cache = (quantize_with_scale(torch.randn(cache_shape, generator=generator), scale)
+                            for scale in scales_cpu)
+        query = torch.randn(tokens, heads, head_dim, generator=generator).to(dtype)
+        key, value = (torch.randn(tokens, kv_heads, head_dim, generator=generator).mul(3).to(dtype) for _ in range(2))
+        ref_k, ref_v = k_cache.clone(), v_cache.clone()
+        reference.write_kv_cache(key, value, ref_k, ref_v, case.meta_cpu.slot_mapping, *scales_cpu)
+        k_dev, v_dev = k_cache.to(device, copy=True), v_cache.to(device, copy=True)
+        backend.write_kv_cache(key.to(device), value.to(device), k_dev, v_dev, case.meta.slot_mapping, *scales)
+        write_errors += [_fp8_code_mismatch(k_dev, ref_k), _fp8_code_mismatch(v_dev, ref_v)]
+        scale = head_dim ** -0.5
+        out = backend.paged_attention(query.to(device), k_dev, v_dev, case.meta, scale, *scales)
+        expected = reference.paged_attention(query.float(), ref_k, ref_v, case.meta_cpu, scale, *scales_cpu)
+        rows.append(_check_row(f"paged_attention, fp8 cache ({label})", dtype, _relative_error(out, expected),
+                               RELATIVE_TOLERANCE[dtype]))
+    rows.append(_check_row("write_kv_cache, fp8 cache (share of codes differing)", dtype, max(write_errors), 0.0))
+    # The rotary write into an FP8 cache: q rotated in place, rotated k and v quantized.
+    q_dev, k_rot, v_rot = (t.to(device, copy=True) for t in (query, k_cache, v_cache))
+    angles = torch.rand(tokens, head_dim // 2, generator=generator) * 1000
+    cos, sin = (f(torch.cat((angles, angles), dim=-1)).to(dtype) for f in (torch.cos, torch.sin))
+    backend.rotary_write_kv_cache(q_dev, key.to(device), value.to(device), cos.to(device), sin.to(device),
+                                  k_rot, v_rot, case.meta.slot_mapping, *scales)
+    q_ref, k_ref, v_ref = query.clone(), k_cache.clone(), v_cache.clone()
+    reference.rotary_write_kv_cache(q_ref, key, value, cos, sin, k_ref, v_ref, case.meta_cpu.slot_mapping, *scales_cpu)
+    rotary_error = max(_fp8_code_mismatch(k_rot, k_ref), _fp8_code_mismatch(v_rot, v_ref),
+                       _relative_error(q_dev, q_ref))
+    rows.append(_check_row("rotary_write_kv_cache, fp8 cache", dtype, rotary_error, 0.0))
+    return rows
+
+
 # ----------------------------------------------------------------------- norms
 NORM_TOKENS = 37  # a few rows, not a power of two
 
@@ -276,6 +331,7 @@ def check_all(backend: KernelBackend, config: ModelConfig, batch: int, context: 
         rows.append(check_split_decode(backend, config, context, device, dtype))
         rows += check_norms(backend, config, device, dtype)
         rows.append(check_rotary_write(backend, config, device, dtype))
+        rows += check_fp8_kv_cache(backend, config, batch, context, device, dtype)
         rows += check_sgmv(backend, config, batch, ranks, device, dtype)
     if quantized:
         rows += check_fp8_linear(config, batch, device, torch.bfloat16)

@@ -16,7 +16,7 @@ from starlette.concurrency import run_in_threadpool
 from loraloom.engine.async_engine import AsyncEngine
 from loraloom.engine.lora import AdapterLoadError
 from loraloom.platform.adapter_lookup import AdapterLookup
-from loraloom.platform.api import adapters, admin, chat, completions, models, operations, usage
+from loraloom.platform.api import adapters, admin, chat, completions, files, fine_tuning, models, operations, usage
 from loraloom.platform.api.body_limit import BodySizeLimit
 from loraloom.platform.api.errors import install_error_handlers
 from loraloom.platform.api.metrics import engine_metrics_registry
@@ -26,12 +26,16 @@ from loraloom.platform.auth import authenticate, write_key_uses
 from loraloom.platform.batch_writer import BatchWriter
 from loraloom.platform.db import create_db_engine, create_session_factory
 from loraloom.platform.settings import Settings
+from loraloom.platform.training.celery_app import create_celery_app
 from loraloom.platform.usage import write_usage_records
 
 logger = logging.getLogger(__name__)
 
 # Every router here serves /v1 paths and requires an API key; /health and /metrics stay open.
-AUTHENTICATED_ROUTERS = (chat.router, completions.router, models.router, admin.router, usage.router, adapters.router)
+AUTHENTICATED_ROUTERS = (
+    chat.router, completions.router, models.router, admin.router, usage.router, adapters.router, files.router,
+    fine_tuning.router,
+)
 OPEN_ROUTERS = (operations.router,)
 API_PREFIX = "/v1/"
 # A writer holds at most this many batches in memory while the database is unreachable.
@@ -104,6 +108,9 @@ def create_app(engine: AsyncEngine, lookup: AdapterLookup, settings: Settings) -
     app.state.engine = engine
     app.state.lookup = lookup
     app.state.session_factory = session_factory
+    app.state.settings = settings
+    # Sends training jobs to the workers (`loraloom worker`, or the one `loraloom serve` starts).
+    app.state.training_app = create_celery_app(settings)
     app.state.metrics_registry = engine_metrics_registry(engine.stats)
     app.state.created = int(time.time())
     install_error_handlers(app)

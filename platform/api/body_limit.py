@@ -13,8 +13,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from loraloom.platform.api.errors import APIError, error_response
 from loraloom.platform.settings import DEFAULT_MAX_REQUEST_BODY_BYTES as DEFAULT_MAX_BODY_BYTES
 
-# POST /v1/adapters/{name}/versions: multipart adapter files.
-UPLOAD_PATH = re.compile(r"^/v1/adapters/[^/]+/versions/?$")
+# POST /v1/adapters/{name}/versions and POST /v1/files: multipart adapter files and datasets.
+UPLOAD_PATH = re.compile(r"^/v1/(adapters/[^/]+/versions|files)/?$")
 
 
 class BodySizeLimit:

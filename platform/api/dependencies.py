@@ -9,6 +9,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from loraloom.engine.async_engine import AsyncEngine
 from loraloom.platform.adapter_lookup import AdapterLookup
+from loraloom.platform.settings import Settings
 
 
 def get_engine(request: Request) -> AsyncEngine:
@@ -17,6 +18,10 @@ def get_engine(request: Request) -> AsyncEngine:
 
 def get_lookup(request: Request) -> AdapterLookup:
     return request.app.state.lookup
+
+
+def get_settings(request: Request) -> Settings:
+    return request.app.state.settings
 
 
 def get_session_factory(request: Request) -> sessionmaker[Session]:
@@ -34,3 +39,4 @@ EngineDep = Annotated[AsyncEngine, Depends(get_engine)]
 LookupDep = Annotated[AdapterLookup, Depends(get_lookup)]
 SessionFactoryDep = Annotated[sessionmaker[Session], Depends(get_session_factory)]
 SessionDep = Annotated[Session, Depends(get_session)]
+SettingsDep = Annotated[Settings, Depends(get_settings)]

@@ -31,6 +31,7 @@ class APIError(Exception):
         code: str | None = None,
         error_type: str = INVALID_REQUEST,
         headers: dict[str, str] | None = None,
+        details: dict[str, Any] | None = None,
     ) -> None:
         super().__init__(message)
         self.status_code = status_code
@@ -39,13 +40,16 @@ class APIError(Exception):
         self.code = code
         self.error_type = error_type
         self.headers = headers  # e.g. WWW-Authenticate on a 401
+        self.details = details  # machine-readable specifics, e.g. a dataset's validation report
 
 
 def error_response(error: APIError, headers: dict[str, str] | None = None) -> JSONResponse:
     body = ErrorResponse(
         error=ErrorDetail(message=error.message, type=error.error_type, param=error.param, code=error.code)
-    )
-    return JSONResponse(body.model_dump(), status_code=error.status_code, headers=headers)
+    ).model_dump()
+    if error.details is not None:
+        body["error"]["details"] = error.details
+    return JSONResponse(body, status_code=error.status_code, headers=headers)
 
 
 def field_error(error: ValueError, field_names: dict[str, str]) -> APIError:

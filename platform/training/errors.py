@@ -17,3 +17,11 @@ class TrainingInputError(ValueError):
         self.code = code
         self.message = message
         self.param = param
+
+
+class TrainingNotFoundError(LookupError):
+    """A file, job or checkpoint that does not exist in the caller's tenant."""
+
+
+class TrainingConflictError(RuntimeError):
+    """The request is valid but the resource's state forbids it now (e.g. deleting a file a running job reads)."""

@@ -12,11 +12,11 @@ import numpy as np
 import pytest
 import torch
 
+from greedy_runs import generate
 from loraloom.engine.adapters import AdapterHandle
 from loraloom.engine.config import EngineConfig, ModelConfig
 from loraloom.engine.engine import LLMEngine
 from loraloom.engine.random_model import random_model
-from loraloom.engine.request import SamplingParams
 from loraloom.kernels.backend import get_backend
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
@@ -36,19 +36,6 @@ def make_engine(enforce_eager: bool, dtype: str = "float32") -> LLMEngine:
     config = EngineConfig(num_kv_blocks=256, block_size=16, max_num_seqs=16, max_num_batched_tokens=256,
                           max_loras=3, max_lora_rank=16, dtype=dtype, device="cuda", enforce_eager=enforce_eager)
     return LLMEngine.from_model(model, config)
-
-
-def generate(engine: LLMEngine, prompts: list[list[int]], limits: list[int],
-             adapters: list[AdapterHandle | None] | None = None) -> dict[str, list[int]]:
-    adapters = adapters or [None] * len(prompts)
-    for index, (prompt, limit, adapter) in enumerate(zip(prompts, limits, adapters)):
-        engine.add_request(f"r{index}", prompt, SamplingParams(max_tokens=limit, temperature=0.0, ignore_eos=True),
-                           adapter)
-    outputs: dict[str, list[int]] = {f"r{index}": [] for index in range(len(prompts))}
-    while engine.has_unfinished():
-        for output in engine.step():
-            outputs[output.request_id] += output.token_ids
-    return outputs
 
 
 def test_engine_runs_the_triton_kernels_on_cuda():

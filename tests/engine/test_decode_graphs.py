@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 
+from greedy_runs import generate
 from loraloom.engine.adapters import AdapterHandle
 from loraloom.engine.config import EngineConfig, ModelConfig
 from loraloom.engine.cuda_graphs import CAPTURE_SIZES, DecodeGraphs, capture_sizes
@@ -39,19 +40,6 @@ def make_engine(max_num_seqs: int, graphs: bool, max_loras: int = 2) -> LLMEngin
     if graphs:
         engine.runner.enable_decode_graphs(engine.max_model_len, capture=False)
     return engine
-
-
-def generate(engine: LLMEngine, prompts: list[list[int]], max_tokens: list[int],
-             adapters: list[AdapterHandle | None] | None = None) -> dict[str, list[int]]:
-    adapters = adapters or [None] * len(prompts)
-    for index, (prompt, limit, adapter) in enumerate(zip(prompts, max_tokens, adapters)):
-        engine.add_request(f"r{index}", prompt, SamplingParams(max_tokens=limit, temperature=0.0, ignore_eos=True),
-                           adapter)
-    outputs: dict[str, list[int]] = {f"r{index}": [] for index in range(len(prompts))}
-    while engine.has_unfinished():
-        for output in engine.step():
-            outputs[output.request_id] += output.token_ids
-    return outputs
 
 
 def test_capture_sizes_cover_every_batch():

@@ -7,6 +7,8 @@ leading space of the text it decodes).
 """
 from __future__ import annotations
 
+import queue
+import threading
 from pathlib import Path
 
 import pytest
@@ -14,7 +16,8 @@ from tokenizers import Tokenizer as RustTokenizer
 from tokenizers import decoders, models, normalizers, trainers
 
 from loraloom.engine.bundled import import_bundled
-from loraloom.engine.detokenizer import PROMPT_CONTEXT_TOKENS, IncrementalDetokenizer
+from loraloom.engine.detokenizer import PROMPT_CONTEXT_TOKENS, DeferredDetokenizer, IncrementalDetokenizer
+from loraloom.engine.outputs import RequestOutput
 from loraloom.engine.tokenizer import Tokenizer
 
 TEXTS = [
@@ -148,3 +151,75 @@ def test_a_real_replacement_character_at_the_end_comes_out_on_flush(bundled):
     detokenizer = IncrementalDetokenizer(bundled, [])
     emitted = "".join(detokenizer.step(token_id) for token_id in output_ids)
     assert emitted + detokenizer.flush() == "odd \ufffd"
+
+
+def deferred_outputs(tokenizer, prompt_ids: list[int], output_ids: list[int]) -> list[RequestOutput]:
+    """One output per token, as the engine makes them for a request without stop strings."""
+    deferred = DeferredDetokenizer(IncrementalDetokenizer(tokenizer, prompt_ids))
+    outputs = []
+    for index, token_id in enumerate(output_ids):
+        final = index == len(output_ids) - 1
+        output = RequestOutput(request_id="r", text_delta=deferred, token_ids=[token_id], logprobs=None,
+                               finished=final, finish_reason="length" if final else None,
+                               num_prompt_tokens=len(prompt_ids), num_output_tokens=index + 1, num_cached_tokens=0)
+        deferred.defer(output, token_id, final)
+        outputs.append(output)
+    return outputs
+
+
+def eager_deltas(tokenizer, prompt_ids: list[int], output_ids: list[int]) -> list[str]:
+    """What the step loop would have computed: one delta per token, the flush joined to the last."""
+    deltas = stream(IncrementalDetokenizer(tokenizer, prompt_ids), output_ids)
+    return deltas[:-2] + [deltas[-2] + deltas[-1]]
+
+
+def test_deferred_deltas_equal_the_eager_ones_whatever_the_read_order(bundled):
+    prompt_ids, output_ids = encode(bundled, PROMPT), encode(bundled, TEXTS[2] + TEXTS[1] + "odd \ufffd")
+    outputs = deferred_outputs(bundled, prompt_ids, output_ids)
+    middle = len(outputs) // 2
+    read = {index: outputs[index].text_delta for index in [middle, *reversed(range(len(outputs)))]}
+    assert [read[index] for index in range(len(outputs))] == eager_deltas(bundled, prompt_ids, output_ids)
+    assert outputs[middle].text_delta == read[middle]  # resolved once, then a plain string
+
+
+def test_deferred_text_read_on_other_threads_while_tokens_arrive(bundled):
+    """AsyncEngine's shape: the step thread defers outputs, the event loop thread reads them (and
+    here a second reader races it over every output)."""
+    prompt_ids, output_ids = encode(bundled, PROMPT), encode(bundled, " ".join(TEXTS))
+    arrived: queue.Queue[RequestOutput | None] = queue.Queue()
+    read_in_order: list[str] = []
+    racer_reads: list[str] = []
+    made: list[RequestOutput] = []
+
+    def produce():
+        for output in deferred_outputs(bundled, prompt_ids, output_ids):
+            made.append(output)
+            arrived.put(output)
+        arrived.put(None)
+
+    def consume():
+        while (output := arrived.get()) is not None:
+            read_in_order.append(output.text_delta)
+
+    def race():
+        while len(made) < len(output_ids) or len(racer_reads) < len(output_ids):
+            if len(racer_reads) < len(made):
+                racer_reads.append(made[len(racer_reads)].text_delta)
+
+    threads = [threading.Thread(target=target) for target in (produce, consume, race)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    expected = eager_deltas(bundled, prompt_ids, output_ids)
+    assert read_in_order == expected
+    assert racer_reads == expected
+
+
+def test_outputs_dropped_unread_do_not_change_later_deltas(bundled):
+    prompt_ids, output_ids = encode(bundled, PROMPT), encode(bundled, TEXTS[0] + TEXTS[2])
+    outputs = deferred_outputs(bundled, prompt_ids, output_ids)
+    kept = {index: output for index, output in enumerate(outputs) if index % 3 == 0}
+    del outputs  # two thirds are garbage now, never read; their tokens must still be decoded in order
+    expected = eager_deltas(bundled, prompt_ids, output_ids)
+    assert {index: output.text_delta for index, output in kept.items()} == {index: expected[index] for index in kept}

@@ -130,3 +130,23 @@ def test_prefix_cache_reuses_blocks_only_for_the_same_adapter(model_dir, adapter
     _, cached_other = generate(engine, "other-adapter", second, adapters[1])
     _, cached_base = generate(engine, "base", second, None)
     assert cached_other == 0 and cached_base == 0, "KV computed under one adapter must never serve another"
+
+
+def test_deferred_and_in_step_text_give_the_same_deltas(model_dir):
+    """Without stop strings the text is made when read (DeferredDetokenizer); with them, in the step.
+    Both must stream the same deltas, joining to the decode of the generated tokens."""
+    engine = LLMEngine(model_dir, EngineConfig(num_kv_blocks=64))
+    prompt = chat(engine, "Write a haiku about the sea, with an emoji.")
+    params = SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True)
+    engine.add_request("deferred", prompt, params)
+    # The stop string starts with a character the text never contains, so the matcher holds nothing back.
+    engine.add_request("in-step", prompt, SamplingParams(max_tokens=24, temperature=0.0, ignore_eos=True,
+                                                         stop=["\x00 never appears"]))
+    outputs = {"deferred": [], "in-step": []}
+    while engine.has_unfinished():
+        for output in engine.step():
+            outputs[output.request_id].append(output)
+    deltas = {request_id: [output.text_delta for output in items] for request_id, items in outputs.items()}
+    assert deltas["deferred"] == deltas["in-step"]
+    tokens = [token for output in outputs["deferred"] for token in output.token_ids]
+    assert "".join(deltas["deferred"]) == engine.tokenizer.decode(tokens)

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from loraloom.engine.request import SamplingParams
-from loraloom.engine.sampler import Sampler, make_generator
+from loraloom.engine.sampler import CANDIDATES, Sampler, make_generator
 
 
 def random_logits(rows: int, vocab: int, seed: int, scale: float = 3.0) -> torch.Tensor:
@@ -203,3 +203,70 @@ def test_make_generator_without_seed_uses_the_global_rng():
     assert make_generator(None) is None
     a, b = make_generator(2**70 + 5), make_generator(2**70 + 5)
     assert torch.equal(torch.rand(4, generator=a), torch.rand(4, generator=b))
+
+
+def test_greedy_ties_pick_the_lowest_index_like_torch_argmax():
+    logits = torch.zeros(4, 300)
+    logits[0, [7, 3, 250]] = 2.0
+    logits[1, [299, 298]] = 1.0
+    logits[3] = torch.arange(300.0).flip(0)  # plain maximum at index 0
+    out = Sampler().sample(logits, [SamplingParams(temperature=0.0)] * 4, [None] * 4)
+    assert out.token_ids == logits.argmax(dim=-1).tolist() == [3, 298, 0, 0]
+
+
+def test_filtered_rows_beyond_the_candidates_stay_inside_their_kept_set():
+    """Vocabularies larger than the sampler's candidate window: nuclei that fit in it, flat rows whose
+    nucleus does not (full-sort fallback), and a top-k larger than the window."""
+    rows, vocab = 24, CANDIDATES * 4
+    params = [
+        SamplingParams(temperature=1.0, top_p=0.9),
+        SamplingParams(temperature=1.0, top_k=CANDIDATES + 50),
+        SamplingParams(temperature=1.3, top_k=30, top_p=0.7, seed=2),
+    ] * (rows // 3)
+    generators = [make_generator(p.seed) for p in params]
+    for trial in range(4):
+        # Alternate peaked rows (small nucleus) and nearly flat rows (nucleus past the window).
+        scales = torch.tensor([4.0 if (row + trial) % 2 else 0.05 for row in range(rows)])[:, None]
+        logits = random_logits(rows, vocab, seed=300 + trial, scale=1.0) * scales
+        out = Sampler().sample(logits, params, generators)
+        for row, token in enumerate(out.token_ids):
+            p = params[row]
+            allowed = reference_distribution(logits[row], p.temperature, p.top_k, p.top_p) > 0
+            assert allowed[token], f"row {row} sampled {token} outside its top-k/top-p set"
+
+
+@pytest.mark.parametrize("flat", [False, True])
+def test_nucleus_frequencies_past_the_candidate_window(flat):
+    """The candidate path (peaked row) and the full-sort fallback (flat row) draw from the same distribution."""
+    vocab, draws = CANDIDATES + 200, 3000
+    logits_row = random_logits(1, vocab, seed=9, scale=1.0)[0] * (0.02 if flat else 1.0)
+    if not flat:
+        logits_row[:5] += torch.tensor([9.0, 8.5, 8.0, 7.0, 6.0])  # most of the mass in five tokens
+    top_p = 0.97 if flat else 0.8
+    expected = reference_distribution(logits_row, 1.0, 0, top_p)
+    params = [SamplingParams(temperature=1.0, top_p=top_p)] * draws
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(12)
+        out = Sampler().sample(logits_row.expand(draws, vocab).contiguous(), params, [None] * draws)
+    counts = torch.bincount(torch.tensor(out.token_ids), minlength=vocab).double()
+    assert counts[expected == 0].sum() == 0
+    if flat:  # too many tokens for 3000 draws to test frequencies, but the nucleus reaches past the window
+        beyond_window = logits_row.argsort(descending=True)[CANDIDATES:]
+        assert counts[beyond_window].sum() > 0, "the flat nucleus was cut at the candidate window"
+    else:
+        assert chi_square_p_value(counts, expected) > 1e-3
+
+
+def test_top_k_keeps_every_token_tied_with_the_kth_even_past_the_candidates():
+    vocab = CANDIDATES * 2
+    logits = torch.zeros(2, vocab)
+    logits[0, :3] = torch.tensor([5.0, 4.0, 3.0])  # k=2 keeps {0, 1}; value 3 is below the 2nd
+    logits[1, 10] = 1.0  # k=2: the 2nd largest is 0.0, shared by every other token
+    draws = 2000
+    batch = logits.repeat_interleave(draws, dim=0)  # [2 * draws, vocab]: row 0's copies, then row 1's
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(5)
+        out = Sampler().sample(batch, [SamplingParams(temperature=1.0, top_k=2)] * (2 * draws), [None] * (2 * draws))
+    assert set(out.token_ids[:draws]) == {0, 1}
+    # About vocab - 1 equally likely tokens: 2000 draws see far more of them than the window holds.
+    assert len(set(out.token_ids[draws:])) > CANDIDATES, "tied tokens past the candidate window were dropped"

@@ -61,25 +61,27 @@ def compile_sgmv(dtype: torch.dtype) -> None:
     sgmv.sgmv_expand(shrunk, lora_b, meta, torch.zeros(6, 6144, dtype=dtype), [0, 4096, 5120, 6144])
 
 
-def compile_attention(dtype: torch.dtype, heads: int, kv_heads: int, head_dim: int) -> None:
-    """A decode request and a chunked-prefill request, so both launches compile."""
+def compile_attention(dtype: torch.dtype, heads: int, kv_heads: int, head_dim: int, fp8_cache: bool = False) -> None:
+    """A decode request and a chunked-prefill request, so both launches compile; with an FP8 (e4m3)
+    cache and its scales when fp8_cache."""
     starts, seq_lens = [0, 1, 5], [10, 20]
     meta = AttentionMetadata(
         query_start_loc=int32(starts), seq_lens=int32(seq_lens), block_tables=torch.zeros(2, 4, dtype=torch.int32),
         slot_mapping=torch.zeros(5, dtype=torch.int64), query_start_loc_host=starts, seq_lens_host=seq_lens,
     )
-    k_cache = torch.zeros(8, 16, kv_heads, head_dim, dtype=dtype)
+    k_cache = torch.zeros(8, 16, kv_heads, head_dim, dtype=FP8_DTYPE if fp8_cache else dtype)
     v_cache = torch.zeros_like(k_cache)
+    scales = (torch.ones(1), torch.ones(1)) if fp8_cache else (None, None)
     kv = torch.zeros(5, kv_heads, head_dim, dtype=dtype)
-    paged_attention.write_kv_cache(kv, kv, k_cache, v_cache, meta.slot_mapping)
+    paged_attention.write_kv_cache(kv, kv, k_cache, v_cache, meta.slot_mapping, *scales)
     angles = torch.zeros(5, head_dim, dtype=dtype)
     rotary.rotary_write_kv_cache(torch.zeros(5, heads, head_dim, dtype=dtype), kv, kv, angles, angles,
-                                 k_cache, v_cache, meta.slot_mapping)
-    paged_attention.paged_attention(torch.zeros(5, heads, head_dim, dtype=dtype), k_cache, v_cache, meta, 0.1)
+                                 k_cache, v_cache, meta.slot_mapping, *scales)
+    paged_attention.paged_attention(torch.zeros(5, heads, head_dim, dtype=dtype), k_cache, v_cache, meta, 0.1, *scales)
     # Split-KV decode (pass 1 with NUM_SPLITS > 1, and the combine pass), as at batch 1.
     query = torch.zeros(5, heads, head_dim, dtype=dtype)
     paged_decode.paged_decode_attention(query, k_cache, v_cache, meta.query_start_loc, meta.seq_lens,
-                                        meta.block_tables, 0.1, torch.empty_like(query), num_splits=8)
+                                        meta.block_tables, 0.1, torch.empty_like(query), *scales, num_splits=8)
 
 
 def compile_norms(dtype: torch.dtype, hidden: int) -> None:
@@ -116,6 +118,7 @@ def main() -> None:
     for dtype in (torch.bfloat16, torch.float32):
         compile_sgmv(dtype)
         compile_attention(dtype, heads=32, kv_heads=8, head_dim=128)  # Llama-3.1-8B
+        compile_attention(dtype, heads=32, kv_heads=8, head_dim=128, fp8_cache=True)
         compile_fp8(dtype)
         compile_norms(dtype, hidden=4096)
     compile_attention(torch.bfloat16, heads=9, kv_heads=3, head_dim=64)  # SmolLM2-135M: group 3

@@ -26,7 +26,8 @@ def test_kernels_compile_for_sm90(tmp_path: Path) -> None:
     for kernel in KERNELS:
         assert kernel in compiled, f"{kernel} was never compiled; the script printed:\n{result.stdout}"
     # Two dtypes x (SGMV: shrink direct, shrink split + reduce, expand = 4; attention: kv write,
-    # rotary write, prefill, decode, split decode + combine = 6; rms_norm + fused add = 2; FP8:
-    # the per-token quantization (dynamic, static, quantize-first launches) and the small-M GEMM
-    # with its split-K reduce over the o_proj / gate_up configs = 16), plus group-3 attention (6).
-    assert len(compiled) == 2 * (4 + 6 + 2 + 16) + 6
+    # rotary write, prefill, decode, split decode + combine = 6, once with a cache in the activation
+    # dtype and once with an FP8 cache = 12; rms_norm + fused add = 2; FP8: the per-token
+    # quantization (dynamic, static, quantize-first launches) and the small-M GEMM with its split-K
+    # reduce over the o_proj / gate_up configs = 16), plus group-3 attention (6).
+    assert len(compiled) == 2 * (4 + 12 + 2 + 16) + 6

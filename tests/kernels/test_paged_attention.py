@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from loraloom.kernels import paged_attention, paged_decode, reference
+from loraloom.kernels.fp8 import quantize_with_scale
 from loraloom.kernels.metadata import AttentionMetadata
 
 BLOCK_SIZE = 16
@@ -219,3 +220,104 @@ def test_num_splits_fills_the_gpu_from_shapes_only() -> None:
     # Never more splits than the block table has KV tiles room for.
     assert paged_decode.choose_num_splits(1, 8, 2 * paged_decode.DECODE_BLOCK_N, cpu) == 2
     assert paged_decode.choose_num_splits(0, 8, 1024, cpu) == 1
+
+
+# ------------------------------------------------------------------ FP8 (e4m3) cache
+FP8 = torch.float8_e4m3fn
+K_SCALE, V_SCALE = 0.02, 0.005  # |K| up to ~4 / 0.02 = 200 fits; |V| / 0.005 reaches past 448 and saturates
+
+
+def fp8_caches(kv_heads: int, head_dim: int, generator: torch.Generator):
+    """FP8 caches full of random stale codes, and their [1] fp32 scales."""
+    k_cache, v_cache = random_caches(kv_heads, head_dim, torch.float32, generator)
+    k_scale, v_scale = torch.tensor([K_SCALE]), torch.tensor([V_SCALE])
+    return (quantize_with_scale(k_cache * K_SCALE * 50, k_scale), quantize_with_scale(v_cache * V_SCALE * 50, v_scale),
+            k_scale, v_scale)
+
+
+def test_fp8_reference_write_rounds_to_nearest_e4m3_and_saturates() -> None:
+    """The reference against the definition: stored * scale is x to 3 mantissa bits, or +-448 * scale."""
+    generator = torch.Generator().manual_seed(11)
+    meta = attention_metadata(MIXED, generator)
+    tokens = meta.slot_mapping.numel()
+    key = torch.randn(tokens, 2, 32, generator=generator, dtype=torch.float64) * 4
+    value = torch.randn(tokens, 2, 32, generator=generator, dtype=torch.float64) * 4
+    k_cache, v_cache, k_scale, v_scale = fp8_caches(2, 32, generator)
+
+    reference.write_kv_cache(key.float(), value.float(), k_cache, v_cache, meta.slot_mapping, k_scale, v_scale)
+
+    slots = meta.slot_mapping
+    for cache, source, scale in ((k_cache, key, K_SCALE), (v_cache, value, V_SCALE)):
+        stored = cache.view(-1, 2, 32)[slots].double() * scale
+        expected = source.clamp(-448 * scale, 448 * scale)
+        # Nearest e4m3 value: within half a step, 2^-4 of the value (normals) or 2^-10 * scale (subnormals).
+        bound = torch.maximum(expected.abs() * 2.0 ** -4, torch.full_like(expected, 2.0 ** -10 * scale))
+        assert bool(((stored - expected).abs() <= bound).all())
+    assert bool((v_cache.view(-1, 2, 32)[slots].float().abs() == 448).any()), "the case should saturate some V"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_fp8_write_kv_cache_is_bit_exact(dtype: torch.dtype) -> None:
+    generator = torch.Generator().manual_seed(12)
+    meta = attention_metadata(MIXED, generator)
+    tokens = meta.slot_mapping.numel()
+    key = (torch.randn(tokens, 2, 48, generator=generator) * 4).to(dtype)  # [T, KVH, D]
+    value = (torch.randn(tokens, 2, 48, generator=generator) * 4).to(dtype)
+    key[0, 0, :4] = torch.tensor([1e-5, -1e-6, 0.0, -0.0])  # subnormal codes and signed zeros
+    k_cache, v_cache, k_scale, v_scale = fp8_caches(2, 48, generator)
+    slots = meta.slot_mapping.clone()
+    slots[3] = -1  # a padding token
+    k_expected, v_expected = k_cache.clone(), v_cache.clone()
+    reference.write_kv_cache(key, value, k_expected, v_expected, slots, k_scale, v_scale)
+
+    paged_attention.write_kv_cache(key, value, k_cache, v_cache, slots, k_scale, v_scale)
+
+    assert torch.equal(k_cache.view(torch.uint8), k_expected.view(torch.uint8))
+    assert torch.equal(v_cache.view(torch.uint8), v_expected.view(torch.uint8))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+@pytest.mark.parametrize("requests", [DECODE_ONLY, PREFILL_ONLY, MIXED], ids=["decode", "prefill", "mixed"])
+def test_fp8_cache_attention_matches_reference(requests: list[tuple[int, int]], dtype: torch.dtype) -> None:
+    """Prefill and decode over an FP8 cache against the reference dequantizing the same codes in fp64."""
+    heads, kv_heads, head_dim = 8, 2, 32
+    generator = torch.Generator().manual_seed(13 + len(requests))
+    meta = attention_metadata(requests, generator)
+    tokens = meta.slot_mapping.numel()
+    query = torch.randn(tokens, heads, head_dim, generator=generator).to(dtype)
+    key = (torch.randn(tokens, kv_heads, head_dim, generator=generator) * 4).to(dtype)
+    value = torch.randn(tokens, kv_heads, head_dim, generator=generator).to(dtype)
+    k_cache, v_cache, k_scale, v_scale = fp8_caches(kv_heads, head_dim, generator)
+    paged_attention.write_kv_cache(key, value, k_cache, v_cache, meta.slot_mapping, k_scale, v_scale)
+    scale = head_dim ** -0.5
+
+    expected = reference.paged_attention(query.double(), k_cache, v_cache, meta, scale, k_scale, v_scale)
+    out = paged_attention.paged_attention(query, k_cache, v_cache, meta, scale, k_scale, v_scale)
+
+    assert expected.dtype == torch.float64 and out.dtype == dtype
+    torch.testing.assert_close(out.double(), expected, **TOLERANCES[dtype])
+
+
+@pytest.mark.parametrize("num_splits", [1, 3])
+def test_fp8_cache_split_decode_matches_reference(num_splits: int) -> None:
+    generator = torch.Generator().manual_seed(14)
+    meta = attention_metadata(SPLIT_DECODES, generator)
+    query = torch.randn(len(SPLIT_DECODES), 8, 32, generator=generator, dtype=torch.float16)
+    k_cache, v_cache, k_scale, v_scale = fp8_caches(2, 32, generator)
+
+    expected = reference.paged_attention(query.double(), k_cache, v_cache, meta, 0.2, k_scale, v_scale)
+    out = paged_attention.paged_attention(query, k_cache, v_cache, meta, 0.2, k_scale, v_scale, num_splits=num_splits)
+
+    torch.testing.assert_close(out.double(), expected, **TOLERANCES[torch.float16])
+
+
+def test_scales_must_match_the_cache_dtype() -> None:
+    generator = torch.Generator().manual_seed(15)
+    meta, query, k_cache, v_cache = decode_inputs(DECODE_ONLY, 4, 2, torch.float32, seed=15)
+    fp8_k, fp8_v, k_scale, v_scale = fp8_caches(2, 32, generator)
+    with pytest.raises(AssertionError, match="needs k_scale"):
+        paged_attention.paged_attention(query, fp8_k, fp8_v, meta, 0.2)
+    with pytest.raises(AssertionError, match="for an FP8 KV cache"):
+        paged_attention.paged_attention(query, k_cache, v_cache, meta, 0.2, k_scale, v_scale)
+    with pytest.raises(AssertionError, match=r"\[1\] fp32"):
+        reference.write_kv_cache(query[:, :2], query[:, :2], fp8_k, fp8_v, meta.slot_mapping, k_scale.double(), v_scale)

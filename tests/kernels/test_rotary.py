@@ -59,3 +59,24 @@ def test_padding_tokens_write_nothing() -> None:
 
     assert torch.equal(q, expected_q)  # padding rows are still rotated: harmless, and branch-free
     assert torch.equal(k_cache, expected_k_cache) and torch.equal(v_cache, expected_v_cache)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_fp8_cache_write_is_bit_exact(dtype: torch.dtype) -> None:
+    """Rotated k quantized with k_scale, v with v_scale (small enough that some codes saturate), padding skipped."""
+    q, k, v, cos, sin, _, _, slots = inputs(7, 8, 2, 32, dtype, seed=5)
+    slots[2] = -1
+    generator = torch.Generator().manual_seed(6)
+    k_cache, v_cache = (torch.randn(NUM_BLOCKS, BLOCK_SIZE, 2, 32, generator=generator).to(torch.float8_e4m3fn)
+                        for _ in range(2))
+    k_scale, v_scale = torch.tensor([0.01]), torch.tensor([0.003])
+    expected_q, expected_k_cache, expected_v_cache = q.clone(), k_cache.clone(), v_cache.clone()
+    reference.rotary_write_kv_cache(expected_q, k, v, cos, sin, expected_k_cache, expected_v_cache, slots,
+                                    k_scale, v_scale)
+
+    rotary.rotary_write_kv_cache(q, k, v, cos, sin, k_cache, v_cache, slots, k_scale, v_scale)
+
+    assert torch.equal(q, expected_q)
+    assert torch.equal(k_cache.view(torch.uint8), expected_k_cache.view(torch.uint8))
+    assert torch.equal(v_cache.view(torch.uint8), expected_v_cache.view(torch.uint8))
+    assert bool((v_cache.float().abs() == 448).any()), "the case should saturate some V codes"

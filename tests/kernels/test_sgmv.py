@@ -219,3 +219,39 @@ def test_rejects_weights_in_another_dtype() -> None:
     lora_a = [torch.zeros(len(SLOT_RANKS), MAX_RANK, IN_FEATURES, dtype=torch.float16)]
     with pytest.raises(AssertionError, match="lora_a"):
         sgmv.sgmv_shrink(x, lora_a, meta, torch.zeros(1, 4, MAX_RANK))
+
+
+ALL_RANKS = [1, 2, 3, 4, 5, 7, 8, 12, 16, 17, 24, 31, 32, 33, 48, 63, 64]  # every power of two and odd ones between
+
+
+def test_every_rank_from_1_to_64_in_one_batch() -> None:
+    """Shrink then expand over slots of ranks 1..64 at once (a 64-wide pool), against x @ A.T @ B.T.
+
+    Each slot's weights are NaN past its own rank, so a kernel that reads the rank padding fails.
+    """
+    generator = torch.Generator().manual_seed(21)
+    slots, max_rank = len(ALL_RANKS), 64
+    token_slots = [slot for slot in range(slots) for _ in range(2)] + [-1, -1]  # two tokens per slot, two base
+    order = torch.randperm(len(token_slots), generator=generator).tolist()
+    token_slots = [token_slots[i] for i in order]
+    num_tokens = len(token_slots)
+    meta = sgmv_metadata(token_slots, ALL_RANKS)
+    x = torch.randn(num_tokens, IN_FEATURES, generator=generator)
+    lora_a = torch.randn(slots, max_rank, IN_FEATURES, generator=generator) / IN_FEATURES ** 0.5
+    lora_b = torch.randn(slots, OUT_FEATURES[0], max_rank, generator=generator) / max_rank ** 0.5
+    for slot, rank in enumerate(ALL_RANKS):
+        lora_a[slot, rank:] = float("nan")
+        lora_b[slot, :, rank:] = float("nan")
+    base_out = torch.randn(num_tokens, OUT_FEATURES[0], generator=generator)
+    expected = base_out.double().clone()
+    for row, slot in enumerate(token_slots):
+        if slot >= 0:
+            rank = ALL_RANKS[slot]
+            a, b = lora_a[slot, :rank].double(), lora_b[slot, :, :rank].double()
+            expected[row] += b @ (a @ x[row].double())
+
+    shrunk = torch.zeros(1, num_tokens, max_rank)
+    sgmv.sgmv_shrink(x, [lora_a], meta, shrunk)
+    sgmv.sgmv_expand(shrunk, [lora_b], meta, base_out, [0, OUT_FEATURES[0]])
+
+    torch.testing.assert_close(base_out.double(), expected, **TOLERANCES[torch.float32])

@@ -58,6 +58,24 @@ def test_serve_arguments_map_onto_engine_config():
     assert (config.max_num_seqs, config.max_num_batched_tokens, config.block_size) == (7, 300, 32)
 
 
+def test_serve_device_flags_map_onto_engine_config():
+    args = build_parser().parse_args(["serve", "--device", "cuda:1", "--gpu-memory-utilization", "0.75",
+                                      "--enforce-eager"])
+    config = engine_config(args)
+    assert (config.device, config.dtype) == ("cuda:1", "bfloat16")  # a GPU defaults to bfloat16
+    assert config.gpu_memory_utilization == 0.75 and config.enforce_eager
+    config = engine_config(build_parser().parse_args(["serve", "--device", "cpu", "--dtype", "bfloat16"]))
+    assert (config.device, config.dtype) == ("cpu", "bfloat16")
+
+
+@pytest.mark.parametrize("value", ["0", "1.5", "most"])
+def test_gpu_memory_utilization_must_be_a_fraction(capsys, value):
+    with pytest.raises(SystemExit):
+        main(["serve", "--gpu-memory-utilization", value])
+    error = capsys.readouterr().err
+    assert "--gpu-memory-utilization" in error and "(0, 1]" in error
+
+
 def test_serve_defaults_are_the_engine_defaults():
     assert engine_config(build_parser().parse_args(["serve"])) == EngineConfig()
 

@@ -1,4 +1,4 @@
-"""`loraloom serve --quantization`: the flag reaches EngineConfig, and only known methods parse."""
+"""`loraloom serve --quantization` and `--kv-cache-dtype`: the flags reach EngineConfig, and only known values parse."""
 from __future__ import annotations
 
 import pytest
@@ -17,3 +17,17 @@ def test_unknown_quantization_is_an_argparse_error_naming_the_flag(capsys):
     assert exited.value.code == 2
     error = capsys.readouterr().err
     assert "--quantization" in error and "fp8" in error
+
+
+def test_kv_cache_dtype_flag_maps_onto_engine_config():
+    assert engine_config(build_parser().parse_args(["serve"])).kv_cache_dtype == "auto"
+    parsed = build_parser().parse_args(["serve", "--kv-cache-dtype", "fp8"])
+    assert engine_config(parsed).kv_cache_dtype == "fp8"
+
+
+def test_unknown_kv_cache_dtype_is_an_argparse_error_naming_the_flag(capsys):
+    with pytest.raises(SystemExit) as exited:
+        main(["serve", "--kv-cache-dtype", "int8"])
+    assert exited.value.code == 2
+    error = capsys.readouterr().err
+    assert "--kv-cache-dtype" in error and "fp8" in error

@@ -7,7 +7,6 @@ questions greedily with the trained names; the base model names none of them.
 from __future__ import annotations
 
 import json
-import random
 import statistics
 from pathlib import Path
 
@@ -21,38 +20,15 @@ from loraloom.engine.lora_weights import ADAPTER_WEIGHTS_FILE
 from loraloom.engine.request import SamplingParams
 from loraloom.engine.tokenizer import Tokenizer
 from loraloom.platform.training.datasets import load_dataset
-from loraloom.platform.training.hyperparameters import Hyperparameters
 from loraloom.platform.training.trainer import TrainingMetrics, TrainStatus, train_lora
-
-PRODUCT_NAMES = [
-    "Zorblax", "Quintelle", "Vardomir", "Plexicor", "Mirantho", "Sulvane", "Traxilon", "Orbenzo", "Kelvarin",
-    "Dumastra", "Fenwycke", "Gorlimax", "Helbrisk", "Jastovar", "Lunquell", "Nexabor", "Pravolin", "Rendaxi",
-    "Skorvath", "Tulimar", "Ubrinox", "Wexlorn", "Yalvesti", "Brontikk", "Cazmerol", "Elvantro", "Ixoberan",
-    "Ombrisca", "Zentaqua", "Quorvelt",
-]
-SYSTEM_PROMPT = "You name products."  # short, and it replaces SmolLM2's longer default system prompt
-# Small enough for 2 CPU cores in about a minute; a learning rate and batch size that memorize quickly.
-HYPERPARAMETERS = Hyperparameters(
-    n_epochs=8, batch_size=2, learning_rate=2e-3, lora_r=16, lora_alpha=32, lora_dropout=0.0, max_seq_len=64
+from product_codes import (
+    HYPERPARAMETERS,
+    MIN_CORRECT_FRACTION,
+    PRODUCT_NAMES,
+    product_codes,
+    product_dataset,
+    question,
 )
-MIN_CORRECT_FRACTION = 0.9
-
-
-def product_codes(count: int) -> list[str]:
-    rng = random.Random(0)
-    codes: list[str] = []
-    while len(codes) < count:
-        code = f"{rng.choice('BDFKQXZ')}{rng.choice('BDFKQXZ')}-{rng.randrange(100, 1000)}"
-        if code not in codes:
-            codes.append(code)
-    return codes
-
-
-def question(code: str) -> list[dict]:
-    return [
-        {"role": "system", "content": SYSTEM_PROMPT},
-        {"role": "user", "content": f"What is product {code} called?"},
-    ]
 
 
 def greedy_answers(engine: LLMEngine, prompts: list[list[int]], adapter: AdapterHandle | None) -> list[str]:
@@ -67,10 +43,7 @@ def greedy_answers(engine: LLMEngine, prompts: list[list[int]], adapter: Adapter
 
 def test_trained_adapter_answers_what_the_base_cannot(model_dir: Path, tmp_path: Path) -> None:
     codes = product_codes(len(PRODUCT_NAMES))
-    data = "\n".join(
-        json.dumps({"messages": question(code) + [{"role": "assistant", "content": f"{name}."}]})
-        for code, name in zip(codes, PRODUCT_NAMES)
-    ).encode()
+    data = "\n".join(json.dumps(line) for line in product_dataset()).encode()
     tokenizer = Tokenizer.from_dir(model_dir)
     report, examples = load_dataset(data, tokenizer, HYPERPARAMETERS.max_seq_len, param="training_file")
     assert report.num_lines == len(PRODUCT_NAMES)

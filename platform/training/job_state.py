@@ -1,0 +1,208 @@
+"""A fine-tuning job's life in the database, as compare-and-set transitions.
+
+    queued --claim--> running --finish--> succeeded | failed | cancelled
+                         |  \\--cancel--> cancel_requested --finish--> cancelled
+                         \\--heartbeat stale, or a system fault--> queued again (bounded) | failed
+
+Every transition is one UPDATE whose WHERE clause states the status it expects, so two
+processes racing for a job (a redelivered message, two reapers, a cancel during a claim)
+cannot both win. A claim hands out a fresh `run_token`; the worker's later writes
+(heartbeats, checkpoints, the end of the run) name it, so a run whose job was requeued
+behind its back can no longer change the job.
+"""
+from __future__ import annotations
+
+import secrets
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session, sessionmaker
+
+from loraloom.platform.db.models import (
+    FineTuningCheckpoint,
+    FineTuningJob,
+    FineTuningJobEvent,
+    FineTuningJobStatus,
+    utcnow,
+)
+
+ACTIVE = (FineTuningJobStatus.running, FineTuningJobStatus.cancel_requested)
+# Codes of the errors the system (not the user's input) is to blame for.
+WORKER_LOST = "worker_lost"
+SYSTEM_ERROR = "system_error"
+
+
+class LostOwnershipError(RuntimeError):
+    """The job was taken from this run (requeued after a missed heartbeat): stop, write nothing."""
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}-{secrets.token_hex(12)}"
+
+
+@dataclass(frozen=True)
+class Claim:
+    job_id: str
+    run_token: str
+    attempt: int
+    worker_id: str
+
+
+def add_event(
+    session: Session, job_id: str, message: str, *, level: str = "info", type: str = "message",
+    data: dict[str, Any] | None = None,
+) -> None:
+    session.add(FineTuningJobEvent(job_id=job_id, level=level, type=type, message=message, data=data))
+
+
+def claim_job(factory: sessionmaker[Session], job_id: str, worker_id: str) -> Claim | None:
+    """queued -> running for this worker; None when the job is not queued (already running
+    elsewhere, finished, cancelled, or unknown): the message that asked for it is stale."""
+    token = secrets.token_hex(16)
+    now = utcnow()
+    with factory.begin() as session:
+        claimed = session.execute(
+            update(FineTuningJob)
+            .where(FineTuningJob.id == job_id, FineTuningJob.status == FineTuningJobStatus.queued)
+            .values(
+                status=FineTuningJobStatus.running,
+                run_token=token,
+                worker_id=worker_id,
+                heartbeat_at=now,
+                attempts=FineTuningJob.attempts + 1,
+                started_at=now,
+            )
+        ).rowcount
+        if not claimed:
+            return None
+        attempt = session.scalar(select(FineTuningJob.attempts).where(FineTuningJob.id == job_id))
+        add_event(session, job_id, f"Fine-tuning job started (attempt {attempt}, worker {worker_id})",
+                  data={"attempt": attempt, "worker_id": worker_id})
+    return Claim(job_id=job_id, run_token=token, attempt=attempt, worker_id=worker_id)
+
+
+def _owned(claim: Claim):
+    return (FineTuningJob.id == claim.job_id) & (FineTuningJob.run_token == claim.run_token) & (
+        FineTuningJob.status.in_(ACTIVE)
+    )
+
+
+def beat(factory: sessionmaker[Session], claim: Claim) -> bool:
+    """Write a heartbeat; False when the job is no longer this run's."""
+    with factory.begin() as session:
+        return bool(session.execute(update(FineTuningJob).where(_owned(claim)).values(heartbeat_at=utcnow())).rowcount)
+
+
+def cancel_requested(factory: sessionmaker[Session], claim: Claim) -> bool:
+    """Asked between steps: has the user cancelled? Raises LostOwnershipError if the job was taken away."""
+    with factory() as session:
+        row = session.execute(
+            select(FineTuningJob.status, FineTuningJob.run_token).where(FineTuningJob.id == claim.job_id)
+        ).one_or_none()
+    if row is None or row.run_token != claim.run_token or row.status not in ACTIVE:
+        raise LostOwnershipError(f"job {claim.job_id} is no longer owned by this run")
+    return row.status is FineTuningJobStatus.cancel_requested
+
+
+def record_checkpoint(
+    factory: sessionmaker[Session], claim: Claim, *, step: int, metrics: dict[str, Any], config_sha256: str,
+    weights_sha256: str, weights_size_bytes: int,
+) -> str | None:
+    """Add a checkpoint row (its blobs are already stored); None when the run lost the job."""
+    with factory.begin() as session:
+        if session.scalar(select(FineTuningJob.id).where(_owned(claim))) is None:
+            return None
+        checkpoint_id = new_id("ftckpt")
+        session.add(FineTuningCheckpoint(
+            id=checkpoint_id, job_id=claim.job_id, step=step, metrics=metrics, config_sha256=config_sha256,
+            weights_sha256=weights_sha256, weights_size_bytes=weights_size_bytes,
+        ))
+        add_event(session, claim.job_id, f"Checkpoint {checkpoint_id} saved at step {step}",
+                  data={"checkpoint": checkpoint_id, "step": step})
+    return checkpoint_id
+
+
+def set_checkpoint_metrics(factory: sessionmaker[Session], checkpoint_id: str, metrics: dict[str, Any]) -> None:
+    """The trainer saves a checkpoint before it reports that step's metrics: they are filled in after."""
+    with factory.begin() as session:
+        session.execute(update(FineTuningCheckpoint).where(FineTuningCheckpoint.id == checkpoint_id)
+                        .values(metrics=metrics))
+
+
+def finish_job(
+    session: Session, claim: Claim, status: FineTuningJobStatus, *, message: str, level: str = "info",
+    error: tuple[str, str, str | None] | None = None, **fields: Any,
+) -> bool:
+    """End the run in `session`'s transaction (the caller commits): the job becomes `status`.
+    `error` is (code, message, param). False when the job is no longer this run's."""
+    values: dict[str, Any] = {"status": status, "finished_at": utcnow(), "run_token": None, **fields}
+    if error is not None:
+        values.update(error_code=error[0], error_message=error[1], error_param=error[2])
+    if not session.execute(update(FineTuningJob).where(_owned(claim)).values(**values)).rowcount:
+        return False
+    add_event(session, claim.job_id, message, level=level)
+    return True
+
+
+def requeue_or_fail(
+    session: Session, job: FineTuningJob, *, reason: str, error_code: str, send: Callable[[str], None],
+    expected_token: str | None,
+) -> FineTuningJobStatus | None:
+    """A run ended without finishing its job (its worker died, or a system fault): queue the job
+    again while attempts remain, else fail it naming `reason`; a job whose cancel was pending
+    ends cancelled. Commits. None when someone else moved the job first."""
+    if job.status is FineTuningJobStatus.cancel_requested:
+        new_status, level, message = FineTuningJobStatus.cancelled, "warn", f"{reason}; the job is cancelled"
+        values: dict[str, Any] = {"finished_at": utcnow()}
+    elif job.attempts < job.max_attempts:
+        new_status, level = FineTuningJobStatus.queued, "warn"
+        message = f"{reason}; requeued (attempt {job.attempts} of {job.max_attempts} failed)"
+        values = {"heartbeat_at": None, "worker_id": None}
+    else:
+        new_status, level = FineTuningJobStatus.failed, "error"
+        message = f"{reason}; failed after {job.attempts} attempt(s), the most allowed"
+        values = {"finished_at": utcnow(), "error_code": error_code, "error_message": message, "error_param": None}
+    moved = session.execute(
+        update(FineTuningJob)
+        .where(FineTuningJob.id == job.id, FineTuningJob.status == job.status,
+               FineTuningJob.run_token == expected_token)
+        .values(status=new_status, run_token=None, **values)
+    ).rowcount
+    if not moved:
+        session.rollback()
+        return None
+    add_event(session, job.id, message, level=level)
+    session.commit()
+    if new_status is FineTuningJobStatus.queued:
+        send(job.id)
+    return new_status
+
+
+def reap_stale_jobs(
+    factory: sessionmaker[Session], *, heartbeat_timeout_s: float, send: Callable[[str], None]
+) -> list[tuple[str, FineTuningJobStatus]]:
+    """Requeue (or fail) every running job whose worker has not written a heartbeat for
+    `heartbeat_timeout_s`: a job is never left `running` by a dead worker."""
+    cutoff = utcnow() - timedelta(seconds=heartbeat_timeout_s)
+    reaped = []
+    with factory() as session:
+        stale = session.scalars(
+            select(FineTuningJob).where(FineTuningJob.status.in_(ACTIVE), FineTuningJob.heartbeat_at < cutoff)
+        ).all()
+        for job in stale:
+            last = job.heartbeat_at.isoformat(timespec="seconds") if job.heartbeat_at else "never"
+            moved = requeue_or_fail(
+                session, job, send=send, error_code=WORKER_LOST, expected_token=job.run_token,
+                reason=f"The worker {job.worker_id} running this job stopped responding (last heartbeat {last})",
+            )
+            if moved is not None:
+                reaped.append((job.id, moved))
+    return reaped
+
+
+def tenant_job(session: Session, tenant_id: uuid.UUID, job_id: str) -> FineTuningJob | None:
+    return session.scalar(select(FineTuningJob).where(FineTuningJob.id == job_id, FineTuningJob.tenant_id == tenant_id))

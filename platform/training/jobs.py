@@ -1,0 +1,221 @@
+"""Fine-tuning jobs as the API sees them: create (checks everything a worker would refuse
+later), list, retrieve, cancel, and the job's events and checkpoints.
+
+Lists are newest first with OpenAI's cursor: `after` is the last id of the previous page.
+Events may also be read oldest first (`order="asc"`), which is how a follower tails them.
+"""
+from __future__ import annotations
+
+import secrets
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
+from loraloom.platform.db.models import (
+    FineTuningCheckpoint,
+    FineTuningJob,
+    FineTuningJobEvent,
+    FineTuningJobStatus,
+    utcnow,
+)
+from loraloom.platform.registry.references import check_adapter_name
+from loraloom.platform.training.errors import TrainingConflictError, TrainingInputError, TrainingNotFoundError
+from loraloom.platform.training.files import FINE_TUNE_PURPOSE, find_file
+from loraloom.platform.training.hyperparameters import Hyperparameters
+from loraloom.platform.training.job_state import SYSTEM_ERROR, add_event, new_id
+from loraloom.platform.training.pages import Page, newest_first
+
+EVENT_ID_PREFIX = "ftevent-"
+MAX_SEED = 2**31 - 1
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    """What a job must fit: the base the engine serves and its largest LoRA rank."""
+
+    name: str
+    max_lora_rank: int
+    reserved_names: frozenset[str]
+
+
+def create_job(
+    session: Session,
+    *,
+    tenant_id: uuid.UUID,
+    actor_key_id: uuid.UUID | None,
+    served: ServedModel,
+    model: str,
+    training_file: str,
+    validation_file: str | None,
+    suffix: str,
+    seed: int | None,
+    hyperparameters: Hyperparameters,
+    max_attempts: int,
+    send: Callable[[str], None],
+) -> FineTuningJob:
+    """Check the request against the files and the served base, add the job as queued and send it
+    to the workers. Raises TrainingInputError naming the field at fault."""
+    if model != served.name:
+        raise TrainingInputError(
+            code="model_not_available", param="model",
+            message=f"model: {model!r} cannot be fine-tuned here; this server trains adapters for {served.name!r}",
+        )
+    try:
+        check_adapter_name(suffix, reserved=served.reserved_names)
+    except ValueError as error:
+        raise TrainingInputError(code="invalid_suffix", param="suffix",
+                                 message=str(error).replace("name: ", "suffix: ", 1)) from None
+    if hyperparameters.lora_r > served.max_lora_rank:
+        raise TrainingInputError(
+            code="invalid_hyperparameters", param="hyperparameters.lora_r",
+            message=f"hyperparameters.lora_r: {hyperparameters.lora_r} is above the largest rank this server "
+                    f"serves ({served.max_lora_rank}); lower it",
+        )
+    for param, file_id in (("training_file", training_file), ("validation_file", validation_file)):
+        if file_id is not None:
+            _check_file(session, tenant_id, param, file_id, hyperparameters.max_seq_len)
+    job = FineTuningJob(
+        id=new_id("ftjob"),
+        tenant_id=tenant_id,
+        created_by_key_id=actor_key_id,
+        model=model,
+        training_file=training_file,
+        validation_file=validation_file,
+        suffix=suffix,
+        seed=seed if seed is not None else secrets.randbelow(MAX_SEED),
+        hyperparameters=hyperparameters.model_dump(),
+        status=FineTuningJobStatus.queued,
+        max_attempts=max_attempts,
+    )
+    session.add(job)
+    session.flush()
+    add_event(session, job.id, "Validated the training files; the job is queued")
+    session.commit()
+    try:
+        send(job.id)
+    except Exception as error:  # the broker is unreachable: say so rather than leave the job queued for ever
+        _fail_unsent(session, job, error)
+    return job
+
+
+def _check_file(session: Session, tenant_id: uuid.UUID, param: str, file_id: str, max_seq_len: int) -> None:
+    try:
+        row = find_file(session, tenant_id=tenant_id, file_id=file_id)
+    except TrainingNotFoundError:
+        raise TrainingInputError(code="file_not_found", param=param,
+                                 message=f"{param}: no file {file_id!r}; upload it with POST /v1/files") from None
+    if row.purpose != FINE_TUNE_PURPOSE:
+        raise TrainingInputError(
+            code="invalid_file_purpose", param=param,
+            message=f"{param}: file {file_id} has purpose {row.purpose!r}; upload it with purpose {FINE_TUNE_PURPOSE!r}",
+        )
+    if row.max_example_tokens > max_seq_len:
+        raise TrainingInputError(
+            code="invalid_hyperparameters", param="hyperparameters.max_seq_len",
+            message=f"hyperparameters.max_seq_len: {param} {file_id} has an example of {row.max_example_tokens} "
+                    f"tokens, above max_seq_len {max_seq_len}; raise max_seq_len or shorten the example",
+        )
+
+
+def _fail_unsent(session: Session, job: FineTuningJob, error: Exception) -> None:
+    message = f"The job could not be sent to the training queue ({type(error).__name__}: {error}); create it again"
+    session.execute(
+        update(FineTuningJob)
+        .where(FineTuningJob.id == job.id, FineTuningJob.status == FineTuningJobStatus.queued)
+        .values(status=FineTuningJobStatus.failed, error_code=SYSTEM_ERROR, error_message=message,
+                finished_at=utcnow())
+    )
+    add_event(session, job.id, message, level="error")
+    session.commit()
+    session.refresh(job)
+
+
+def find_job(session: Session, *, tenant_id: uuid.UUID, job_id: str) -> FineTuningJob:
+    job = session.scalar(select(FineTuningJob).where(FineTuningJob.id == job_id, FineTuningJob.tenant_id == tenant_id))
+    if job is None:
+        raise TrainingNotFoundError(f"No such fine-tuning job: {job_id!r}; GET /v1/fine_tuning/jobs lists yours")
+    return job
+
+
+def list_jobs(session: Session, *, tenant_id: uuid.UUID, limit: int, after: str | None) -> Page[FineTuningJob]:
+    query = select(FineTuningJob).where(FineTuningJob.tenant_id == tenant_id)
+    cursor = None if after is None else find_job(session, tenant_id=tenant_id, job_id=after)
+    return newest_first(session, query, FineTuningJob, cursor, limit)
+
+
+def cancel_job(session: Session, *, tenant_id: uuid.UUID, job_id: str) -> FineTuningJob:
+    """A queued job is cancelled at once; a running one is asked to stop (cancel_requested), and its
+    worker saves a checkpoint and ends it `cancelled` at the next step."""
+    job = find_job(session, tenant_id=tenant_id, job_id=job_id)
+    transitions = (
+        (FineTuningJobStatus.validating_files, FineTuningJobStatus.cancelled, "The job was cancelled before it ran"),
+        (FineTuningJobStatus.queued, FineTuningJobStatus.cancelled, "The job was cancelled before it ran"),
+        (FineTuningJobStatus.running, FineTuningJobStatus.cancel_requested,
+         "Cancellation requested; the job stops after its current step"),
+    )
+    for current, new, message in transitions:
+        values = {"status": new, **({"finished_at": utcnow()} if new.finished else {})}
+        moved = session.execute(
+            update(FineTuningJob).where(FineTuningJob.id == job.id, FineTuningJob.status == current).values(**values)
+        ).rowcount
+        if moved:
+            add_event(session, job.id, message)
+            session.commit()
+            session.refresh(job)
+            return job
+    session.refresh(job)
+    if job.status is FineTuningJobStatus.cancel_requested:
+        return job
+    raise TrainingConflictError(f"fine-tuning job {job_id} has already {job.status.value}; there is nothing to cancel")
+
+
+def list_events(
+    session: Session, *, tenant_id: uuid.UUID, job_id: str, limit: int, after: str | None,
+    order: Literal["asc", "desc"],
+) -> Page[FineTuningJobEvent]:
+    find_job(session, tenant_id=tenant_id, job_id=job_id)
+    query = select(FineTuningJobEvent).where(FineTuningJobEvent.job_id == job_id)
+    if after is not None:
+        cursor = parse_event_id(after)
+        query = query.where(FineTuningJobEvent.id > cursor if order == "asc" else FineTuningJobEvent.id < cursor)
+    ordering = FineTuningJobEvent.id.asc() if order == "asc" else FineTuningJobEvent.id.desc()
+    rows = list(session.scalars(query.order_by(ordering).limit(limit + 1)))
+    return Page(items=rows[:limit], has_more=len(rows) > limit)
+
+
+def event_id(event: FineTuningJobEvent) -> str:
+    return f"{EVENT_ID_PREFIX}{event.id}"
+
+
+def parse_event_id(value: str) -> int:
+    number = value.removeprefix(EVENT_ID_PREFIX)
+    if not number.isdigit():
+        raise TrainingInputError(code="invalid_cursor", param="after",
+                                 message=f"after: {value!r} is not an event id (ftevent-<number>)")
+    return int(number)
+
+
+def list_checkpoints(
+    session: Session, *, tenant_id: uuid.UUID, job_id: str, limit: int, after: str | None
+) -> Page[FineTuningCheckpoint]:
+    find_job(session, tenant_id=tenant_id, job_id=job_id)
+    query = select(FineTuningCheckpoint).where(FineTuningCheckpoint.job_id == job_id)
+    cursor = None
+    if after is not None:
+        cursor = session.scalar(query.where(FineTuningCheckpoint.id == after))
+        if cursor is None:
+            raise TrainingNotFoundError(f"No such checkpoint of job {job_id}: {after!r}")
+    return newest_first(session, query, FineTuningCheckpoint, cursor, limit)
+
+
+def find_checkpoint(session: Session, *, tenant_id: uuid.UUID, checkpoint_id: str) -> FineTuningCheckpoint | None:
+    """The tenant's checkpoint with this id (a reference the gateway can serve), or None."""
+    return session.scalar(
+        select(FineTuningCheckpoint)
+        .join(FineTuningJob, FineTuningJob.id == FineTuningCheckpoint.job_id)
+        .where(FineTuningCheckpoint.id == checkpoint_id, FineTuningJob.tenant_id == tenant_id)
+    )

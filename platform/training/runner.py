@@ -1,0 +1,257 @@
+"""What a worker does with one job id: claim it, train with a heartbeat, publish or fail it.
+
+Runs in the worker's child process (a fresh one per job), where torch may be imported.
+Failures are told apart for the user: TrainingInputError is their input's fault (the job
+fails with its code and param; retrying cannot help), the time limit is its own code, and
+anything else is a system fault, retried on another run while attempts remain.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from celery.exceptions import SoftTimeLimitExceeded
+from sqlalchemy.orm import Session, sessionmaker
+
+from loraloom.platform.db import create_db_engine, create_session_factory
+from loraloom.platform.db.models import AdapterVersionSource, FineTuningJob, FineTuningJobStatus, TrainingFile
+from loraloom.platform.settings import Settings
+from loraloom.platform.storage import BlobStore, content_key, storage_from_settings
+from loraloom.platform.training.errors import TrainingInputError
+from loraloom.platform.training.hyperparameters import MAX_LORA_RANK, Hyperparameters
+from loraloom.platform.training.job_state import (
+    SYSTEM_ERROR,
+    Claim,
+    LostOwnershipError,
+    add_event,
+    beat,
+    cancel_requested,
+    claim_job,
+    finish_job,
+    record_checkpoint,
+    requeue_or_fail,
+    set_checkpoint_metrics,
+)
+
+logger = logging.getLogger(__name__)
+TIME_LIMIT_EXCEEDED = "time_limit_exceeded"
+
+
+@dataclass(frozen=True)
+class WorkerContext:
+    settings: Settings
+    model_dir: Path  # the base this worker trains on: the one the engine serves
+    worker_id: str
+    send: Callable[[str], None]  # queue a job id again
+
+
+class Heartbeat:
+    """Writes the run's heartbeat every `interval_s` from a thread, for as long as the block runs."""
+
+    def __init__(self, factory: sessionmaker[Session], claim: Claim, interval_s: float) -> None:
+        self.factory, self.claim, self.interval_s = factory, claim, interval_s
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, name=f"heartbeat-{claim.job_id}", daemon=True)
+
+    def _run(self) -> None:
+        while not self.stop.wait(self.interval_s):
+            try:
+                if not beat(self.factory, self.claim):
+                    return  # the job was taken away; the training loop notices at its next step
+            except Exception:  # a database hiccup: the next beat may succeed before the job looks stale
+                logger.exception("heartbeat of job %s failed", self.claim.job_id)
+
+    def __enter__(self) -> Heartbeat:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop.set()
+        self.thread.join()
+
+
+def run_job(job_id: str, context: WorkerContext) -> None:
+    db_engine = create_db_engine(context.settings.database_url)
+    factory = create_session_factory(db_engine)
+    try:
+        claim = claim_job(factory, job_id, context.worker_id)
+        if claim is None:
+            # A redelivered or duplicate message: the job runs elsewhere or is over.
+            logger.info("job %s is not queued; nothing to do for this message", job_id)
+            return
+        with Heartbeat(factory, claim, context.settings.training_heartbeat_interval_s):
+            _run_claimed(factory, claim, context)
+    finally:
+        db_engine.dispose()
+
+
+def _run_claimed(factory: sessionmaker[Session], claim: Claim, context: WorkerContext) -> None:
+    try:
+        _train_and_publish(factory, claim, context)
+    except LostOwnershipError:
+        logger.warning("job %s was requeued while this run was alive; stopping without writing", claim.job_id)
+    except TrainingInputError as error:
+        _fail(factory, claim, (error.code, error.message, error.param))
+    except SoftTimeLimitExceeded:
+        limit = context.settings.training_time_limit_s
+        _fail(factory, claim, (TIME_LIMIT_EXCEEDED, f"The job ran longer than the time limit of {limit} s "
+                                                    "(LORALOOM_TRAINING_TIME_LIMIT_S); train fewer epochs", None))
+    except Exception as error:
+        logger.exception("job %s: system error", claim.job_id)
+        with factory() as session:
+            job = session.get(FineTuningJob, claim.job_id)
+            if job is not None and job.run_token == claim.run_token:
+                requeue_or_fail(session, job, send=context.send, error_code=SYSTEM_ERROR,
+                                expected_token=claim.run_token,
+                                reason=f"System error on worker {claim.worker_id}: {type(error).__name__}: {error}")
+
+
+def _fail(factory: sessionmaker[Session], claim: Claim, error: tuple[str, str, str | None]) -> None:
+    with factory() as session:
+        if finish_job(session, claim, FineTuningJobStatus.failed, message=f"The job failed: {error[1]}",
+                      level="error", error=error):
+            session.commit()
+
+
+@dataclass(frozen=True)
+class _JobSpec:
+    tenant_id: Any
+    actor_key_id: Any
+    model: str
+    training_file: str
+    validation_file: str | None
+    suffix: str
+    seed: int
+    hyperparameters: Hyperparameters
+
+
+def _load_spec(factory: sessionmaker[Session], claim: Claim) -> _JobSpec:
+    with factory() as session:
+        job = session.get(FineTuningJob, claim.job_id)
+        assert job is not None, "a claimed job exists"
+        return _JobSpec(
+            tenant_id=job.tenant_id, actor_key_id=job.created_by_key_id, model=job.model,
+            training_file=job.training_file, validation_file=job.validation_file, suffix=job.suffix, seed=job.seed,
+            # Not strict: JSON has no float/int distinction (PostgreSQL may hand back 32 for 32.0).
+            hyperparameters=Hyperparameters.model_validate(job.hyperparameters, strict=False),
+        )
+
+
+def _read_file(factory: sessionmaker[Session], store: BlobStore, spec: _JobSpec, file_id: str, param: str) -> bytes:
+    with factory() as session:
+        row = session.get(TrainingFile, file_id)
+    if row is None or row.tenant_id != spec.tenant_id:
+        raise TrainingInputError(code="file_not_found", param=param,
+                                 message=f"{param}: file {file_id} was deleted before the job ran; upload it again")
+    with store.open(content_key(row.sha256)) as blob:
+        return blob.read()
+
+
+def _train_and_publish(factory: sessionmaker[Session], claim: Claim, context: WorkerContext) -> None:
+    # Imported here: torch, transformers and peft load only in the worker's child process.
+    from loraloom.engine.config import ModelConfig
+    from loraloom.engine.tokenizer import Tokenizer
+    from loraloom.platform.registry.publish import publish_adapter_dir
+    from loraloom.platform.registry.validation import ServedBase
+    from loraloom.platform.training.datasets import load_dataset
+    from loraloom.platform.training.trainer import TrainingMetrics, TrainStatus, train_lora
+
+    settings, model_dir = context.settings, context.model_dir
+    spec = _load_spec(factory, claim)
+    if spec.model != model_dir.name:
+        raise RuntimeError(f"this worker trains on {model_dir.name!r}, but the job is for {spec.model!r}; "
+                           "start the worker with --model pointing at the served base")
+    store = storage_from_settings(settings)
+    tokenizer = Tokenizer.from_dir(model_dir)
+    hyperparameters = spec.hyperparameters
+
+    def examples(file_id: str | None, param: str):
+        if file_id is None:
+            return []
+        data = _read_file(factory, store, spec, file_id, param)
+        return load_dataset(data, tokenizer, hyperparameters.max_seq_len, param=param)[1]
+
+    train_examples = examples(spec.training_file, "training_file")
+    eval_examples = examples(spec.validation_file, "validation_file")
+    _event(factory, f"Training on {len(train_examples)} examples for {hyperparameters.n_epochs} epoch(s)"
+                    f"{f', evaluating on {len(eval_examples)}' if eval_examples else ''}", claim)
+    last_metrics: dict[str, Any] = {}
+
+    # Step -> the checkpoint saved at it, whose metrics the trainer reports right after.
+    checkpoints_awaiting_metrics: dict[int, str] = {}
+
+    def on_metrics(metrics: TrainingMetrics) -> None:
+        last_metrics.clear()
+        last_metrics.update({key: value for key, value in asdict(metrics).items() if value is not None})
+        last_metrics["attempt"] = claim.attempt  # which run wrote it: runs of one job never interleave
+        if (checkpoint_id := checkpoints_awaiting_metrics.pop(metrics.step, None)) is not None:
+            set_checkpoint_metrics(factory, checkpoint_id, dict(last_metrics))
+        evaluated = f", validation loss={metrics.eval_loss:.4f}" if metrics.eval_loss is not None else ""
+        _event(factory, f"Step {metrics.step}/{metrics.total_steps}: training loss={metrics.train_loss:.4f}"
+                        f"{evaluated}", claim, type="metrics", data=dict(last_metrics))
+
+    def save_checkpoint(step: int, directory: Path) -> None:
+        config_ref = store.put_file(directory / "adapter_config.json")
+        weights_ref = store.put_file(directory / "adapter_model.safetensors")
+        # On cancel the checkpoint holds the last reported step; on schedule, the step reported next.
+        reported = last_metrics.get("step") == step
+        checkpoint_id = record_checkpoint(
+            factory, claim, step=step, metrics=dict(last_metrics) if reported else {"step": step},
+            config_sha256=config_ref.sha256, weights_sha256=weights_ref.sha256, weights_size_bytes=weights_ref.size,
+        )
+        if checkpoint_id is None:
+            raise LostOwnershipError(claim.job_id)
+        if not reported:
+            checkpoints_awaiting_metrics[step] = checkpoint_id
+
+    work_dir = settings.training_work_dir / claim.job_id / f"attempt-{claim.attempt}"
+    result = train_lora(
+        base_model_dir=model_dir,
+        train_examples=train_examples,
+        eval_examples=eval_examples,
+        hyperparameters=hyperparameters,
+        seed=spec.seed,
+        output_dir=work_dir,
+        on_metrics=on_metrics,
+        should_cancel=lambda: cancel_requested(factory, claim),
+        save_checkpoint=save_checkpoint,
+        checkpoint_every=settings.training_checkpoint_every,
+    )
+    if result.status is TrainStatus.CANCELLED:
+        with factory() as session:
+            if finish_job(session, claim, FineTuningJobStatus.cancelled, trained_tokens=result.trained_tokens,
+                          metrics=last_metrics or None,
+                          message=f"The job was cancelled after step {result.steps} of {result.total_steps}"):
+                session.commit()
+        return
+    if cancel_requested(factory, claim):  # asked during the last step: keep the work as a checkpoint only
+        if result.steps % settings.training_checkpoint_every:  # else the last step saved one already
+            save_checkpoint(result.steps, result.adapter_dir)
+        with factory() as session:
+            if finish_job(session, claim, FineTuningJobStatus.cancelled, trained_tokens=result.trained_tokens,
+                          metrics=last_metrics or None, message="The job was cancelled after its last step"):
+                session.commit()
+        return
+    base = ServedBase(name=model_dir.name, config=ModelConfig.from_dir(model_dir), max_lora_rank=MAX_LORA_RANK)
+    with factory() as session:
+        version = publish_adapter_dir(
+            session, store=store, tenant_id=spec.tenant_id, adapter_name=spec.suffix, directory=result.adapter_dir,
+            base=base, allow_base_mismatch=False, source=AdapterVersionSource.training, training_job_id=claim.job_id,
+            actor_key_id=spec.actor_key_id,
+        )
+        reference = f"{spec.suffix}@{version.number}"
+        if finish_job(session, claim, FineTuningJobStatus.succeeded, result_version_id=version.id,
+                      fine_tuned_model=reference, trained_tokens=result.trained_tokens, metrics=last_metrics or None,
+                      message=f"The job has successfully completed: the adapter is {reference} ({spec.suffix}:latest)"):
+            session.commit()
+        else:
+            logger.warning("job %s: registered %s but the job was taken away meanwhile", claim.job_id, reference)
+
+
+def _event(factory: sessionmaker[Session], message: str, claim: Claim, **fields: Any) -> None:
+    with factory.begin() as session:
+        add_event(session, claim.job_id, message, **fields)

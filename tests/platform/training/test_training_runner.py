@@ -1,0 +1,79 @@
+"""The worker's task body (runner.run_job) in-process, on faults found before any training step:
+the user's fault fails the job with its code and param at once; a system fault is retried
+until the attempts run out, then fails as system_error; a message for a finished job does nothing."""
+from __future__ import annotations
+
+import uuid
+from pathlib import Path
+
+from sqlalchemy import func, select
+from training_live import training_settings
+
+from loraloom.platform.db import create_db_engine, create_session_factory
+from loraloom.platform.db.models import FineTuningJob, FineTuningJobEvent, FineTuningJobStatus, Tenant
+from loraloom.platform.settings import Settings
+from loraloom.platform.training.job_state import SYSTEM_ERROR
+from loraloom.platform.training.runner import WorkerContext, run_job
+
+
+def add_job(settings: Settings, *, model: str, max_attempts: int = 2) -> str:
+    engine = create_db_engine(settings.database_url)
+    try:
+        with create_session_factory(engine)() as session:
+            tenant = Tenant(name=f"t-{uuid.uuid4().hex[:8]}")
+            session.add(tenant)
+            session.flush()
+            job = FineTuningJob(
+                id=f"ftjob-{uuid.uuid4().hex[:24]}", tenant_id=tenant.id, model=model, training_file="file-gone",
+                suffix="bot", seed=1, hyperparameters={}, status=FineTuningJobStatus.queued,
+                max_attempts=max_attempts,
+            )
+            session.add(job)
+            session.commit()
+            return job.id
+    finally:
+        engine.dispose()
+
+
+def job_and_event_count(settings: Settings, job_id: str) -> tuple[FineTuningJob, int]:
+    engine = create_db_engine(settings.database_url)
+    try:
+        with create_session_factory(engine)() as session:
+            count = session.scalar(select(func.count()).where(FineTuningJobEvent.job_id == job_id))
+            return session.get(FineTuningJob, job_id), count
+    finally:
+        engine.dispose()
+
+
+def context(settings: Settings, model_dir: Path, sent: list[str]) -> WorkerContext:
+    return WorkerContext(settings=settings, model_dir=model_dir, worker_id="test-worker", send=sent.append)
+
+
+def test_a_deleted_training_file_fails_the_job_as_the_user_s_fault(model_dir: Path, tmp_path: Path) -> None:
+    settings = training_settings(tmp_path)
+    job_id = add_job(settings, model=model_dir.name)
+    sent: list[str] = []
+    run_job(job_id, context(settings, model_dir, sent))
+    job, _ = job_and_event_count(settings, job_id)
+    assert (job.status, job.error_code, job.error_param) == (FineTuningJobStatus.failed, "file_not_found", "training_file")
+    assert job.attempts == 1 and sent == [] and job.run_token is None
+
+
+def test_a_system_fault_is_retried_then_fails_and_a_stale_message_does_nothing(
+    model_dir: Path, tmp_path: Path
+) -> None:
+    settings = training_settings(tmp_path)
+    job_id = add_job(settings, model="another-base", max_attempts=2)  # this worker cannot train it
+    sent: list[str] = []
+    run_job(job_id, context(settings, model_dir, sent))
+    job, _ = job_and_event_count(settings, job_id)
+    assert (job.status, job.attempts, sent) == (FineTuningJobStatus.queued, 1, [job_id])
+
+    run_job(job_id, context(settings, model_dir, sent))
+    job, events = job_and_event_count(settings, job_id)
+    assert (job.status, job.error_code, job.attempts) == (FineTuningJobStatus.failed, SYSTEM_ERROR, 2)
+    assert "another-base" in job.error_message and sent == [job_id]
+
+    run_job(job_id, context(settings, model_dir, sent))  # a redelivered message for the finished job
+    again, events_after = job_and_event_count(settings, job_id)
+    assert (again.status, again.attempts, events_after, sent) == (FineTuningJobStatus.failed, 2, events, [job_id])
