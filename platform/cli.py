@@ -102,7 +102,8 @@ def build_parser() -> argparse.ArgumentParser:
         choices=QUANTIZATION_METHODS,
         default=None,
         help="fp8: quantize the base model's linear layers to FP8 at load (weights per channel, activations "
-        "per token; lm_head stays unquantized). FP8 checkpoints (compressed-tensors) are FP8 without this flag",
+        "per token; lm_head and the last decoder layer stay unquantized, which halves the perplexity cost). "
+        "FP8 checkpoints (compressed-tensors) are FP8 without this flag",
     )
     serve.add_argument(
         "--kv-cache-dtype",
