@@ -57,6 +57,14 @@ class _Graph:
     graph: "torch.cuda.CUDAGraph | None" = None
 
 
+@dataclass
+class StagedStep:
+    """A decode step whose inputs sit in a graph's static buffers, ready to replay."""
+
+    entry: _Graph
+    count: int  # real rows; the rest of entry.size is padding
+
+
 class DecodeGraphs:
     def __init__(
         self,
@@ -116,8 +124,8 @@ class DecodeGraphs:
             return False
         return not batch.uses_adapters or self.lora_metadata is not None
 
-    def run(self, batch: HostBatch) -> torch.Tensor:
-        """hidden [n, hidden] of the batch's n decode tokens, from the smallest graph that holds them."""
+    def stage(self, batch: HostBatch) -> StagedStep:
+        """Copy the batch into the static buffers of the smallest graph that holds it (host work)."""
         count = batch.num_seqs
         size = next(size for size in self.sizes if size >= count)
         entry = self._graphs[size, batch.uses_adapters]
@@ -127,15 +135,21 @@ class DecodeGraphs:
             padded_slots = np.full(size, -1, np.int32)
             padded_slots[:count] = batch.token_slots
             lora = self.lora_metadata.write(padded_slots, size)
-        if entry.graph is not None:
-            entry.graph.replay()
-            return entry.hidden[:count]
-        # No capture (CPU): the same static buffers and padding, run now; the references read the
-        # host lists, so they get the step's real (padded) values.
-        qsl = self._seqs_host[:size + 1].tolist()
-        seq_lens = self._seqs_host[self._largest + 1:self._largest + 1 + size].tolist()
-        eager = _Graph(size=size, attn=self._attention_metadata(size, (qsl, seq_lens)), lora=lora)
-        return self._run(eager)[:count]
+        if entry.graph is None:
+            # No capture (CPU): the same static buffers and padding, run eagerly; the references read
+            # the host lists, so they get the step's real (padded) values.
+            qsl = self._seqs_host[:size + 1].tolist()
+            seq_lens = self._seqs_host[self._largest + 1:self._largest + 1 + size].tolist()
+            entry = _Graph(size=size, attn=self._attention_metadata(size, (qsl, seq_lens)), lora=lora)
+        return StagedStep(entry, count)
+
+    def replay(self, staged: StagedStep) -> torch.Tensor:
+        """hidden [n, hidden] of the staged batch's n decode tokens."""
+        entry = staged.entry
+        if entry.graph is None:
+            return self._run(entry)[:staged.count]
+        entry.graph.replay()
+        return entry.hidden[:staged.count]
 
     # ------------------------------------------------------------------ helpers
     def _run(self, entry: _Graph) -> torch.Tensor:

@@ -101,12 +101,14 @@ class ModelRunner:
         started = time.perf_counter()
         batch = flatten_step(step, self.config.block_size)
         graphs = self.decode_graphs
-        inputs = None if graphs is not None and graphs.can_run(batch) else self._device_inputs(batch)
-        prepared = time.perf_counter()
-        if inputs is None:
-            hidden = graphs.run(batch)  # [n, hidden]: a decode step samples every row
+        if graphs is not None and graphs.can_run(batch):
+            staged = graphs.stage(batch)
+            prepared = time.perf_counter()
+            hidden = graphs.replay(staged)  # [n, hidden]: a decode step samples every row
             logits = self.model.compute_logits(hidden)
         else:
+            inputs = self._device_inputs(batch)
+            prepared = time.perf_counter()
             hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.attn, inputs.lora)
             logits = None if inputs.logits_rows is None else self.model.compute_logits(hidden[inputs.logits_rows])
         computed = time.perf_counter()

@@ -57,13 +57,13 @@ def test_padded_decode_steps_generate_what_eager_steps_generate():
     eager = generate(make_engine(8, graphs=False), prompts, limits)
     engine = make_engine(8, graphs=True)
     replays = []
-    original_run = engine.runner.decode_graphs.run
+    original_run = engine.runner.decode_graphs.stage
 
     def counting_run(batch):
         replays.append(batch.num_seqs)
         return original_run(batch)
 
-    engine.runner.decode_graphs.run = counting_run
+    engine.runner.decode_graphs.stage = counting_run
     assert generate(engine, prompts, limits) == eager
     assert len(set(replays)) >= 4, f"the graph path ran for batch sizes {sorted(set(replays))} only"
     assert engine.block_manager.num_used_blocks == 0
@@ -78,8 +78,8 @@ def test_padding_rows_write_nothing_into_the_kv_cache():
     engine.step()  # the three prefills, eager
     before = [cache.clone() for pair in engine.runner.kv_caches for cache in pair]
     sizes = []
-    original_run = graphs.run
-    graphs.run = lambda batch: sizes.append(batch.num_seqs) or original_run(batch)
+    original_run = graphs.stage
+    graphs.stage = lambda batch: sizes.append(batch.num_seqs) or original_run(batch)
     engine.step()
     assert sizes == [3] and next(size for size in graphs.sizes if size >= 3) == 4
     after = [cache for pair in engine.runner.kv_caches for cache in pair]
@@ -103,8 +103,8 @@ def test_padded_decode_steps_with_adapters_generate_what_eager_steps_generate(tm
     engine = make_engine(16, graphs=True, max_loras=3)
     graphs: DecodeGraphs = engine.runner.decode_graphs
     with_adapters = []
-    original_run = graphs.run
-    graphs.run = lambda batch: with_adapters.append(batch.uses_adapters) or original_run(batch)
+    original_run = graphs.stage
+    graphs.stage = lambda batch: with_adapters.append(batch.uses_adapters) or original_run(batch)
     assert generate(engine, prompts, limits, assignment) == eager
     assert any(with_adapters), "no decode step with adapters went through the graph path"
     # The adapters changed what was generated: the comparison above is not base against base.
