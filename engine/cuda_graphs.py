@@ -103,7 +103,7 @@ class DecodeGraphs:
                 self._graphs[size, with_lora] = self._record(size, with_lora)
 
     def _record(self, size: int, with_lora: bool) -> _Graph:
-        self._write_padding(0, size)
+        self._write_empty_batch(size)
         lora = self.lora_metadata.for_capture(size) if with_lora else None
         entry = _Graph(size=size, attn=self._attention_metadata(size, decode_host_lists(size)), lora=lora)
         if not self.capture:
@@ -177,16 +177,19 @@ class DecodeGraphs:
         seqs[:count + 1] = batch.query_start_loc
         seqs[largest + 1:largest + 1 + count] = batch.seq_lens
         self._pad_host(count, size)
-        self._tokens.copy_(torch.from_numpy(tokens))
-        self._seqs.copy_(torch.from_numpy(seqs))
+        self._upload()
         width = batch.block_tables.shape[1]
         # Only the step's columns: the rest of a row is never read (attention stops at seq_len).
         self._block_tables[:count, :width].copy_(torch.from_numpy(batch.block_tables))
 
-    def _write_padding(self, count: int, size: int) -> None:
-        """Rows count..size become padding (and, with count = 0, the whole batch: for capture)."""
-        self._seqs_host[:count + 1] = np.arange(count + 1)
-        self._pad_host(count, size)
+    def _write_empty_batch(self, size: int) -> None:
+        """A batch of `size` padding rows: what capture runs (and records) before any real step."""
+        self._seqs_host[0] = 0
+        self._pad_host(0, size)
+        self._upload()
+
+    def _upload(self) -> None:
+        """One host-to-device copy per static buffer."""
         self._tokens.copy_(torch.from_numpy(self._tokens_host))
         self._seqs.copy_(torch.from_numpy(self._seqs_host))
 
