@@ -13,7 +13,7 @@ from starlette.concurrency import iterate_in_threadpool
 
 from loraloom.platform.api.adapters import RegistryLookupDep
 from loraloom.platform.api.dependencies import EngineDep, SessionDep, SettingsDep
-from loraloom.platform.api.schemas import ErrorResponse
+from loraloom.platform.api.schemas import ErrorResponse, unix_seconds
 from loraloom.platform.api.training_errors import TrainingRoute
 from loraloom.platform.auth import CallerDep, DeveloperDep
 from loraloom.platform.db.models import TrainingFile
@@ -46,7 +46,7 @@ class FileObject(BaseModel):
     @classmethod
     def of(cls, row: TrainingFile) -> FileObject:
         return cls(
-            id=row.id, bytes=row.size_bytes, created_at=int(row.created_at.timestamp()), filename=row.filename,
+            id=row.id, bytes=row.size_bytes, created_at=unix_seconds(row.created_at), filename=row.filename,
             purpose=row.purpose, format=row.format, line_count=row.line_count, token_count=row.token_count,
         )
 

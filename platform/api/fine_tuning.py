@@ -16,7 +16,7 @@ from fastapi import APIRouter, Depends, Query, Request
 from pydantic import BaseModel, Field
 
 from loraloom.platform.api.dependencies import EngineDep, SessionDep, SettingsDep
-from loraloom.platform.api.schemas import ErrorResponse, StrictBody
+from loraloom.platform.api.schemas import ErrorResponse, StrictBody, unix_seconds
 from loraloom.platform.api.training_errors import TrainingRoute
 from loraloom.platform.adapter_lookup import ALWAYS_BASE_NAMES
 from loraloom.platform.auth import CallerDep, DeveloperDep
@@ -94,16 +94,12 @@ class JobObject(BaseModel):
         if job.error_code is not None:
             error = JobError(code=job.error_code, message=job.error_message or "", param=job.error_param)
         return cls(
-            id=job.id, created_at=_unix(job.created_at), finished_at=_unix(job.finished_at), model=job.model,
-            fine_tuned_model=job.fine_tuned_model, organization_id=str(job.tenant_id), status=job.status.value,
-            hyperparameters=job.hyperparameters, training_file=job.training_file,
+            id=job.id, created_at=unix_seconds(job.created_at), finished_at=unix_seconds(job.finished_at),
+            model=job.model, fine_tuned_model=job.fine_tuned_model, organization_id=str(job.tenant_id),
+            status=job.status.value, hyperparameters=job.hyperparameters, training_file=job.training_file,
             validation_file=job.validation_file, trained_tokens=job.trained_tokens, error=error, seed=job.seed,
             suffix=job.suffix, attempts=job.attempts, max_attempts=job.max_attempts, metrics=job.metrics,
         )
-
-
-def _unix(moment) -> int | None:
-    return None if moment is None else int(moment.timestamp())
 
 
 class JobList(BaseModel):
@@ -123,8 +119,8 @@ class EventObject(BaseModel):
 
     @classmethod
     def of(cls, event: FineTuningJobEvent) -> EventObject:
-        return cls(id=event_id(event), created_at=_unix(event.created_at), level=event.level, message=event.message,
-                   type=event.type, data=event.data)
+        return cls(id=event_id(event), created_at=unix_seconds(event.created_at), level=event.level,
+                   message=event.message, type=event.type, data=event.data)
 
 
 class EventList(BaseModel):
@@ -144,7 +140,7 @@ class CheckpointObject(BaseModel):
 
     @classmethod
     def of(cls, checkpoint: FineTuningCheckpoint) -> CheckpointObject:
-        return cls(id=checkpoint.id, created_at=_unix(checkpoint.created_at),
+        return cls(id=checkpoint.id, created_at=unix_seconds(checkpoint.created_at),
                    fine_tuned_model_checkpoint=checkpoint.id, fine_tuning_job_id=checkpoint.job_id,
                    step_number=checkpoint.step, metrics=checkpoint.metrics)
 

@@ -7,6 +7,7 @@ asking for something unsupported (tools, penalties, echo) learns it at once.
 """
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -255,3 +256,8 @@ class ErrorDetail(BaseModel):
 
 class ErrorResponse(BaseModel):
     error: ErrorDetail
+
+
+def unix_seconds(moment: datetime | None) -> int | None:
+    """OpenAI objects carry times as integer Unix seconds (`created_at`, `finished_at`)."""
+    return None if moment is None else int(moment.timestamp())
