@@ -33,6 +33,7 @@ import numpy as np
 import torch
 
 from loraloom.engine.step_batch import HostBatch
+from loraloom.engine.step_memo import AdapterMixMemo
 from loraloom.kernels.metadata import AttentionMetadata, SGMVMetadata
 from loraloom.kernels.sgmv_plan import SGMVPlan, metadata_views, plan_sgmv, segment_capacity, tile_capacity
 
@@ -223,16 +224,24 @@ class GraphLoRAMetadata:
         self._num_slots = num_slots
         self._device = device
         self._buffers: dict[int, torch.Tensor] = {}
+        self._memo: AdapterMixMemo[SGMVMetadata] = AdapterMixMemo()  # per size: the buffer already holds it
 
     def for_capture(self, size: int) -> SGMVMetadata:
         plan = self._plan(np.full(size, -1, np.int32), size)
         buffer = torch.from_numpy(plan.packed).to(self._device)  # all padding: the warm-up run does nothing
         self._buffers[size] = buffer
+        self._memo.forget(size)  # a new buffer holds none of the earlier steps' metadata
         # Counted as full so that LoRALinear records the kernels instead of skipping a base-only step.
         return dataclasses.replace(metadata_views(buffer, plan), num_segments=plan.layout.max_segments)
 
     def write(self, token_slots: np.ndarray, size: int) -> SGMVMetadata:
-        """Refresh size's buffer for a step; returns metadata with the step's host lists (the CPU path)."""
+        """Refresh size's buffer for a step; returns metadata with the step's host lists (the CPU path).
+
+        A step with the same adapter mix as the last one of its size finds the buffer already right.
+        """
+        return self._memo.get(size, token_slots, self._slot_ranks(), lambda: self._refresh(token_slots, size))
+
+    def _refresh(self, token_slots: np.ndarray, size: int) -> SGMVMetadata:
         plan = self._plan(token_slots, size)
         buffer = self._buffers[size]
         buffer.copy_(torch.from_numpy(plan.packed))

@@ -11,11 +11,7 @@ O(window), not O(sequence).
 from __future__ import annotations
 
 import threading
-import weakref
-from collections import deque
 from typing import Protocol
-
-from loraloom.engine.outputs import RequestOutput, unresolved_text
 
 # Tokens of the prompt decoded before the first output token, so the decoder
 # sees the context that decides the first piece's leading space.
@@ -74,37 +70,30 @@ class IncrementalDetokenizer:
 class DeferredDetokenizer:
     """An IncrementalDetokenizer run only when someone reads a request's text.
 
-    The engine attaches it, as the DeferredText of outputs.py, to every output of a
-    request without stop strings: the step loop then does no text work for it (vLLM
-    v1 likewise detokenizes outside its engine loop). The first read of an output's
-    text_delta detokenizes every earlier output still pending, in order, so each
-    delta is exactly what eager detokenization would have given. Reads may happen on
-    another thread (AsyncEngine's event loop) than the step that defers: deferring is
-    a deque append, resolving holds a lock.
+    The engine gives it, as the DeferredText of outputs.py, to every output of a request
+    without stop strings: the step loop then does no text work for it (vLLM v1 likewise
+    detokenizes outside its engine loop). It reads the tokens from the request's own
+    output list, so the step hands it nothing. The first read of output `index`'s text
+    detokenizes every earlier token not yet done, in order, and keeps each delta, so a
+    delta is exactly what eager detokenization would have given, whatever the read
+    order. Reads may happen on another thread (AsyncEngine's event loop) than the step
+    that appends tokens: appending to a list is atomic, resolving holds a lock.
 
-    Pending outputs are held weakly: each output refers to this object, so strong
-    references back would make every output a reference cycle that only the cyclic
-    garbage collector frees (a cost the step loop would pay). An output dropped
-    unread is simply skipped, its token still advancing the detokenizer.
+    The outputs refer to it and it refers to no output, so no reference cycle is made.
     """
 
-    def __init__(self, detokenizer: IncrementalDetokenizer) -> None:
+    def __init__(self, detokenizer: IncrementalDetokenizer, output_token_ids: list[int]) -> None:
         self._detokenizer = detokenizer
-        self._pending: deque[tuple[weakref.ref[RequestOutput], int, bool]] = deque()
+        self._token_ids = output_token_ids  # the request's list; only ever appended to
+        self._deltas: list[str] = []  # the delta of each token detokenized so far
         self._lock = threading.Lock()
 
-    def defer(self, output: RequestOutput, token_id: int, final: bool) -> None:
-        """`output`, made with text_delta=self, gets the delta of `token_id` (plus the held-back tail
-        if `final`) when its text is first read. Call in token order."""
-        self._pending.append((weakref.ref(output), token_id, final))
-
-    def resolve(self, output: RequestOutput) -> None:
+    def text(self, index: int, final: bool) -> str:
         with self._lock:
-            while unresolved_text(output) is not None:  # a concurrent reader may have resolved it meanwhile
-                earliest_ref, token_id, final = self._pending.popleft()
-                text = self._detokenizer.step(token_id)
-                if final:
-                    text += self._detokenizer.flush()
-                earliest = earliest_ref()
-                if earliest is not None:
-                    earliest.text_delta = text
+            while len(self._deltas) <= index:
+                position = len(self._deltas)
+                delta = self._detokenizer.step(self._token_ids[position])
+                if final and position == index:
+                    delta += self._detokenizer.flush()
+                self._deltas.append(delta)
+            return self._deltas[index]

@@ -36,21 +36,22 @@ from loraloom.engine.outputs import EngineStats, RequestOutput, TokenLogprob
 from loraloom.engine.request import Request, RequestStatus, SamplingParams
 from loraloom.engine.sampler import make_generator
 from loraloom.engine.scheduler import Scheduler
-from loraloom.engine.stop import StopStringMatcher, check_stop
+from loraloom.engine.stop import StopStringMatcher, TokenStops
 from loraloom.engine.tokenizer import Tokenizer
 from loraloom.kernels.backend import get_backend
 
 HOST_ADAPTER_CACHE_SIZE = 64
 
 
-@dataclass
+@dataclass(slots=True)
 class _Tracked:
-    """Per-request state the scheduler does not need: text, stops, RNG.
+    """Per-request state the scheduler does not need: text and stops.
 
     Without a tokenizer all three text fields are None and outputs carry token ids only.
     """
 
     request: Request
+    token_stops: TokenStops
     stops: StopStringMatcher | None  # None: no stop strings
     detokenizer: IncrementalDetokenizer | None  # text made in the step: requests with stop strings
     deferred: DeferredDetokenizer | None  # text made when read: requests without stop strings
@@ -192,9 +193,11 @@ class LLMEngine:
         eager = bool(params.stop)
         self._tracked[request_id] = _Tracked(
             request=request,
+            token_stops=TokenStops(params, self.eos_token_ids),
             stops=StopStringMatcher(params.stop) if eager else None,
             detokenizer=detokenizer if eager else None,
-            deferred=None if eager or detokenizer is None else DeferredDetokenizer(detokenizer),
+            deferred=None if eager or detokenizer is None else DeferredDetokenizer(detokenizer,
+                                                                                  request.output_token_ids),
             arrival_time=time.monotonic(),
         )
         generator = make_generator(params.seed, self.runner.device)
@@ -228,9 +231,7 @@ class LLMEngine:
         sampled = self.runner.execute(step, self._generators, timings)
         executed = time.perf_counter()
         token_ids = [] if sampled is None else sampled.token_ids
-        self.scheduler.update_after_step(step, {
-            request.request_id: token for request, token in zip(sampled_requests, token_ids)
-        })
+        self.scheduler.update_after_step(step, token_ids)
         outputs = [
             self._process_token(request, token, sampled, row)
             for row, (request, token) in enumerate(zip(sampled_requests, token_ids))
@@ -241,10 +242,16 @@ class LLMEngine:
         return outputs
 
     def _process_token(self, request: Request, token: int, sampled, row: int) -> RequestOutput:
-        """The request's output for its newly sampled `token`; finishes the request on a stop."""
-        tracked = self._tracked[request.request_id]
-        finish_reason = check_stop(request, token, self.eos_token_ids)
-        text = ""
+        """The request's output for its newly sampled `token`; finishes the request on a stop.
+
+        Runs once per running request per step: the common case (no stop strings, no logprobs)
+        is a set lookup and one RequestOutput, with its text left for whoever reads it.
+        """
+        request_id = request.request_id
+        tracked = self._tracked[request_id]
+        num_output_tokens = len(request.output_token_ids)
+        finish_reason = tracked.token_stops.check(token, num_output_tokens)
+        text = None
         if tracked.stops is not None:
             text = tracked.detokenizer.step(token)
             if finish_reason is not None:
@@ -254,25 +261,25 @@ class LLMEngine:
                 finish_reason = "stop"
             elif finish_reason is not None:
                 text += tracked.stops.flush()
+        elif tracked.deferred is None:
+            text = ""  # no tokenizer: token ids only
         if finish_reason is not None:
             status = RequestStatus.FINISHED_LENGTH if finish_reason == "length" else RequestStatus.FINISHED_STOPPED
-            self.scheduler.finish_request(request.request_id, status)
-            del self._tracked[request.request_id]
-            self._generators.pop(request.request_id, None)
-        output = RequestOutput(
-            request_id=request.request_id,
-            text_delta=text if tracked.deferred is None else tracked.deferred,
-            token_ids=[token],
-            logprobs=None if request.sampling_params.logprobs is None else self._logprobs(token, sampled, row),
-            finished=finish_reason is not None,
-            finish_reason=finish_reason,
-            num_prompt_tokens=request.num_prompt_tokens,
-            num_output_tokens=len(request.output_token_ids),
-            num_cached_tokens=request.num_cached_tokens,
+            self.scheduler.finish_request(request_id, status)
+            del self._tracked[request_id]
+            self._generators.pop(request_id, None)
+        return RequestOutput(
+            request_id,
+            [token],
+            None if request.sampling_params.logprobs is None else self._logprobs(token, sampled, row),
+            finish_reason is not None,
+            finish_reason,
+            len(request.prompt_token_ids),
+            num_output_tokens,
+            request.num_cached_tokens,
+            text,
+            tracked.deferred,
         )
-        if tracked.deferred is not None:
-            tracked.deferred.defer(output, token, final=finish_reason is not None)
-        return output
 
     def _logprobs(self, token: int, sampled, row: int) -> list[TokenLogprob]:
         top = sampled.top_logprobs[row] or []

@@ -20,6 +20,7 @@ import struct
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
+from loraloom.engine.block_rows import BlockRows
 from loraloom.engine.request import Request
 
 _ROOT_HASH = bytes(32)  # parent of a sequence's first block
@@ -60,6 +61,7 @@ class BlockManager:
         self._blank_free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))
         self._cached_free: OrderedDict[int, None] = OrderedDict()
         self._holders: dict[str, _Holder] = {}
+        self.rows = BlockRows()  # every holder's block_ids as a numpy row, for the runner's batch
 
     # ------------------------------------------------------------------ counters
     @property
@@ -107,6 +109,7 @@ class BlockManager:
         if request.num_preemptions == 0:
             request.num_cached_tokens = num_cached
         request.block_ids.extend(self._take_free(missing))
+        self.rows.assign(request)
         return True
 
     def ensure_capacity(self, request: Request, num_new_tokens: int) -> bool:
@@ -117,7 +120,9 @@ class BlockManager:
             return True
         if missing > self.num_free_blocks:
             return False
+        start = len(request.block_ids)
         request.block_ids.extend(self._take_free(missing))
+        self.rows.extend(request, start)
         return True
 
     def commit(self, request: Request) -> None:
@@ -151,6 +156,7 @@ class BlockManager:
             if self._ref_counts[block] == 0:
                 pool = self._blank_free if self._hash_of_block[block] is None else self._cached_free
                 pool[block] = None
+        self.rows.release(request)
         request.block_ids = []
 
     # ----------------------------------------------------------------- internals
@@ -204,6 +210,9 @@ class BlockManager:
         expected_refs = [0] * self.num_blocks
         for request_id, holder in self._holders.items():
             table = holder.request.block_ids
+            row = self.rows.array[holder.request.block_row]
+            assert row[:len(table)].tolist() == table and not row[len(table):].any(), \
+                f"{request_id}: its BlockRows row differs from its block table"
             assert len(set(table)) == len(table), f"{request_id}: duplicate block in its table {table}"
             assert len(holder.hashes) <= len(table), f"{request_id}: more hashes than blocks"
             assert holder.request.num_computed_tokens <= len(table) * self.block_size, \

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from loraloom.engine.block_rows import BlockRows
 from loraloom.engine.config import DEFAULT_NUM_KV_BLOCKS, EngineConfig, ModelConfig
 from loraloom.engine.kv_scales import kv_cache_torch_dtype
 from loraloom.engine.lora import AdapterWeights, LoRASlotPool
@@ -199,7 +200,9 @@ def run_profile_step(
         request.block_ids = list(range(next_block, next_block + num_blocks))
         next_block += num_blocks
         scheduled.append(ScheduledRequest(request, num_new_tokens=length, slot=_PROFILE_SLOT, sample=True))
-    step = SchedulerOutput(scheduled=scheduled, adapter_loads=[], preempted_ids=[], num_batched_tokens=num_tokens)
+    block_rows = BlockRows.of(item.request for item in scheduled)
+    step = SchedulerOutput(scheduled=scheduled, adapter_loads=[], preempted_ids=[], num_batched_tokens=num_tokens,
+                           block_table=block_rows.array)
     lora_pool.load(_PROFILE_SLOT, _zero_adapter(model_config, lora_pool.max_rank))
     try:
         before_step()

@@ -19,6 +19,7 @@ from loraloom.engine.model import LlamaModel, allocate_kv_cache
 from loraloom.engine.sampler import Sampler, SamplerOutput
 from loraloom.engine.scheduler import SchedulerOutput
 from loraloom.engine.step_batch import HostBatch, flatten_step
+from loraloom.engine.step_memo import AdapterMixMemo
 from loraloom.kernels.metadata import AttentionMetadata, SGMVMetadata
 
 
@@ -66,6 +67,7 @@ class ModelRunner:
         )
         self.sampler = Sampler()
         self.decode_graphs: DecodeGraphs | None = None  # enable_decode_graphs turns them on
+        self._lora_memo: AdapterMixMemo[SGMVMetadata | None] = AdapterMixMemo()
 
     def enable_decode_graphs(self, max_model_len: int, *, capture: bool) -> None:
         """Replay plain decode steps from CUDA graphs (engine/cuda_graphs.py) from now on.
@@ -115,11 +117,11 @@ class ModelRunner:
         sampled = None
         if logits is not None:
             requests = [item.request for item in step.scheduled if item.sample]
-            sampled = self.sampler.sample(
-                logits,
-                [request.sampling_params for request in requests],
-                [generators.get(request.request_id) for request in requests],
-            )
+            # Only seeded requests own a generator; most steps have none to look up.
+            request_generators = ([generators.get(request.request_id) for request in requests] if generators
+                                  else [None] * len(requests))
+            sampled = self.sampler.sample(logits, [request.sampling_params for request in requests],
+                                          request_generators)
         timings.prepare_s = prepared - started
         timings.model_s = computed - prepared
         timings.sample_s = time.perf_counter() - computed
@@ -143,7 +145,9 @@ class ModelRunner:
                 query_start_loc_host=batch.query_start_loc.tolist(),
                 seq_lens_host=batch.seq_lens.tolist(),
             ),
-            lora=build_sgmv_metadata(batch.token_slots, self.lora_pool.slot_ranks_host, device),
+            lora=self._lora_memo.get(None, batch.token_slots, self.lora_pool.slot_ranks_host,
+                                     lambda: build_sgmv_metadata(batch.token_slots, self.lora_pool.slot_ranks_host,
+                                                                 device)),
             logits_rows=tensor(batch.logits_rows) if len(batch.logits_rows) else None,
         )
 

@@ -14,47 +14,23 @@ class TokenLogprob:
 
 
 class DeferredText(Protocol):
-    """Produces an output's text on first read: `resolve` must assign `output.text_delta` a str."""
+    """Produces the text of a request's outputs on first read (engine/detokenizer.py DeferredDetokenizer)."""
 
-    def resolve(self, output: "RequestOutput") -> None: ...
+    def text(self, index: int, final: bool) -> str:
+        """The text delta of the request's output token `index` (0-based), the held-back tail included if `final`."""
+        ...
 
 
-class _TextDeltaField:
-    """The storage of RequestOutput.text_delta: a str, or a DeferredText turned into one on first read.
+@dataclass(slots=True)  # the step builds one per running request per step: slots make that cheap
+class RequestOutput:
+    """One streamed update of a request: the text and tokens produced since the previous update.
 
-    The engine defers detokenization of requests without stop strings (it does not need their
-    text), so the step loop never decodes text that nobody reads; whoever reads it pays, once.
+    Its text is either given (`text`) or made on first read of `text_delta` by `deferred`: the
+    engine defers detokenization of requests without stop strings (it does not need their text),
+    so the step loop never decodes text that nobody reads; whoever reads it pays, once.
     """
 
-    def __set_name__(self, owner: type, name: str) -> None:
-        self._slot = "_" + name
-
-    def __get__(self, output: "RequestOutput | None", owner: type) -> str:
-        if output is None:
-            # Class access: no default value, so the dataclass keeps text_delta a required field.
-            raise AttributeError(self._slot[1:])
-        value = output.__dict__[self._slot]
-        if not isinstance(value, str):
-            value.resolve(output)
-            value = output.__dict__[self._slot]
-        return value
-
-    def __set__(self, output: "RequestOutput", value: "str | DeferredText") -> None:
-        output.__dict__[self._slot] = value
-
-
-def unresolved_text(output: "RequestOutput") -> "DeferredText | None":
-    """The DeferredText that will produce `output`'s text, or None once it is a str (reading nothing)."""
-    value = output.__dict__["_text_delta"]
-    return None if isinstance(value, str) else value
-
-
-@dataclass
-class RequestOutput:
-    """One streamed update of a request: the text and tokens produced since the previous update."""
-
     request_id: str
-    text_delta: str = _TextDeltaField()  # type: ignore[assignment]  # str, possibly computed on first read
     token_ids: list[int]
     logprobs: list[TokenLogprob] | None  # one per token in token_ids, when requested
     finished: bool
@@ -62,6 +38,15 @@ class RequestOutput:
     num_prompt_tokens: int
     num_output_tokens: int
     num_cached_tokens: int  # prompt tokens served from the prefix cache
+    text: str | None = None  # None: `deferred` makes it when text_delta is first read
+    deferred: DeferredText | None = None
+
+    @property
+    def text_delta(self) -> str:
+        if self.text is None:
+            # Its one token is the request's output token number num_output_tokens - 1 (0-based).
+            self.text = self.deferred.text(self.num_output_tokens - 1, self.finished)
+        return self.text
 
 
 @dataclass

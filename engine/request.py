@@ -80,6 +80,8 @@ class Request:
     num_computed_tokens: int = 0
     num_cached_tokens: int = 0  # tokens served from the prefix cache at first schedule
     block_ids: list[int] = field(default_factory=list)
+    block_row: int = -1  # its row in the block manager's BlockRows mirror of block_ids (-1: none)
+    adapter_slot: int = -1  # the GPU slot of its adapter while running (-1: the base model)
     num_preemptions: int = 0
 
     @property

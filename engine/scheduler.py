@@ -36,6 +36,8 @@ import bisect
 from collections import Counter
 from dataclasses import dataclass
 
+import numpy as np
+
 from loraloom.engine.adapter_slots import AdapterSlotTable
 from loraloom.engine.adapters import AdapterHandle
 from loraloom.engine.config import EngineConfig
@@ -45,7 +47,7 @@ from loraloom.engine.request import Request, RequestStatus
 BASE_SLOT = -1
 
 
-@dataclass
+@dataclass(slots=True)  # one per running request per step: slots make it cheaper to build
 class ScheduledRequest:
     request: Request
     # Computes tokens [request.num_computed_tokens, + num_new_tokens) of request.all_token_ids.
@@ -60,6 +62,8 @@ class SchedulerOutput:
     adapter_loads: list[tuple[int, AdapterHandle]]  # (slot, adapter) to copy in before the step runs
     preempted_ids: list[str]
     num_batched_tokens: int
+    # Row request.block_row holds each scheduled request's block ids, zero-padded (engine/block_rows.py).
+    block_table: np.ndarray
 
 
 def _arrival(request: Request) -> int:
@@ -137,19 +141,21 @@ class Scheduler:
         scheduled: list[ScheduledRequest] = []
         preempted: list[Request] = []
         index = 0
-        # This loop runs once per running request every step (hundreds): it reads each
-        # request's fields directly instead of through the helpers used on rarer paths.
-        slot_of_key = self.slot_table.lookup
-        ensure_capacity = self.block_manager.ensure_capacity
-        while index < len(self._running) and budget > 0:
-            request = self._running[index]
-            num_younger = len(self._running) - index - 1
+        # This loop runs once per running request every step (hundreds): it reads each request's
+        # fields directly, and asks the block manager only when the request's blocks are full.
+        block_size = self.block_manager.block_size
+        running = self._running
+        while index < len(running) and budget > 0:
+            request = running[index]
+            num_younger = len(running) - index - 1
             num_tokens = len(request.prompt_token_ids) + len(request.output_token_ids)
             num_new = min(num_tokens - request.num_computed_tokens, max(1, budget - num_younger))
-            if not ensure_capacity(request, num_new) and not self._make_room(request, num_new, preempted):
+            if (request.num_computed_tokens + num_new > len(request.block_ids) * block_size
+                    and not self.block_manager.ensure_capacity(request, num_new)
+                    and not self._make_room(request, num_new, preempted)):
                 break  # it preempted itself, so it was the youngest: nobody is left after it
-            slot = BASE_SLOT if request.adapter is None else slot_of_key(request.adapter.key)
-            scheduled.append(self._scheduled(request, num_new, slot))
+            scheduled.append(ScheduledRequest(request, num_new, request.adapter_slot,
+                                              request.num_computed_tokens + num_new == num_tokens))
             budget -= num_new
             index += 1
 
@@ -163,21 +169,31 @@ class Scheduler:
             adapter_loads=adapter_loads,
             preempted_ids=[request.request_id for request in preempted],
             num_batched_tokens=self.config.max_num_batched_tokens - budget,
+            block_table=self.block_manager.rows.array,
         )
 
-    def update_after_step(self, output: SchedulerOutput, sampled: dict[str, int]) -> None:
-        """Advance the scheduled requests by what the step computed and append their sampled tokens."""
+    def update_after_step(self, output: SchedulerOutput, sampled_token_ids: list[int]) -> None:
+        """Advance the scheduled requests by what the step computed and append their sampled tokens.
+
+        `sampled_token_ids` holds one token per scheduled request with `sample=True`, in scheduled order.
+        """
+        num_sampled = sum(1 for item in output.scheduled if item.sample)
+        if len(sampled_token_ids) != num_sampled:
+            raise ValueError(f"sampled_token_ids: got {len(sampled_token_ids)} tokens for the {num_sampled} "
+                             "requests this step scheduled with sample=True; pass one per request, in order")
+        block_size = self.block_manager.block_size
+        tokens = iter(sampled_token_ids)
         for item in output.scheduled:
             request = item.request
+            token = next(tokens) if item.sample else None
             if self._requests.get(request.request_id) is not request:
                 continue  # aborted between schedule() and now; its blocks are already freed
-            request.num_computed_tokens += item.num_new_tokens
-            self.block_manager.commit(request)
-            if item.sample:
-                if request.request_id not in sampled:
-                    raise ValueError(f"sampled: no token for request {request.request_id!r}, "
-                                     "which this step scheduled with sample=True")
-                request.output_token_ids.append(sampled[request.request_id])
+            computed = request.num_computed_tokens
+            request.num_computed_tokens = computed + item.num_new_tokens
+            if (computed + item.num_new_tokens) // block_size != computed // block_size:
+                self.block_manager.commit(request)  # a block became full: register its prefix hash
+            if token is not None:
+                request.output_token_ids.append(token)
 
     # -------------------------------------------------------------- internals
     def _admit_waiting(self, budget: int, scheduled: list[ScheduledRequest],
@@ -202,6 +218,7 @@ class Scheduler:
                 slot, needs_load = self.slot_table.acquire(key)
                 if needs_load:
                     adapter_loads.append((slot, request.adapter))
+            request.adapter_slot = slot  # fixed while it runs: a slot with references is never evicted
             self._waiting.remove(request)
             request.status = RequestStatus.RUNNING
             bisect.insort(self._running, request, key=_arrival)
@@ -247,6 +264,7 @@ class Scheduler:
         self.block_manager.free(request)
         if request.adapter_key is not None:
             self.slot_table.release(request.adapter_key)
+        request.adapter_slot = BASE_SLOT
 
     @staticmethod
     def _scheduled(request: Request, num_new: int, slot: int) -> ScheduledRequest:

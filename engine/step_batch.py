@@ -2,17 +2,18 @@
 
 Vectorized with numpy so the host cost of a step grows with a few C-level passes over the
 requests, not with Python work per token: at 256 running requests a decode step has a host
-budget of about a millisecond in total. The Python loops that remain only read one attribute per
-request (`np.fromiter` over a generator, or `chain.from_iterable` over the requests' own lists).
+budget of about a millisecond in total. The Python loops that remain read an attribute or two per
+request (`np.fromiter` over a generator); block tables are gathered from the block manager's
+persistent numpy rows (engine/block_rows.py), not copied from each request's list.
 """
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
-from itertools import chain
 
 import numpy as np
 
-from loraloom.engine.scheduler import SchedulerOutput
+from loraloom.engine.scheduler import ScheduledRequest, SchedulerOutput
 
 
 @dataclass
@@ -25,7 +26,7 @@ class HostBatch:
     token_slots: np.ndarray  # [T] int32: adapter slot of each token, -1 = base
     query_start_loc: np.ndarray  # [B + 1] int32: request b's tokens are rows [qsl[b], qsl[b+1])
     seq_lens: np.ndarray  # [B] int32: cached tokens of b after this step's writes
-    block_tables: np.ndarray  # [B, max blocks of the step] int32, padded with 0
+    block_tables: np.ndarray  # [B, blocks read by the step's longest request] int32, padded with 0
     logits_rows: np.ndarray  # [N] int64: rows whose next-token logits are sampled, in scheduled order
 
     @property
@@ -46,6 +47,17 @@ class HostBatch:
         return bool((self.token_slots >= 0).any())
 
 
+def _new_token_ids(items: list[ScheduledRequest]) -> Iterator[int]:
+    """The tokens each item computes, in order: token ids [computed, computed + num_new) of its request."""
+    for item in items:
+        request = item.request
+        if item.sample and item.num_new_tokens == 1 and request.output_token_ids:
+            yield request.output_token_ids[-1]  # a decode: it computes the token sampled last step
+        else:
+            start = request.num_computed_tokens
+            yield from request.token_ids_between(start, start + item.num_new_tokens)
+
+
 def flatten_step(step: SchedulerOutput, block_size: int) -> HostBatch:
     items = step.scheduled
     count = len(items)
@@ -60,20 +72,13 @@ def flatten_step(step: SchedulerOutput, block_size: int) -> HostBatch:
     token_request = np.repeat(np.arange(count), num_new)  # [T]: which request each row belongs to
     # Row t of request b sits at position computed[b] + (t - qsl[b]).
     positions = np.arange(num_tokens, dtype=np.int64) + np.repeat(computed - query_start_loc[:-1], num_new)
-    input_ids = np.fromiter(
-        chain.from_iterable(item.request.token_ids_between(int(start), int(start + new))
-                            for item, start, new in zip(items, computed, num_new)),
-        np.int64, num_tokens,
-    )
+    input_ids = np.fromiter(_new_token_ids(items), np.int64, num_tokens)
 
-    block_counts = np.fromiter((len(item.request.block_ids) for item in items), np.int64, count)
-    total_blocks = int(block_counts.sum())
-    flat_blocks = np.fromiter(chain.from_iterable(item.request.block_ids for item in items), np.int32, total_blocks)
-    block_tables = np.zeros((count, int(block_counts.max(initial=0))), np.int32)
-    first_block = np.zeros(count, np.int64)
-    np.cumsum(block_counts[:-1], out=first_block[1:])
-    block_tables[np.repeat(np.arange(count), block_counts),
-                 np.arange(total_blocks) - np.repeat(first_block, block_counts)] = flat_blocks
+    seq_lens = computed + num_new
+    # Only the blocks this step reads: a request may hold blocks for tokens it computes later.
+    num_cols = -(-int(seq_lens.max(initial=0)) // block_size)
+    block_rows = np.fromiter((item.request.block_row for item in items), np.int64, count)
+    block_tables = step.block_table[block_rows, :num_cols]  # a gather: one copy, no per-request work
 
     slot_mapping = (block_tables[token_request, positions // block_size].astype(np.int64) * block_size
                     + positions % block_size)
@@ -83,7 +88,7 @@ def flatten_step(step: SchedulerOutput, block_size: int) -> HostBatch:
         slot_mapping=slot_mapping,
         token_slots=np.repeat(request_slots, num_new),
         query_start_loc=query_start_loc.astype(np.int32),
-        seq_lens=(computed + num_new).astype(np.int32),
+        seq_lens=seq_lens.astype(np.int32),
         block_tables=block_tables,
         logits_rows=query_start_loc[1:][samples] - 1,
     )

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from collections.abc import Collection
 
-from loraloom.engine.request import Request, RequestStatus
+from loraloom.engine.request import RequestStatus, SamplingParams
 
 
 class StopStringMatcher:
@@ -56,22 +56,24 @@ class StopStringMatcher:
         return 0
 
 
-def check_stop(request: Request, new_token_id: int, eos_token_ids: Collection[int]) -> str | None:
-    """The finish reason ("stop" or "length", RequestStatus values) that `new_token_id` causes, or None.
+class TokenStops:
+    """A request's per-token finish rule: eos (unless ignore_eos) and stop token ids give "stop",
+    reaching max_tokens gives "length" (RequestStatus values). Stop strings are checked on the text
+    by StopStringMatcher. Built once per request, so the check per sampled token is a set lookup."""
 
-    Call after appending `new_token_id` to `request.output_token_ids`. Stop strings are
-    checked on the text by `StopStringMatcher`, not here.
-    """
-    if not request.output_token_ids or request.output_token_ids[-1] != new_token_id:
-        raise ValueError(
-            f"check_stop: request {request.request_id!r} output does not end with token {new_token_id}; "
-            "append the sampled token to request.output_token_ids before calling check_stop"
-        )
-    params = request.sampling_params
-    if new_token_id in eos_token_ids and not params.ignore_eos:
-        return RequestStatus.FINISHED_STOPPED.value
-    if new_token_id in params.stop_token_ids:
-        return RequestStatus.FINISHED_STOPPED.value
-    if len(request.output_token_ids) >= params.max_tokens:
-        return RequestStatus.FINISHED_LENGTH.value
-    return None
+    __slots__ = ("stop_token_ids", "max_tokens")
+
+    def __init__(self, params: SamplingParams, eos_token_ids: Collection[int]) -> None:
+        stopping = set(params.stop_token_ids)
+        if not params.ignore_eos:
+            stopping.update(eos_token_ids)
+        self.stop_token_ids = frozenset(stopping)
+        self.max_tokens = params.max_tokens
+
+    def check(self, token_id: int, num_output_tokens: int) -> str | None:
+        """The finish reason that output token `token_id`, the request's `num_output_tokens`-th, causes, or None."""
+        if token_id in self.stop_token_ids:
+            return RequestStatus.FINISHED_STOPPED.value
+        if num_output_tokens >= self.max_tokens:
+            return RequestStatus.FINISHED_LENGTH.value
+        return None

@@ -155,14 +155,16 @@ def test_a_real_replacement_character_at_the_end_comes_out_on_flush(bundled):
 
 def deferred_outputs(tokenizer, prompt_ids: list[int], output_ids: list[int]) -> list[RequestOutput]:
     """One output per token, as the engine makes them for a request without stop strings."""
-    deferred = DeferredDetokenizer(IncrementalDetokenizer(tokenizer, prompt_ids))
+    request_tokens: list[int] = []  # the request's output_token_ids, appended one token per step
+    deferred = DeferredDetokenizer(IncrementalDetokenizer(tokenizer, prompt_ids), request_tokens)
     outputs = []
     for index, token_id in enumerate(output_ids):
         final = index == len(output_ids) - 1
-        output = RequestOutput(request_id="r", text_delta=deferred, token_ids=[token_id], logprobs=None,
+        request_tokens.append(token_id)
+        output = RequestOutput(request_id="r", token_ids=[token_id], logprobs=None,
                                finished=final, finish_reason="length" if final else None,
-                               num_prompt_tokens=len(prompt_ids), num_output_tokens=index + 1, num_cached_tokens=0)
-        deferred.defer(output, token_id, final)
+                               num_prompt_tokens=len(prompt_ids), num_output_tokens=index + 1, num_cached_tokens=0,
+                               deferred=deferred)
         outputs.append(output)
     return outputs
 

@@ -6,6 +6,7 @@ import random
 import numpy as np
 import pytest
 
+from loraloom.engine.block_rows import BlockRows
 from loraloom.engine.request import Request, SamplingParams
 from loraloom.engine.scheduler import ScheduledRequest, SchedulerOutput
 from loraloom.engine.step_batch import flatten_step
@@ -47,8 +48,9 @@ def random_step(rng: random.Random, count: int) -> SchedulerOutput:
         request.block_ids = rng.sample(range(500), blocks_needed + rng.randint(0, 2))
         done = request.num_computed_tokens + num_new == total
         scheduled.append(ScheduledRequest(request, num_new, rng.choice([-1, 0, 3]), sample=done))
+    rows = BlockRows.of(item.request for item in scheduled)
     return SchedulerOutput(scheduled=scheduled, adapter_loads=[], preempted_ids=[],
-                           num_batched_tokens=sum(item.num_new_tokens for item in scheduled))
+                           num_batched_tokens=sum(item.num_new_tokens for item in scheduled), block_table=rows.array)
 
 
 @pytest.mark.parametrize("seed", range(20))
@@ -59,8 +61,10 @@ def test_flatten_matches_the_per_token_loop(seed):
     expected = loop_oracle(step, BLOCK_SIZE)
     for name, values in expected.items():
         assert getattr(batch, name).tolist() == values, name
+    # Each row: the blocks the request reads this step (it may hold more), then zeros.
+    assert batch.block_tables.shape[1] == -(-max(expected["seq_lens"]) // BLOCK_SIZE)
     for row, item in enumerate(step.scheduled):
-        blocks = item.request.block_ids
+        blocks = item.request.block_ids[:batch.block_tables.shape[1]]
         assert batch.block_tables[row, :len(blocks)].tolist() == blocks
         assert not batch.block_tables[row, len(blocks):].any()
     assert batch.input_ids.dtype == np.int64 and batch.slot_mapping.dtype == np.int64

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from loraloom.engine.request import Request, RequestStatus, SamplingParams
-from loraloom.engine.stop import StopStringMatcher, check_stop
+from loraloom.engine.stop import StopStringMatcher, TokenStops
 
 
 def run(stop: list[str], deltas: list[str]) -> tuple[list[str], bool]:
@@ -83,7 +83,7 @@ def make_request(**params) -> Request:
 
 def sample(request: Request, token_id: int, eos_token_ids: tuple[int, ...] = (0,)) -> str | None:
     request.output_token_ids.append(token_id)
-    return check_stop(request, token_id, eos_token_ids)
+    return TokenStops(request.sampling_params, eos_token_ids).check(token_id, len(request.output_token_ids))
 
 
 def test_eos_stops_unless_ignored():
@@ -103,7 +103,3 @@ def test_max_tokens_gives_length_and_eos_on_the_last_token_gives_stop():
     request = make_request(max_tokens=2)
     assert [sample(request, t) for t in (5, 0)] == [None, "stop"]
 
-
-def test_check_stop_requires_the_token_to_be_appended_first():
-    with pytest.raises(ValueError, match="append"):
-        check_stop(make_request(), 5, (0,))
