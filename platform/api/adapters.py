@@ -23,7 +23,7 @@ from loraloom.engine.async_engine import AsyncEngine
 from loraloom.engine.lora import AdapterLoadError
 from loraloom.platform.api.dependencies import EngineDep, LookupDep, SessionDep
 from loraloom.platform.api.errors import APIError, field_error
-from loraloom.platform.api.schemas import ErrorResponse, StrictBody
+from loraloom.platform.api.schemas import ErrorResponse, ListObject, PageObject, StrictBody
 from loraloom.platform.auth import CallerDep, DeveloperDep
 from loraloom.platform.db.models import Adapter, AdapterVersion, Alias
 from loraloom.platform.registry.aliases import alias_history, find_alias, move_alias, remove_alias
@@ -144,10 +144,8 @@ class VersionObject(BaseModel):
         )
 
 
-class VersionList(BaseModel):
-    object: Literal["list"] = "list"
-    data: list[VersionObject]
-    has_more: bool
+class VersionList(PageObject[VersionObject]):
+    pass
 
 
 class AdapterObject(BaseModel):
@@ -173,11 +171,12 @@ class AdapterObject(BaseModel):
         )
 
 
-class AdapterList(BaseModel):
-    object: Literal["list"] = "list"
-    data: list[AdapterObject]
-    has_more: bool
+class AdapterList(PageObject[AdapterObject]):
     last_id: str | None = Field(description="The last adapter's name: pass it as `after` for the next page.")
+
+    @classmethod
+    def cursors(cls, data: list[AdapterObject]) -> dict[str, Any]:
+        return {"last_id": data[-1].name if data else None}
 
 
 class Deleted(BaseModel):
@@ -217,9 +216,8 @@ class AliasHistoryEntry(BaseModel):
     changed_by_key_id: uuid.UUID | None
 
 
-class AliasHistoryList(BaseModel):
-    object: Literal["list"] = "list"
-    data: list[AliasHistoryEntry]
+class AliasHistoryList(ListObject[AliasHistoryEntry]):
+    pass
 
 
 class PlannedFileBody(StrictBody):
@@ -288,8 +286,7 @@ def get_adapters(
     after: Annotated[str | None, Query(description="The last name of the previous page.")] = None,
 ) -> AdapterList:
     page = list_adapters(session, tenant_id=caller.tenant_id, limit=limit, after=after)
-    data = [AdapterObject.of(adapter) for adapter in page.items]
-    return AdapterList(data=data, has_more=page.has_more, last_id=data[-1].name if data else None)
+    return AdapterList.of(page, AdapterObject.of)
 
 
 @router.get("/v1/adapters/{name}", response_model=AdapterObject)
@@ -349,7 +346,7 @@ def get_versions(
     after: Annotated[int | None, Query(ge=0, description="The last version number of the previous page.")] = None,
 ) -> VersionList:
     page = list_versions(session, tenant_id=caller.tenant_id, name=name, limit=limit, after=after)
-    return VersionList(data=[_version_object(session, v, name) for v in page.items], has_more=page.has_more)
+    return VersionList.of(page, lambda version: _version_object(session, version, name))
 
 
 @router.get("/v1/adapters/{name}/versions/{number}", response_model=VersionObject)

@@ -13,7 +13,7 @@ from starlette.concurrency import iterate_in_threadpool
 
 from loraloom.platform.api.adapters import RegistryLookupDep
 from loraloom.platform.api.dependencies import EngineDep, SessionDep, SettingsDep
-from loraloom.platform.api.schemas import ErrorResponse, unix_seconds
+from loraloom.platform.api.schemas import ErrorResponse, IdPageObject, unix_seconds
 from loraloom.platform.api.training_errors import TrainingRoute
 from loraloom.platform.auth import CallerDep, DeveloperDep
 from loraloom.platform.db.models import TrainingFile
@@ -51,12 +51,8 @@ class FileObject(BaseModel):
         )
 
 
-class FileList(BaseModel):
-    object: Literal["list"] = "list"
-    data: list[FileObject]
-    has_more: bool
-    first_id: str | None
-    last_id: str | None
+class FileList(IdPageObject[FileObject]):
+    pass
 
 
 class FileDeleted(BaseModel):
@@ -100,9 +96,7 @@ def get_files(
     after: Annotated[str | None, Query(description="The last file id of the previous page.")] = None,
 ) -> FileList:
     page = list_files(session, tenant_id=caller.tenant_id, limit=limit, after=after, purpose=purpose)
-    data = [FileObject.of(row) for row in page.items]
-    return FileList(data=data, has_more=page.has_more, first_id=data[0].id if data else None,
-                    last_id=data[-1].id if data else None)
+    return FileList.of(page, FileObject.of)
 
 
 @router.get("/v1/files/{file_id}", response_model=FileObject)
