@@ -23,7 +23,14 @@ from loraloom.engine.async_engine import AsyncEngine
 from loraloom.engine.lora import AdapterLoadError
 from loraloom.platform.api.dependencies import EngineDep, LookupDep, SessionDep
 from loraloom.platform.api.errors import APIError, field_error
-from loraloom.platform.api.schemas import ErrorResponse, ListObject, PageObject, StrictBody
+from loraloom.platform.api.schemas import (
+    DEFAULT_PAGE_SIZE,
+    ErrorResponse,
+    ListObject,
+    PageLimit,
+    PageObject,
+    StrictBody,
+)
 from loraloom.platform.auth import CallerDep, DeveloperDep
 from loraloom.platform.db.models import Adapter, AdapterVersion, Alias
 from loraloom.platform.registry.aliases import alias_history, find_alias, move_alias, remove_alias
@@ -52,8 +59,6 @@ from loraloom.platform.registry_lookup import RegistryAdapterLookup
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_PAGE_SIZE = 20
-MAX_PAGE_SIZE = 100
 
 
 class RegistryRoute(APIRoute):
@@ -282,7 +287,7 @@ def get_adapters(
     caller: CallerDep,
     session: SessionDep,
     lookup: RegistryLookupDep,
-    limit: Annotated[int, Query(ge=1, le=MAX_PAGE_SIZE)] = DEFAULT_PAGE_SIZE,
+    limit: PageLimit = DEFAULT_PAGE_SIZE,
     after: Annotated[str | None, Query(description="The last name of the previous page.")] = None,
 ) -> AdapterList:
     page = list_adapters(session, tenant_id=caller.tenant_id, limit=limit, after=after)
@@ -342,7 +347,7 @@ def get_versions(
     caller: CallerDep,
     session: SessionDep,
     lookup: RegistryLookupDep,
-    limit: Annotated[int, Query(ge=1, le=MAX_PAGE_SIZE)] = DEFAULT_PAGE_SIZE,
+    limit: PageLimit = DEFAULT_PAGE_SIZE,
     after: Annotated[int | None, Query(ge=0, description="The last version number of the previous page.")] = None,
 ) -> VersionList:
     page = list_versions(session, tenant_id=caller.tenant_id, name=name, limit=limit, after=after)

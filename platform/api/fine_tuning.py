@@ -16,7 +16,15 @@ from fastapi import APIRouter, Depends, Query, Request
 from pydantic import BaseModel, Field
 
 from loraloom.platform.api.dependencies import EngineDep, SessionDep, SettingsDep
-from loraloom.platform.api.schemas import ErrorResponse, IdPageObject, PageObject, StrictBody, unix_seconds
+from loraloom.platform.api.schemas import (
+    DEFAULT_PAGE_SIZE,
+    ErrorResponse,
+    IdPageObject,
+    PageLimit,
+    PageObject,
+    StrictBody,
+    unix_seconds,
+)
 from loraloom.platform.api.training_errors import TrainingRoute
 from loraloom.platform.adapter_lookup import ALWAYS_BASE_NAMES
 from loraloom.platform.auth import CallerDep, DeveloperDep
@@ -34,8 +42,6 @@ from loraloom.platform.training.jobs import (
     list_jobs,
 )
 
-DEFAULT_PAGE_SIZE = 20
-MAX_PAGE_SIZE = 100
 
 router = APIRouter(
     tags=["fine-tuning"],
@@ -170,7 +176,7 @@ def post_job(
 def get_jobs(
     caller: CallerDep,
     session: SessionDep,
-    limit: Annotated[int, Query(ge=1, le=MAX_PAGE_SIZE)] = DEFAULT_PAGE_SIZE,
+    limit: PageLimit = DEFAULT_PAGE_SIZE,
     after: Annotated[str | None, Query(description="The last job id of the previous page.")] = None,
 ) -> JobList:
     page = list_jobs(session, tenant_id=caller.tenant_id, limit=limit, after=after)
@@ -194,7 +200,7 @@ def get_events(
     job_id: str,
     caller: CallerDep,
     session: SessionDep,
-    limit: Annotated[int, Query(ge=1, le=MAX_PAGE_SIZE)] = DEFAULT_PAGE_SIZE,
+    limit: PageLimit = DEFAULT_PAGE_SIZE,
     after: Annotated[str | None, Query(description="The last event id of the previous page.")] = None,
     order: Annotated[Literal["asc", "desc"], Query(description="desc (newest first, OpenAI's) or asc.")] = "desc",
 ) -> EventList:
@@ -207,7 +213,7 @@ def get_checkpoints(
     job_id: str,
     caller: CallerDep,
     session: SessionDep,
-    limit: Annotated[int, Query(ge=1, le=MAX_PAGE_SIZE)] = DEFAULT_PAGE_SIZE,
+    limit: PageLimit = DEFAULT_PAGE_SIZE,
     after: Annotated[str | None, Query(description="The last checkpoint id of the previous page.")] = None,
 ) -> CheckpointList:
     page = list_checkpoints(session, tenant_id=caller.tenant_id, job_id=job_id, limit=limit, after=after)

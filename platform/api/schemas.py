@@ -11,6 +11,7 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Annotated, Any, Generic, Literal, TypeVar
 
+from fastapi import Query
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -48,6 +49,11 @@ class StrictBody(BaseModel):
 
 
 T = TypeVar("T")
+
+DEFAULT_PAGE_SIZE = 20
+MAX_PAGE_SIZE = 100
+# The `limit` query parameter of the paginated lists: `limit: PageLimit = DEFAULT_PAGE_SIZE`.
+PageLimit = Annotated[int, Query(ge=1, le=MAX_PAGE_SIZE)]
 
 
 class ListObject(BaseModel, Generic[T]):
