@@ -23,7 +23,14 @@ from loraloom.engine.async_engine import AsyncEngine
 from loraloom.engine.lora import AdapterLoadError
 from loraloom.platform.api.dependencies import EngineDep, LookupDep, SessionDep
 from loraloom.platform.api.errors import APIError, field_error
-from loraloom.platform.api.schemas import ErrorResponse, StrictBody
+from loraloom.platform.api.schemas import (
+    DEFAULT_PAGE_SIZE,
+    ErrorResponse,
+    ListObject,
+    PageLimit,
+    PageObject,
+    StrictBody,
+)
 from loraloom.platform.auth import CallerDep, DeveloperDep
 from loraloom.platform.db.models import Adapter, AdapterVersion, Alias
 from loraloom.platform.registry.aliases import alias_history, find_alias, move_alias, remove_alias
@@ -52,8 +59,6 @@ from loraloom.platform.registry_lookup import RegistryAdapterLookup
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_PAGE_SIZE = 20
-MAX_PAGE_SIZE = 100
 
 
 class RegistryRoute(APIRoute):
@@ -144,10 +149,8 @@ class VersionObject(BaseModel):
         )
 
 
-class VersionList(BaseModel):
-    object: Literal["list"] = "list"
-    data: list[VersionObject]
-    has_more: bool
+class VersionList(PageObject[VersionObject]):
+    pass
 
 
 class AdapterObject(BaseModel):
@@ -173,11 +176,12 @@ class AdapterObject(BaseModel):
         )
 
 
-class AdapterList(BaseModel):
-    object: Literal["list"] = "list"
-    data: list[AdapterObject]
-    has_more: bool
+class AdapterList(PageObject[AdapterObject]):
     last_id: str | None = Field(description="The last adapter's name: pass it as `after` for the next page.")
+
+    @classmethod
+    def cursors(cls, data: list[AdapterObject]) -> dict[str, Any]:
+        return {"last_id": data[-1].name if data else None}
 
 
 class Deleted(BaseModel):
@@ -217,9 +221,8 @@ class AliasHistoryEntry(BaseModel):
     changed_by_key_id: uuid.UUID | None
 
 
-class AliasHistoryList(BaseModel):
-    object: Literal["list"] = "list"
-    data: list[AliasHistoryEntry]
+class AliasHistoryList(ListObject[AliasHistoryEntry]):
+    pass
 
 
 class PlannedFileBody(StrictBody):
@@ -284,12 +287,11 @@ def get_adapters(
     caller: CallerDep,
     session: SessionDep,
     lookup: RegistryLookupDep,
-    limit: Annotated[int, Query(ge=1, le=MAX_PAGE_SIZE)] = DEFAULT_PAGE_SIZE,
+    limit: PageLimit = DEFAULT_PAGE_SIZE,
     after: Annotated[str | None, Query(description="The last name of the previous page.")] = None,
 ) -> AdapterList:
     page = list_adapters(session, tenant_id=caller.tenant_id, limit=limit, after=after)
-    data = [AdapterObject.of(adapter) for adapter in page.items]
-    return AdapterList(data=data, has_more=page.has_more, last_id=data[-1].name if data else None)
+    return AdapterList.of(page, AdapterObject.of)
 
 
 @router.get("/v1/adapters/{name}", response_model=AdapterObject)
@@ -345,11 +347,11 @@ def get_versions(
     caller: CallerDep,
     session: SessionDep,
     lookup: RegistryLookupDep,
-    limit: Annotated[int, Query(ge=1, le=MAX_PAGE_SIZE)] = DEFAULT_PAGE_SIZE,
+    limit: PageLimit = DEFAULT_PAGE_SIZE,
     after: Annotated[int | None, Query(ge=0, description="The last version number of the previous page.")] = None,
 ) -> VersionList:
     page = list_versions(session, tenant_id=caller.tenant_id, name=name, limit=limit, after=after)
-    return VersionList(data=[_version_object(session, v, name) for v in page.items], has_more=page.has_more)
+    return VersionList.of(page, lambda version: _version_object(session, version, name))
 
 
 @router.get("/v1/adapters/{name}/versions/{number}", response_model=VersionObject)

@@ -15,7 +15,7 @@ from pydantic import AwareDatetime, BaseModel, Field
 from loraloom.platform.accounts import TenantExistsError, create_tenant, issue_key, list_keys, list_tenants, revoke_key
 from loraloom.platform.api.dependencies import SessionDep
 from loraloom.platform.api.errors import ERROR_RESPONSES, APIError, field_error
-from loraloom.platform.api.schemas import StrictBody
+from loraloom.platform.api.schemas import ListObject, StrictBody
 from loraloom.platform.auth import AdminDep, DeveloperDep, TenantQuery, tenant_in_scope
 from loraloom.platform.db.models import ApiKey, ApiKeyRole, Tenant
 
@@ -36,9 +36,8 @@ class TenantObject(BaseModel):
         return cls(id=tenant.id, name=tenant.name, created_at=tenant.created_at)
 
 
-class TenantList(BaseModel):
-    object: Literal["list"] = "list"
-    data: list[TenantObject]
+class TenantList(ListObject[TenantObject]):
+    pass
 
 
 class KeyCreate(StrictBody):
@@ -81,9 +80,8 @@ class CreatedKey(KeyObject):
     key: str = Field(description="The API key. Shown this once: store it now, it cannot be read back.")
 
 
-class KeyList(BaseModel):
-    object: Literal["list"] = "list"
-    data: list[KeyObject]
+class KeyList(ListObject[KeyObject]):
+    pass
 
 
 @router.post("/v1/tenants", status_code=201, response_model=TenantObject)

@@ -1,9 +1,6 @@
 """POST /v1/chat/completions."""
 from __future__ import annotations
 
-import functools
-import time
-import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
 
 from fastapi import APIRouter, Request, Response
@@ -16,11 +13,8 @@ from loraloom.platform.api.errors import ERROR_RESPONSES, field_error
 from loraloom.platform.api.generation import (
     SSE_DONE,
     Collected,
-    adapter_reference,
-    default_max_tokens,
-    open_generation,
+    ResponseHead,
     resolve_adapter,
-    sampling_params,
     sse_event,
     sse_response_doc,
     respond,
@@ -62,8 +56,19 @@ def chat_logprobs(logprobs: list[TokenLogprob]) -> ChatChoiceLogprobs:
     )
 
 
+def chat_completion(collected: Collected, head: ResponseHead) -> ChatCompletionResponse:
+    logprobs = chat_logprobs(collected.logprobs) if collected.logprobs is not None else None
+    choice = ChatChoice(
+        index=0, message=AssistantMessage(content=collected.text), logprobs=logprobs,
+        finish_reason=collected.finish_reason,
+    )
+    return ChatCompletionResponse(
+        id=head.id, created=head.created, model=head.model, choices=[choice], usage=usage(collected.last)
+    )
+
+
 async def chat_event_stream(
-    outputs: AsyncIterator[RequestOutput], *, request_id: str, created: int, model: str, include_usage: bool
+    outputs: AsyncIterator[RequestOutput], head: ResponseHead, include_usage: bool
 ) -> AsyncGenerator[str, None]:
     """OpenAI's chunk sequence: the role first, then content deltas, then the
     finish reason in an empty delta, then (if asked) usage with no choices."""
@@ -71,9 +76,9 @@ async def chat_event_stream(
     def chunk(choice: ChatChunkChoice | None, output: RequestOutput | None = None) -> str:
         return sse_event(
             ChatCompletionChunk(
-                id=request_id,
-                created=created,
-                model=model,
+                id=head.id,
+                created=head.created,
+                model=head.model,
                 choices=[] if choice is None else [choice],
                 usage=None if output is None else usage(output),
             )
@@ -120,37 +125,9 @@ async def create_chat_completion(
         max_tokens_field, max_tokens = "max_completion_tokens", body.max_completion_tokens
     else:
         max_tokens_field, max_tokens = "max_tokens", body.max_tokens
-    if max_tokens is None:
-        max_tokens = default_max_tokens(len(prompt_token_ids), engine.max_model_len)
-    params = sampling_params(body, max_tokens=max_tokens, logprobs=(body.top_logprobs or 0) if body.logprobs else None)
-    request_id = f"chatcmpl-{uuid.uuid4().hex}"
-    start = functools.partial(
-        open_generation,
-        engine,
-        request_id=request_id,
-        prompt_token_ids=prompt_token_ids,
-        params=params,
-        adapter=adapter,
+    return await respond(
+        request, engine, body, id_prefix="chatcmpl", prompt_token_ids=prompt_token_ids, max_tokens=max_tokens,
+        logprobs=(body.top_logprobs or 0) if body.logprobs else None, adapter=adapter,
         field_names={"prompt": "messages", "max_tokens": max_tokens_field, "logprobs": "top_logprobs"},
-        adapter_param=adapter_reference(body)[1],
-        model=body.model,
-        meter=meter,
+        meter=meter, events=chat_event_stream, build=chat_completion,
     )
-    created = int(time.time())
-
-    def build(collected: Collected) -> ChatCompletionResponse:
-        logprobs = chat_logprobs(collected.logprobs) if collected.logprobs is not None else None
-        choice = ChatChoice(
-            index=0,
-            message=AssistantMessage(content=collected.text),
-            logprobs=logprobs,
-            finish_reason=collected.finish_reason,
-        )
-        return ChatCompletionResponse(
-            id=request_id, created=created, model=body.model, choices=[choice], usage=usage(collected.last)
-        )
-
-    events = functools.partial(
-        chat_event_stream, request_id=request_id, created=created, model=body.model, include_usage=body.include_usage
-    )
-    return await respond(request, start, stream=body.stream, events=events, build=build)

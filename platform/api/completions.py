@@ -1,9 +1,6 @@
 """POST /v1/completions (OpenAI's legacy text completions)."""
 from __future__ import annotations
 
-import functools
-import time
-import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
 
 from fastapi import APIRouter, Request, Response
@@ -16,11 +13,8 @@ from loraloom.platform.api.errors import ERROR_RESPONSES
 from loraloom.platform.api.generation import (
     SSE_DONE,
     Collected,
-    adapter_reference,
-    default_max_tokens,
-    open_generation,
+    ResponseHead,
     resolve_adapter,
-    sampling_params,
     sse_event,
     sse_response_doc,
     respond,
@@ -63,17 +57,25 @@ def completion_logprobs(logprobs: list[TokenLogprob], text_offset: int) -> tuple
     return formatted, text_offset
 
 
+def completion(collected: Collected, head: ResponseHead) -> Completion:
+    logprobs = None
+    if collected.logprobs is not None:
+        logprobs, _ = completion_logprobs(collected.logprobs, 0)
+    choice = CompletionChoice(index=0, text=collected.text, logprobs=logprobs, finish_reason=collected.finish_reason)
+    return Completion(id=head.id, created=head.created, model=head.model, choices=[choice], usage=usage(collected.last))
+
+
 async def completion_event_stream(
-    outputs: AsyncIterator[RequestOutput], *, request_id: str, created: int, model: str, include_usage: bool
+    outputs: AsyncIterator[RequestOutput], head: ResponseHead, include_usage: bool
 ) -> AsyncGenerator[str, None]:
     """One chunk per output with text, logprobs or the finish reason; then (if asked) usage with no choices."""
 
     def chunk(choices: list[CompletionChoice], output: RequestOutput | None = None) -> str:
         return sse_event(
             Completion(
-                id=request_id,
-                created=created,
-                model=model,
+                id=head.id,
+                created=head.created,
+                model=head.model,
                 choices=choices,
                 usage=None if output is None else usage(output),
             )
@@ -111,40 +113,8 @@ async def create_completion(
     adapter = await resolve_adapter(lookup, body, caller.tenant_id)
     # Off the event loop: tokenizing a long prompt takes a while.
     prompt_ids = await run_in_threadpool(prompt_token_ids, engine.tokenizer, body.prompt)
-    max_tokens = body.max_tokens
-    if max_tokens is None:
-        max_tokens = default_max_tokens(len(prompt_ids), engine.max_model_len)
-    request_id = f"cmpl-{uuid.uuid4().hex}"
-    start = functools.partial(
-        open_generation,
-        engine,
-        request_id=request_id,
-        prompt_token_ids=prompt_ids,
-        params=sampling_params(body, max_tokens=max_tokens, logprobs=body.logprobs),
-        adapter=adapter,
-        field_names={},
-        adapter_param=adapter_reference(body)[1],
-        model=body.model,
-        meter=meter,
+    return await respond(
+        request, engine, body, id_prefix="cmpl", prompt_token_ids=prompt_ids, max_tokens=body.max_tokens,
+        logprobs=body.logprobs, adapter=adapter, field_names={}, meter=meter, events=completion_event_stream,
+        build=completion,
     )
-    created = int(time.time())
-
-    def build(collected: Collected) -> Completion:
-        logprobs = None
-        if collected.logprobs is not None:
-            logprobs, _ = completion_logprobs(collected.logprobs, 0)
-        choice = CompletionChoice(
-            index=0, text=collected.text, logprobs=logprobs, finish_reason=collected.finish_reason
-        )
-        return Completion(
-            id=request_id, created=created, model=body.model, choices=[choice], usage=usage(collected.last)
-        )
-
-    events = functools.partial(
-        completion_event_stream,
-        request_id=request_id,
-        created=created,
-        model=body.model,
-        include_usage=body.include_usage,
-    )
-    return await respond(request, start, stream=body.stream, events=events, build=build)

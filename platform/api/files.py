@@ -13,14 +13,12 @@ from starlette.concurrency import iterate_in_threadpool
 
 from loraloom.platform.api.adapters import RegistryLookupDep
 from loraloom.platform.api.dependencies import EngineDep, SessionDep, SettingsDep
-from loraloom.platform.api.schemas import ErrorResponse, unix_seconds
+from loraloom.platform.api.schemas import DEFAULT_PAGE_SIZE, ErrorResponse, IdPageObject, PageLimit, unix_seconds
 from loraloom.platform.api.training_errors import TrainingRoute
 from loraloom.platform.auth import CallerDep, DeveloperDep
 from loraloom.platform.db.models import TrainingFile
 from loraloom.platform.training.files import create_file, delete_file, find_file, list_files, open_file
 
-DEFAULT_PAGE_SIZE = 20
-MAX_PAGE_SIZE = 100
 CONTENT_CHUNK_BYTES = 1024 * 1024
 
 router = APIRouter(
@@ -51,12 +49,8 @@ class FileObject(BaseModel):
         )
 
 
-class FileList(BaseModel):
-    object: Literal["list"] = "list"
-    data: list[FileObject]
-    has_more: bool
-    first_id: str | None
-    last_id: str | None
+class FileList(IdPageObject[FileObject]):
+    pass
 
 
 class FileDeleted(BaseModel):
@@ -96,13 +90,11 @@ def get_files(
     session: SessionDep,
     lookup: RegistryLookupDep,
     purpose: str | None = None,
-    limit: Annotated[int, Query(ge=1, le=MAX_PAGE_SIZE)] = DEFAULT_PAGE_SIZE,
+    limit: PageLimit = DEFAULT_PAGE_SIZE,
     after: Annotated[str | None, Query(description="The last file id of the previous page.")] = None,
 ) -> FileList:
     page = list_files(session, tenant_id=caller.tenant_id, limit=limit, after=after, purpose=purpose)
-    data = [FileObject.of(row) for row in page.items]
-    return FileList(data=data, has_more=page.has_more, first_id=data[0].id if data else None,
-                    last_id=data[-1].id if data else None)
+    return FileList.of(page, FileObject.of)
 
 
 @router.get("/v1/files/{file_id}", response_model=FileObject)

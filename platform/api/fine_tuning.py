@@ -16,7 +16,15 @@ from fastapi import APIRouter, Depends, Query, Request
 from pydantic import BaseModel, Field
 
 from loraloom.platform.api.dependencies import EngineDep, SessionDep, SettingsDep
-from loraloom.platform.api.schemas import ErrorResponse, StrictBody, unix_seconds
+from loraloom.platform.api.schemas import (
+    DEFAULT_PAGE_SIZE,
+    ErrorResponse,
+    IdPageObject,
+    PageLimit,
+    PageObject,
+    StrictBody,
+    unix_seconds,
+)
 from loraloom.platform.api.training_errors import TrainingRoute
 from loraloom.platform.adapter_lookup import ALWAYS_BASE_NAMES
 from loraloom.platform.auth import CallerDep, DeveloperDep
@@ -34,8 +42,6 @@ from loraloom.platform.training.jobs import (
     list_jobs,
 )
 
-DEFAULT_PAGE_SIZE = 20
-MAX_PAGE_SIZE = 100
 
 router = APIRouter(
     tags=["fine-tuning"],
@@ -102,10 +108,8 @@ class JobObject(BaseModel):
         )
 
 
-class JobList(BaseModel):
-    object: Literal["list"] = "list"
-    data: list[JobObject]
-    has_more: bool
+class JobList(PageObject[JobObject]):
+    pass
 
 
 class EventObject(BaseModel):
@@ -123,10 +127,8 @@ class EventObject(BaseModel):
                    message=event.message, type=event.type, data=event.data)
 
 
-class EventList(BaseModel):
-    object: Literal["list"] = "list"
-    data: list[EventObject]
-    has_more: bool
+class EventList(PageObject[EventObject]):
+    pass
 
 
 class CheckpointObject(BaseModel):
@@ -145,12 +147,8 @@ class CheckpointObject(BaseModel):
                    step_number=checkpoint.step, metrics=checkpoint.metrics)
 
 
-class CheckpointList(BaseModel):
-    object: Literal["list"] = "list"
-    data: list[CheckpointObject]
-    has_more: bool
-    first_id: str | None
-    last_id: str | None
+class CheckpointList(IdPageObject[CheckpointObject]):
+    pass
 
 
 @router.post("/v1/fine_tuning/jobs", response_model=JobObject)
@@ -178,11 +176,11 @@ def post_job(
 def get_jobs(
     caller: CallerDep,
     session: SessionDep,
-    limit: Annotated[int, Query(ge=1, le=MAX_PAGE_SIZE)] = DEFAULT_PAGE_SIZE,
+    limit: PageLimit = DEFAULT_PAGE_SIZE,
     after: Annotated[str | None, Query(description="The last job id of the previous page.")] = None,
 ) -> JobList:
     page = list_jobs(session, tenant_id=caller.tenant_id, limit=limit, after=after)
-    return JobList(data=[JobObject.of(job) for job in page.items], has_more=page.has_more)
+    return JobList.of(page, JobObject.of)
 
 
 @router.get("/v1/fine_tuning/jobs/{job_id}", response_model=JobObject)
@@ -202,12 +200,12 @@ def get_events(
     job_id: str,
     caller: CallerDep,
     session: SessionDep,
-    limit: Annotated[int, Query(ge=1, le=MAX_PAGE_SIZE)] = DEFAULT_PAGE_SIZE,
+    limit: PageLimit = DEFAULT_PAGE_SIZE,
     after: Annotated[str | None, Query(description="The last event id of the previous page.")] = None,
     order: Annotated[Literal["asc", "desc"], Query(description="desc (newest first, OpenAI's) or asc.")] = "desc",
 ) -> EventList:
     page = list_events(session, tenant_id=caller.tenant_id, job_id=job_id, limit=limit, after=after, order=order)
-    return EventList(data=[EventObject.of(event) for event in page.items], has_more=page.has_more)
+    return EventList.of(page, EventObject.of)
 
 
 @router.get("/v1/fine_tuning/jobs/{job_id}/checkpoints", response_model=CheckpointList)
@@ -215,10 +213,8 @@ def get_checkpoints(
     job_id: str,
     caller: CallerDep,
     session: SessionDep,
-    limit: Annotated[int, Query(ge=1, le=MAX_PAGE_SIZE)] = DEFAULT_PAGE_SIZE,
+    limit: PageLimit = DEFAULT_PAGE_SIZE,
     after: Annotated[str | None, Query(description="The last checkpoint id of the previous page.")] = None,
 ) -> CheckpointList:
     page = list_checkpoints(session, tenant_id=caller.tenant_id, job_id=job_id, limit=limit, after=after)
-    data = [CheckpointObject.of(checkpoint) for checkpoint in page.items]
-    return CheckpointList(data=data, has_more=page.has_more, first_id=data[0].id if data else None,
-                          last_id=data[-1].id if data else None)
+    return CheckpointList.of(page, CheckpointObject.of)

@@ -2,6 +2,8 @@
 starting an engine stream, collecting it, usage, SSE framing, disconnects."""
 from __future__ import annotations
 
+import functools
+import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -170,27 +172,59 @@ def sse_event(payload: BaseModel) -> str:
     return f"data: {payload.model_dump_json()}\n\n"
 
 
+@dataclass(frozen=True)
+class ResponseHead:
+    """What the response and each of its chunks carry: OpenAI's id, created (Unix seconds) and model."""
+
+    id: str
+    created: int
+    model: str
+
+
 async def respond(
     request: Request,
-    start: Callable[[], Awaitable[AsyncGenerator[RequestOutput, None]]],
+    engine: AsyncEngine,
+    body: GenerationRequest,
     *,
-    stream: bool,
-    events: Callable[[AsyncGenerator[RequestOutput, None]], AsyncGenerator[str, None]],
-    build: Callable[[Collected], T],
+    id_prefix: str,
+    prompt_token_ids: list[int],
+    max_tokens: int | None,
+    logprobs: int | None,
+    adapter: AdapterHandle | None,
+    field_names: dict[str, str],
+    meter: UsageMeter,
+    events: Callable[[AsyncGenerator[RequestOutput, None], ResponseHead, bool], AsyncGenerator[str, None]],
+    build: Callable[[Collected, ResponseHead], T],
 ) -> T | Response:
-    """Start the generation (`start`, i.e. open_generation), then answer with
-    server-sent events made by `events`, or with the whole response made by
-    `build` once generation ends. A client that leaves before its answer
-    begins streaming cancels the generation (Starlette handles it after)."""
+    """Start the generation (open_generation; `max_tokens` None: the default),
+    then answer with server-sent events made by `events` (given whether the
+    client asked for usage), or with the whole response made by `build` once
+    generation ends. A client that leaves before its answer begins streaming
+    cancels the generation (Starlette handles it after)."""
+    if max_tokens is None:
+        max_tokens = default_max_tokens(len(prompt_token_ids), engine.max_model_len)
+    head = ResponseHead(id=f"{id_prefix}-{uuid.uuid4().hex}", created=int(time.time()), model=body.model)
+    start = functools.partial(
+        open_generation,
+        engine,
+        request_id=head.id,
+        prompt_token_ids=prompt_token_ids,
+        params=sampling_params(body, max_tokens=max_tokens, logprobs=logprobs),
+        adapter=adapter,
+        field_names=field_names,
+        adapter_param=adapter_reference(body)[1],
+        model=body.model,
+        meter=meter,
+    )
     outputs = await cancel_on_disconnect(request, start)
     if outputs is None:
         return Response(status_code=CLIENT_CLOSED_REQUEST)
-    if stream:
-        return StreamingResponse(events(outputs), media_type="text/event-stream")
+    if body.stream:
+        return StreamingResponse(events(outputs, head, body.include_usage), media_type="text/event-stream")
     collected = await cancel_on_disconnect(request, lambda: collect(outputs))
     if collected is None:
         return Response(status_code=CLIENT_CLOSED_REQUEST)
-    return build(collected)
+    return build(collected, head)
 
 
 async def cancel_on_disconnect(request: Request, work: Callable[[], Awaitable[T]]) -> T | None:

@@ -7,9 +7,11 @@ asking for something unsupported (tools, penalties, echo) learns it at once.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Generic, Literal, TypeVar
 
+from fastapi import Query
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -21,6 +23,8 @@ from pydantic import (
     field_validator,
 )
 from pydantic_core import PydanticCustomError
+
+from loraloom.platform.db.pages import Page
 
 # Generated tokens when the client sets no limit: the context left after the prompt, capped here
 # so a forgotten max_tokens does not hold a slot for thousands of tokens.
@@ -42,6 +46,52 @@ def one_error_for_union(expected: str) -> WrapValidator:
 
 class StrictBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+T = TypeVar("T")
+
+DEFAULT_PAGE_SIZE = 20
+MAX_PAGE_SIZE = 100
+# The `limit` query parameter of the paginated lists: `limit: PageLimit = DEFAULT_PAGE_SIZE`.
+PageLimit = Annotated[int, Query(ge=1, le=MAX_PAGE_SIZE)]
+
+
+class ListObject(BaseModel, Generic[T]):
+    """OpenAI's list: `{"object": "list", "data": [...]}`. Subclass it with a name
+    (`class ModelList(ListObject[ModelCard])`) so the OpenAPI document names the schema."""
+
+    object: Literal["list"] = "list"
+    data: list[T]
+
+
+class PageObject(ListObject[T], Generic[T]):
+    """One page of a cursor-paginated list: pass the last item's cursor as `after` for the next."""
+
+    has_more: bool
+
+    @classmethod
+    def of(cls: type[PageT], page: Page[Any], convert: Callable[[Any], Any]) -> PageT:
+        data = [convert(item) for item in page.items]
+        return cls(data=data, has_more=page.has_more, **cls.cursors(data))
+
+    @classmethod
+    def cursors(cls, data: list[T]) -> dict[str, Any]:
+        """The fields beyond OpenAI's three that name the page's ends."""
+        return {}
+
+
+PageT = TypeVar("PageT", bound=PageObject[Any])
+
+
+class IdPageObject(PageObject[T], Generic[T]):
+    """A page that also names its first and last items' ids, as OpenAI's files and checkpoints lists do."""
+
+    first_id: str | None
+    last_id: str | None
+
+    @classmethod
+    def cursors(cls, data: list[T]) -> dict[str, Any]:
+        return {"first_id": data[0].id if data else None, "last_id": data[-1].id if data else None}
 
 
 class StreamOptions(StrictBody):
@@ -242,9 +292,8 @@ class ModelCard(BaseModel):
     parent: str | None = Field(description="For an adapter: the base model it applies to.")
 
 
-class ModelList(BaseModel):
-    object: Literal["list"] = "list"
-    data: list[ModelCard]
+class ModelList(ListObject[ModelCard]):
+    pass
 
 
 class ErrorDetail(BaseModel):

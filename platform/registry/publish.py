@@ -129,64 +129,42 @@ def register_version(
     attempt = 1
     while True:
         try:
-            version = _add_version(
-                session,
-                tenant_id=tenant_id,
-                adapter_name=adapter_name,
-                summary=summary,
-                files=files,
+            adapter = session.scalar(
+                select(Adapter).where(Adapter.tenant_id == tenant_id, Adapter.name == adapter_name)
+            )
+            if adapter is None:
+                adapter = Adapter(tenant_id=tenant_id, name=adapter_name)
+                session.add(adapter)
+                session.flush()
+            # Deleted versions count: a number, once given, never names other weights.
+            highest = session.scalar(
+                select(func.max(AdapterVersion.number)).where(AdapterVersion.adapter_id == adapter.id)
+            )
+            version = AdapterVersion(
+                adapter_id=adapter.id,
+                number=(highest or 0) + 1,
+                status=AdapterVersionStatus.ready,
                 base_model=base_model,
+                rank=summary.rank,
+                alpha=summary.alpha,
+                target_modules=list(summary.target_modules),
+                dtype=summary.dtype,
                 source=source,
                 training_job_id=training_job_id,
-                actor_key_id=actor_key_id,
+                created_by_key_id=actor_key_id,
+                files=[
+                    AdapterVersionFile(filename=file.filename, sha256=file.ref.sha256, size_bytes=file.ref.size)
+                    for file in files
+                ],
             )
+            session.add(version)
+            session.flush()
+            set_alias(session, adapter=adapter, name=LATEST_ALIAS, version=version, actor_key_id=actor_key_id)
+            adapter.updated_at = version.created_at
             session.commit()
             return version
-        except IntegrityError:
+        except IntegrityError:  # another upload took this number (or created the adapter) first
             session.rollback()
             if attempt == REGISTER_ATTEMPTS:
                 raise
             attempt += 1
-
-
-def _add_version(
-    session: Session,
-    *,
-    tenant_id: uuid.UUID,
-    adapter_name: str,
-    summary: AdapterSummary,
-    files: list[StoredFile],
-    base_model: str,
-    source: AdapterVersionSource,
-    training_job_id: str | None,
-    actor_key_id: uuid.UUID | None,
-) -> AdapterVersion:
-    adapter = session.scalar(select(Adapter).where(Adapter.tenant_id == tenant_id, Adapter.name == adapter_name))
-    if adapter is None:
-        adapter = Adapter(tenant_id=tenant_id, name=adapter_name)
-        session.add(adapter)
-        session.flush()
-    # Deleted versions count: a number, once given, never names other weights.
-    highest = session.scalar(select(func.max(AdapterVersion.number)).where(AdapterVersion.adapter_id == adapter.id))
-    version = AdapterVersion(
-        adapter_id=adapter.id,
-        number=(highest or 0) + 1,
-        status=AdapterVersionStatus.ready,
-        base_model=base_model,
-        rank=summary.rank,
-        alpha=summary.alpha,
-        target_modules=list(summary.target_modules),
-        dtype=summary.dtype,
-        source=source,
-        training_job_id=training_job_id,
-        created_by_key_id=actor_key_id,
-        files=[
-            AdapterVersionFile(filename=file.filename, sha256=file.ref.sha256, size_bytes=file.ref.size)
-            for file in files
-        ],
-    )
-    session.add(version)
-    session.flush()
-    set_alias(session, adapter=adapter, name=LATEST_ALIAS, version=version, actor_key_id=actor_key_id)
-    adapter.updated_at = version.created_at
-    return version

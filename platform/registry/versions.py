@@ -7,8 +7,6 @@ history keeps naming it. Its blobs go once no live version references them.
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
-from typing import Generic, TypeVar
 
 from sqlalchemy import delete, exists, select
 from sqlalchemy.orm import Session, selectinload
@@ -22,19 +20,13 @@ from loraloom.platform.db.models import (
     Alias,
     utcnow,
 )
+from loraloom.platform.db.pages import Page, fetch_page
 from loraloom.platform.registry.errors import RegistryConflictError, RegistryNotFoundError
 from loraloom.platform.registry.references import LATEST_ALIAS
 from loraloom.platform.registry.resolution import ResolvedVersion
 from loraloom.platform.storage import BlobStore, content_key
 
-T = TypeVar("T")
 LIVE = AdapterVersion.status != AdapterVersionStatus.deleted
-
-
-@dataclass(frozen=True)
-class Page(Generic[T]):
-    items: list[T]
-    has_more: bool
 
 
 def find_adapter(session: Session, *, tenant_id: uuid.UUID, name: str) -> Adapter:
@@ -51,12 +43,10 @@ def list_adapters(session: Session, *, tenant_id: uuid.UUID, limit: int, after: 
         .where(Adapter.tenant_id == tenant_id)
         .options(selectinload(Adapter.aliases).selectinload(Alias.version))
         .order_by(Adapter.name)
-        .limit(limit + 1)
     )
     if after is not None:
         query = query.where(Adapter.name > after)
-    adapters = list(session.scalars(query))
-    return Page(items=adapters[:limit], has_more=len(adapters) > limit)
+    return fetch_page(session, query, limit)
 
 
 def find_version(session: Session, *, tenant_id: uuid.UUID, name: str, number: int) -> AdapterVersion:
@@ -81,12 +71,10 @@ def list_versions(
         .where(AdapterVersion.adapter_id == adapter.id, LIVE)
         .options(selectinload(AdapterVersion.files))
         .order_by(AdapterVersion.number)
-        .limit(limit + 1)
     )
     if after is not None:
         query = query.where(AdapterVersion.number > after)
-    versions = list(session.scalars(query))
-    return Page(items=versions[:limit], has_more=len(versions) > limit)
+    return fetch_page(session, query, limit)
 
 
 def version_aliases(session: Session, *, version: AdapterVersion) -> list[str]:

@@ -16,12 +16,12 @@ from sqlalchemy.orm import Session
 
 from loraloom.engine.tokenizer import Tokenizer
 from loraloom.platform.db.models import AdapterVersionFile, FineTuningCheckpoint, FineTuningJob, TrainingFile
+from loraloom.platform.db.pages import Page, newest_first
 from loraloom.platform.registry.publish import all_or_nothing
 from loraloom.platform.storage import BlobStore, content_key
 from loraloom.platform.training.datasets import load_dataset
 from loraloom.platform.training.errors import TrainingConflictError, TrainingInputError, TrainingNotFoundError
 from loraloom.platform.training.job_state import new_id
-from loraloom.platform.training.pages import Page, newest_first
 
 FINE_TUNE_PURPOSE = "fine-tune"
 FILE_PURPOSES = (FINE_TUNE_PURPOSE,)

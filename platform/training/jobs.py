@@ -22,12 +22,12 @@ from loraloom.platform.db.models import (
     FineTuningJobStatus,
     utcnow,
 )
+from loraloom.platform.db.pages import Page, fetch_page, newest_first
 from loraloom.platform.registry.references import check_adapter_name
 from loraloom.platform.training.errors import TrainingConflictError, TrainingInputError, TrainingNotFoundError
 from loraloom.platform.training.files import FINE_TUNE_PURPOSE, find_file
 from loraloom.platform.training.hyperparameters import Hyperparameters
 from loraloom.platform.training.job_state import SYSTEM_ERROR, add_event, new_id
-from loraloom.platform.training.pages import Page, newest_first
 
 EVENT_ID_PREFIX = "ftevent-"
 MAX_SEED = 2**31 - 1
@@ -183,8 +183,7 @@ def list_events(
         cursor = parse_event_id(after)
         query = query.where(FineTuningJobEvent.id > cursor if order == "asc" else FineTuningJobEvent.id < cursor)
     ordering = FineTuningJobEvent.id.asc() if order == "asc" else FineTuningJobEvent.id.desc()
-    rows = list(session.scalars(query.order_by(ordering).limit(limit + 1)))
-    return Page(items=rows[:limit], has_more=len(rows) > limit)
+    return fetch_page(session, query.order_by(ordering), limit)
 
 
 def event_id(event: FineTuningJobEvent) -> str:

@@ -136,40 +136,42 @@ def engine_tokens(engine, requests: dict) -> dict[str, list[int]]:
     return tokens
 
 
-def test_the_peer_computes_what_the_engine_computes(gpusuite, tmp_path) -> None:
-    """Same random weights and adapter file in HF+PEFT and in loraloom: same greedy tokens, base and adapter."""
+def peer_with_adapter(gpusuite, directory: Path, config):
+    """A rank-8 random adapter "a" for `config` written to `directory`, and the HF+PEFT peer (seed 3) with it."""
     adapters, peer = gpusuite
     from loraloom.engine.adapters import AdapterHandle
+
+    path = adapters.write_random_adapter(directory, config, rank=8, seed=1, dtype=torch.float32, device="cpu")
+    handle = AdapterHandle(key="a", name="a", uri=path.as_uri())
+    return handle, peer.build_peer(config, torch.float32, torch.device("cpu"), seed=3, adapters=[handle])
+
+
+def test_the_peer_computes_what_the_engine_computes(gpusuite, tmp_path) -> None:
+    """Same random weights and adapter file in HF+PEFT and in loraloom: same greedy tokens, base and adapter."""
+    _, peer = gpusuite
     from loraloom.engine.config import EngineConfig
     from loraloom.engine.engine import LLMEngine
     from loraloom.engine.random_model import random_model
 
     config = tiny_config(tied=False)
-    directory = adapters.write_random_adapter(tmp_path / "a", config, rank=8, seed=1, dtype=torch.float32,
-                                              device="cpu")
-    handle = AdapterHandle(key="a", name="a", uri=directory.as_uri())
+    handle, model = peer_with_adapter(gpusuite, tmp_path / "a", config)
     engine = LLMEngine.from_model(random_model(config, torch.float32, "cpu", seed=3),
                                   EngineConfig(max_loras=1, max_lora_rank=8))
     ours = engine_tokens(engine, {"base": None, "a": handle})
-    model = peer.build_peer(config, torch.float32, torch.device("cpu"), seed=3, adapters=[handle])
     assert peer.generate(model, [PROMPT], [peer.BASE_ADAPTER_NAME], 6)[0].tolist() == ours["base"]
     assert peer.generate(model, [PROMPT], ["a"], 6)[0].tolist() == ours["a"]
     assert ours["a"] != ours["base"]  # the adapter matters, so agreeing on it means something
 
 
 def test_the_peer_of_a_tied_model_reads_the_embedding_as_lm_head(gpusuite, tmp_path) -> None:
-    adapters, peer = gpusuite
-    from loraloom.engine.adapters import AdapterHandle
+    _, peer = gpusuite
     from loraloom.engine.config import EngineConfig
     from loraloom.engine.engine import LLMEngine
     from loraloom.engine.random_model import random_model
 
     config = tiny_config(tied=True)
-    directory = adapters.write_random_adapter(tmp_path / "a", config, rank=8, seed=1, dtype=torch.float32,
-                                              device="cpu")
-    handle = AdapterHandle(key="a", name="a", uri=directory.as_uri())
+    _, model = peer_with_adapter(gpusuite, tmp_path / "a", config)
     ours = random_model(config, torch.float32, "cpu", seed=3)
-    model = peer.build_peer(config, torch.float32, torch.device("cpu"), seed=3, adapters=[handle])
     assert torch.equal(model.get_output_embeddings().weight, ours.embed_tokens.weight)
     expected = engine_tokens(LLMEngine.from_model(ours, EngineConfig()), {"base": None})["base"]
     assert peer.generate(model, [PROMPT], [peer.BASE_ADAPTER_NAME], 6)[0].tolist() == expected

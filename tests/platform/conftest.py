@@ -1,7 +1,7 @@
 """Fixtures shared by the platform tests.
 
 `database_url`: each test that asks for it runs on a fresh SQLite file and on a throwaway
-PostgreSQL database. `s3_server`: a real S3-compatible server (moto's standalone server
+PostgreSQL database; `session_factory`: the same, migrated. `s3_server`: a real S3-compatible server (moto's standalone server
 over HTTP), one per session.
 
 PostgreSQL comes from LORALOOM_TEST_POSTGRES_URL (default: the local trust-auth server's
@@ -25,7 +25,9 @@ import pytest
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError
+from sqlalchemy.orm import Session, sessionmaker
 
+from loraloom.platform.db import create_db_engine, create_session_factory, upgrade_database
 from loraloom.platform.storage.s3 import make_s3_client
 
 POSTGRES_URL = os.environ.get("LORALOOM_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
@@ -62,6 +64,27 @@ def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str
                 connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
     finally:
         admin.dispose()
+
+
+def migrated_session_factory(url: str) -> Iterator[sessionmaker[Session]]:
+    upgrade_database(url)
+    engine = create_db_engine(url)
+    try:
+        yield create_session_factory(engine)
+    finally:
+        engine.dispose()
+
+
+@pytest.fixture
+def session_factory(database_url: str) -> Iterator[sessionmaker[Session]]:
+    """A migrated database: SQLite and PostgreSQL."""
+    yield from migrated_session_factory(database_url)
+
+
+@pytest.fixture
+def sqlite_session_factory(tmp_path: Path) -> Iterator[sessionmaker[Session]]:
+    """A migrated SQLite database, for tests whose subject is not the database."""
+    yield from migrated_session_factory(f"sqlite:///{tmp_path / 'migrated.db'}")
 
 
 REGION = "us-east-1"

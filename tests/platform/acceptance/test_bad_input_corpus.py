@@ -2,18 +2,17 @@
 database (every table but audit and usage) and the blob store are exactly as they were."""
 from __future__ import annotations
 
-import io
 import json
 import pickle
 import tarfile
 import tempfile
-import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 import torch
+from archives import tar_gz, zip_bytes
 from safetensors.torch import load, save
 
 CONFIG = "adapter_config.json"
@@ -68,27 +67,6 @@ def upload(*parts: tuple[str, tuple[str, bytes, str]], status: int = 400, messag
 def two_files(adapter: Adapter, *, config: bytes | None = None, weights: bytes | None = None) -> list:
     return [part(CONFIG, adapter.config_bytes() if config is None else config),
             part(WEIGHTS, adapter.weights if weights is None else weights)]
-
-
-def tar_of(members: list[tarfile.TarInfo | tuple[str, bytes]]) -> bytes:
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w:gz") as archive:
-        for member in members:
-            if isinstance(member, tarfile.TarInfo):
-                archive.addfile(member)
-            else:
-                info = tarfile.TarInfo(member[0])
-                info.size = len(member[1])
-                archive.addfile(info, io.BytesIO(member[1]))
-    return buffer.getvalue()
-
-
-def zip_of(members: list[tuple[str, bytes]]) -> bytes:
-    buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w") as archive:
-        for name, payload in members:
-            archive.writestr(name, payload)
-    return buffer.getvalue()
 
 
 def symlink(name: str, target: str) -> tarfile.TarInfo:
@@ -151,7 +129,7 @@ CASES: dict[str, Callable[[Adapter], Case]] = {
     "config file missing": lambda a: upload(part(WEIGHTS, a.weights), message=f"{CONFIG} is missing"),
     "file uploaded twice": lambda a: upload(*two_files(a), part(WEIGHTS, a.weights), message=f"duplicates {WEIGHTS}"),
     "stray file": lambda a: upload(*two_files(a), part("train.py", b"print(1)"), message="'train.py' is not part of a PEFT adapter"),
-    "archive beside a file": lambda a: upload(part("a.zip", zip_of([(CONFIG, a.config_bytes())])), part(WEIGHTS, a.weights),
+    "archive beside a file": lambda a: upload(part("a.zip", zip_bytes([(CONFIG, a.config_bytes())])), part(WEIGHTS, a.weights),
                                               message="must be the only file uploaded"),
     "upload over the size limit": lambda a: upload(*two_files(a, weights=bytes(UPLOAD_LIMIT_BYTES + 1)), status=413,
                                                    message=f"exceeds the limit of {UPLOAD_LIMIT_BYTES} bytes"),
@@ -164,23 +142,23 @@ CASES: dict[str, Callable[[Adapter], Case]] = {
     "JSON instead of multipart": lambda a: Case("POST", f"/v1/adapters/{NEW}/versions", 400, "files",
                                                 json={"files": [CONFIG, WEIGHTS]}),
     # ---- archives
-    "tar with ../": lambda a: upload(part("a.tar.gz", tar_of([("../" + CONFIG, a.config_bytes()), (WEIGHTS, a.weights)])),
+    "tar with ../": lambda a: upload(part("a.tar.gz", tar_gz([("../" + CONFIG, a.config_bytes()), (WEIGHTS, a.weights)])),
                                      message="contains '..'"),
-    "zip with ../": lambda a: upload(part("a.zip", zip_of([(CONFIG, a.config_bytes()), ("x/../../" + WEIGHTS, a.weights)])),
+    "zip with ../": lambda a: upload(part("a.zip", zip_bytes([(CONFIG, a.config_bytes()), ("x/../../" + WEIGHTS, a.weights)])),
                                      message="contains '..'"),
     "tar with an absolute path": lambda a: upload(
-        part("a.tar.gz", tar_of([("/etc/" + CONFIG, a.config_bytes()), (WEIGHTS, a.weights)])), message="absolute path"
+        part("a.tar.gz", tar_gz([("/etc/" + CONFIG, a.config_bytes()), (WEIGHTS, a.weights)])), message="absolute path"
     ),
     "tar with a symlink": lambda a: upload(
-        part("a.tar.gz", tar_of([(CONFIG, a.config_bytes()), symlink(WEIGHTS, "/etc/passwd")])), message="is a link"
+        part("a.tar.gz", tar_gz([(CONFIG, a.config_bytes()), symlink(WEIGHTS, "/etc/passwd")])), message="is a link"
     ),
     "too many files in an archive": lambda a: upload(
-        part("a.zip", zip_of([(CONFIG, a.config_bytes()), (WEIGHTS, a.weights)] + [(f"folder-{i}/", b"") for i in range(20)])),
+        part("a.zip", zip_bytes([(CONFIG, a.config_bytes()), (WEIGHTS, a.weights)] + [(f"folder-{i}/", b"") for i in range(20)])),
         message="more than 16 entries",
     ),
     "not really an archive": lambda a: upload(part("a.tar.gz", b"not gzip at all"), message="is not a readable"),
     "pickle inside an archive": lambda a: upload(
-        part("a.tar.gz", tar_of([(CONFIG, a.config_bytes()), ("adapter_model.bin", pickle.dumps({}))])),
+        part("a.tar.gz", tar_gz([(CONFIG, a.config_bytes()), ("adapter_model.bin", pickle.dumps({}))])),
         message="pickle checkpoint",
     ),
     # ---- adapter names

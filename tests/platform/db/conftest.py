@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, sessionmaker
 
-from loraloom.platform.db import create_db_engine, create_session_factory, upgrade_database
+from loraloom.platform.db import upgrade_database
 
 
 @pytest.fixture
@@ -17,10 +17,6 @@ def migrated_url(database_url: str) -> str:
 
 
 @pytest.fixture
-def session(migrated_url: str) -> Iterator[Session]:
-    engine = create_db_engine(migrated_url)
-    try:
-        with create_session_factory(engine)() as db_session:
-            yield db_session
-    finally:
-        engine.dispose()
+def session(session_factory: sessionmaker[Session]) -> Iterator[Session]:
+    with session_factory() as db_session:
+        yield db_session

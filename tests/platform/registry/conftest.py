@@ -1,9 +1,9 @@
 """Registry fixtures: a real PEFT adapter for the bundled model, the served base it must fit,
-migrated databases (SQLite and PostgreSQL), and blob stores (file:// and moto's S3)."""
+and blob stores (file:// and moto's S3)."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -11,7 +11,6 @@ from lora_factory import make_peft_adapter
 from sqlalchemy.orm import Session, sessionmaker
 
 from loraloom.engine.config import ModelConfig
-from loraloom.platform.db import create_db_engine, create_session_factory, upgrade_database
 from loraloom.platform.db.models import Tenant
 from loraloom.platform.registry.validation import ServedBase
 from loraloom.platform.storage import BlobStore, LocalBlobStore, S3BlobStore, storage_from_url
@@ -37,27 +36,6 @@ def other_peft_adapter(model_dir: Path, tmp_path_factory: pytest.TempPathFactory
     """Different weights for the same base: a second version."""
     out = tmp_path_factory.mktemp("peft") / "other"
     return make_peft_adapter(model_dir, out, rank=8, alpha=16, target_modules=["o_proj", "up_proj"], seed=22)
-
-
-def _migrated_factory(url: str) -> Iterator[sessionmaker[Session]]:
-    upgrade_database(url)
-    engine = create_db_engine(url)
-    try:
-        yield create_session_factory(engine)
-    finally:
-        engine.dispose()
-
-
-@pytest.fixture
-def session_factory(database_url: str) -> Iterator[sessionmaker[Session]]:
-    """A migrated database: SQLite and PostgreSQL."""
-    yield from _migrated_factory(database_url)
-
-
-@pytest.fixture
-def sqlite_session_factory(tmp_path: Path) -> Iterator[sessionmaker[Session]]:
-    """A migrated SQLite database, for tests whose subject is storage rather than the database."""
-    yield from _migrated_factory(f"sqlite:///{tmp_path / 'registry.db'}")
 
 
 @pytest.fixture

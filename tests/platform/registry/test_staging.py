@@ -9,6 +9,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from archives import tar_gz, zip_bytes
 
 from loraloom.platform.registry.errors import UploadRejectedError
 from loraloom.platform.registry.staging import UploadedPart, UploadLimits, stage_adapter_files
@@ -19,32 +20,10 @@ FILES = {"adapter_config.json": CONFIG, "adapter_model.safetensors": WEIGHTS}
 LIMITS = UploadLimits(max_total_bytes=10_000, max_archive_members=5)
 
 
-def tar_gz(entries: list[tarfile.TarInfo | tuple[str, bytes]]) -> bytes:
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w:gz") as archive:
-        for entry in entries:
-            if isinstance(entry, tarfile.TarInfo):
-                archive.addfile(entry)
-            else:
-                name, data = entry
-                info = tarfile.TarInfo(name)
-                info.size = len(data)
-                archive.addfile(info, io.BytesIO(data))
-    return buffer.getvalue()
-
-
 def tar_folder(name: str) -> tarfile.TarInfo:
     info = tarfile.TarInfo(name.rstrip("/") or ".")
     info.type = tarfile.DIRTYPE
     return info
-
-
-def zip_bytes(entries: list[tuple[str | zipfile.ZipInfo, bytes]]) -> bytes:
-    buffer = io.BytesIO()
-    with zipfile.ZipFile(buffer, "w", compression=zipfile.ZIP_DEFLATED) as archive:
-        for name, data in entries:
-            archive.writestr(name, data)
-    return buffer.getvalue()
 
 
 def stage(tmp_path: Path, parts: list[tuple[str, bytes]], limits: UploadLimits = LIMITS) -> Path:

@@ -4,14 +4,12 @@ then failed, a requeued run loses the job, and cancel moves queued and running j
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
 from datetime import timedelta
 
 import pytest
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from loraloom.platform.db import create_db_engine, create_session_factory, upgrade_database
 from loraloom.platform.db.models import FineTuningJob, FineTuningJobEvent, FineTuningJobStatus, Tenant, utcnow
 from loraloom.platform.training.errors import TrainingConflictError
 from loraloom.platform.training.job_state import (
@@ -29,13 +27,8 @@ HEARTBEAT_TIMEOUT_S = 60.0
 
 
 @pytest.fixture
-def factory(database_url: str) -> Iterator[sessionmaker[Session]]:
-    upgrade_database(database_url)
-    engine = create_db_engine(database_url)
-    try:
-        yield create_session_factory(engine)
-    finally:
-        engine.dispose()
+def factory(session_factory: sessionmaker[Session]) -> sessionmaker[Session]:
+    return session_factory
 
 
 def add_job(factory: sessionmaker[Session], max_attempts: int = 2) -> tuple[uuid.UUID, str]:

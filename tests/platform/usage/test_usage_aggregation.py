@@ -10,7 +10,6 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from loraloom.platform.db import create_db_engine, create_session_factory, upgrade_database
 from loraloom.platform.db.api_keys import create_api_key
 from loraloom.platform.db.models import ApiKeyRole, Tenant, UsageRecord, UsageStatus
 from loraloom.platform.usage import BASE_ADAPTER, UsageGroup, aggregate_usage, write_usage_records
@@ -21,11 +20,8 @@ ADAPTERS = [None, "alpha@0123456789abcdef", "acme/support@3#fedcba9876543210"]
 
 
 @pytest.fixture
-def db(database_url):
-    upgrade_database(database_url)
-    engine = create_db_engine(database_url)
-    yield create_session_factory(engine)
-    engine.dispose()
+def db(session_factory):
+    return session_factory
 
 
 def make_rows(tenant_id: uuid.UUID, key_ids: list[uuid.UUID], count: int, seed: int) -> list[dict]:
