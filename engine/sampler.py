@@ -7,9 +7,10 @@ Sampled rows are split by need: plain temperature rows draw over their whole
 row; top-k / top-p rows first look for their kept set among the row's
 CANDIDATES best tokens (a top-k, far cheaper than sorting the vocabulary) and
 draw over those alone, falling back to a full sort only for the rows whose
-kept set does not fit. The random noise is drawn row by row for seeded
-requests, because each owns a `torch.Generator` and its draws must not depend
-on what else shares the batch.
+kept set does not fit. Each sampled row draws one uniform number and takes
+the token where its cumulative probability passes it; a seeded request draws
+that number from its own `torch.Generator`, so its tokens do not depend on
+what else shares the batch.
 """
 from __future__ import annotations
 
@@ -128,13 +129,13 @@ def _sample_random(
     scaled = logits / temperatures[:, None]  # [rows, vocab]
     filtered = [row for row, p in enumerate(params) if _top_k(p, vocab_size) < vocab_size or p.top_p < 1.0]
     if not filtered:  # plain temperature sampling: every token is a candidate
-        return _draw(scaled, None, None, generators, vocab_size)
+        return _draw(scaled, None, None, generators)
     filtered_set = set(filtered)
     plain = [row for row in range(len(params)) if row not in filtered_set]
     token_ids = torch.empty(len(params), dtype=torch.int64, device=device)
     if plain:
         token_ids[torch.tensor(plain, device=device)] = _draw(
-            _select_rows(scaled, plain), None, None, [generators[r] for r in plain], vocab_size)
+            _select_rows(scaled, plain), None, None, [generators[r] for r in plain])
     token_ids[torch.tensor(filtered, device=device)] = _sample_filtered(
         _select_rows(scaled, filtered), [params[r] for r in filtered], [generators[r] for r in filtered])
     return token_ids
@@ -157,7 +158,7 @@ def _sample_filtered(
     fitting_rows = fitting.tolist()
     if fitting_rows:
         token_ids[fitting] = _draw(values[fitting], ids[fitting], threshold[fitting],
-                                   [generators[r] for r in fitting_rows], vocab_size)
+                                   [generators[r] for r in fitting_rows])
     if len(fitting_rows) < len(params):
         # Kept sets larger than the candidates (flat distributions, huge top-k, ties at the edge): sort them.
         rest = (~fits).nonzero().squeeze(1)
@@ -165,7 +166,7 @@ def _sample_filtered(
         rest_scaled = scaled[rest]
         values, ids = rest_scaled.sort(dim=-1, descending=True)  # [rest, vocab]
         threshold, _ = _kept_threshold(rest_scaled, values, top_ks[rest], top_ps[rest])
-        token_ids[rest] = _draw(values, ids, threshold, [generators[r] for r in rest_rows], vocab_size)
+        token_ids[rest] = _draw(values, ids, threshold, [generators[r] for r in rest_rows])
     return token_ids
 
 
@@ -209,40 +210,36 @@ def _draw(
     ids: torch.Tensor | None,  # [rows, n] their token ids; None: the candidates are the whole row in order
     threshold: torch.Tensor | None,  # [rows] candidates below it are excluded; None: none are
     generators: list[torch.Generator | None],
-    vocab_size: int,
 ) -> torch.Tensor:  # [rows] int64 token ids
-    """Draw one token per row from the softmax over its kept candidates."""
+    """Draw one token per row from the softmax over its kept candidates, by inverse transform.
+
+    One uniform number per row picks the first candidate whose cumulative probability exceeds
+    it: candidate i with probability p_i. One random number per row, not one per token, is
+    what keeps sampling cheap on a CPU (drawing a vocabulary's worth of random numbers per
+    row cost more than the rest of the step).
+    """
     if threshold is not None:
         values = values.masked_fill(values < threshold[:, None], float("-inf"))
-    probs = values.softmax(dim=-1)
-    # Exponential race: argmax(p_i / E_i) with E_i ~ Exp(1) picks i with probability p_i.
-    noise = _exponential_noise(probs, ids, generators, vocab_size)
-    choice = row_argmax(probs / noise)  # [rows] indices into the candidates
+    cdf = values.softmax(dim=-1).cumsum(dim=-1)  # [rows, n], non-decreasing
+    total = cdf[:, -1:]  # [rows, 1], 1 up to rounding
+    # Strictly below the total, so some column's cumulative mass exceeds it; a zero-probability
+    # column adds no mass, so it is never the first to exceed it.
+    target = torch.minimum(_uniforms(generators, cdf.device)[:, None] * total,
+                           torch.nextafter(total, torch.zeros_like(total)))
+    choice = torch.searchsorted(cdf, target, right=True)  # [rows, 1] indices into the candidates
     if ids is None:
-        return choice.to(values.device)
-    return ids.gather(1, choice.to(ids.device)[:, None]).squeeze(1)
+        return choice.squeeze(1)
+    return ids.gather(1, choice).squeeze(1)
 
 
-def _exponential_noise(
-    probs: torch.Tensor,  # [rows, n]
-    ids: torch.Tensor | None,  # [rows, n] token ids of the columns; None: column = token id
-    generators: list[torch.Generator | None],
-    vocab_size: int,
-) -> torch.Tensor:  # [rows, n], Exp(1) samples
-    noise = torch.empty_like(probs)
-    seeded = [row for row, generator in enumerate(generators) if generator is not None]
-    if len(seeded) < len(generators):
-        noise.exponential_()  # unseeded rows share torch's global RNG; seeded rows are overwritten below
-    for row in seeded:
-        # Each seeded row draws exactly `vocab` values per step from its own generator, one per token id
-        # whatever the candidates, so its tokens are the same alone or in any batch, on any path.
-        if ids is None:
-            noise[row].exponential_(generator=generators[row])
-        else:
-            row_noise = torch.empty(vocab_size, dtype=probs.dtype, device=probs.device)
-            noise[row] = row_noise.exponential_(generator=generators[row])[ids[row]]
-    # A zero draw would turn a zero-probability token into 0/0 = NaN, which argmax would pick.
-    return noise.clamp_min_(torch.finfo(noise.dtype).tiny)
+def _uniforms(generators: list[torch.Generator | None], device: torch.device) -> torch.Tensor:  # [rows] in [0, 1)
+    """One uniform number per row: seeded rows from their own generator (one draw per step, so
+    a request's tokens do not depend on what else shares the batch), the rest from torch's global RNG."""
+    uniforms = torch.rand(len(generators), device=device)
+    for row, generator in enumerate(generators):
+        if generator is not None:
+            uniforms[row] = torch.rand(1, generator=generator, device=device)[0]
+    return uniforms
 
 
 def _with_logprobs(
