@@ -182,7 +182,7 @@ class EngineConfig:
     dtype: str = "float32"
     device: str = "cpu"
     # "fp8": quantize the q/k/v/o/gate/up/down projections of a BF16 checkpoint at load (FP8 weights
-    # per output channel, activations per token); lm_head and the last decoder layer stay in `dtype`
+    # per output channel, activations per token in two e4m3 terms); lm_head and the last decoder layer stay in `dtype`
     # (engine/fp8.py BF16_LAYERS_AT_LOAD says why). None: serve the checkpoint
     # as stored; a pre-quantized FP8 checkpoint (config.json quantization_config) is FP8 either way.
     quantization: str | None = None

@@ -11,6 +11,15 @@ The semantics, as a plain loop (what every path computes, up to fp32 summation o
 Per-token activation scales keep a request's numerics independent of its batch-mates, and
 per-channel weight scales keep small output channels out of e4m3's subnormal range.
 
+Two-term activations (`fp8_linear(..., two_term=True)`, quantize_per_token_two_term): each token is
+also quantized a second time, the residual r = x - sx * xq with its own per-token scale, and
+
+    y[t, n] = sw[n] * (sx[t] * sum_k xq[t, k] * Wq[n, k] + sr[t] * sum_k rq[t, k] * Wq[n, k])
+
+i.e. one GEMM over the 2T stacked rows [xq; rq] with row-wise scales [sx; sr], the two halves added in
+fp32 and rounded once. The activations then carry ~7 mantissa bits instead of 3; the weights are read
+once as before, so at decode (weight-bandwidth bound) it costs almost nothing, at prefill twice the FLOPs.
+
 On CUDA devices with FP8 tensor cores the product runs in `torch._scaled_mm` with row-wise
 scales (scale_a [T, 1], scale_b [1, N], both fp32 and contiguous; the activations row-major and the
 weight column-major, i.e. w_q.t()), which applies sx[t] * sw[n] in the GEMM epilogue. The torch
@@ -77,15 +86,29 @@ def quantize_per_token(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return quantize_with_scale(x, scale), scale
 
 
+def quantize_per_token_two_term(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [T, in] -> (x_q [2T, in] float8_e4m3fn, x_scale [2T, 1] fp32): rows 0..T-1 are quantize_per_token(x),
+    rows T..2T-1 quantize_per_token of what they missed (x - x_q[:T] * x_scale[:T], in fp32), so that
+    x ~= x_q[:T] * x_scale[:T] + x_q[T:] * x_scale[T:] with ~2^-4 of the one-term error."""
+    first_q, first_scale = quantize_per_token(x)
+    residual = x.float() - first_q.float() * first_scale
+    second_q, second_scale = quantize_per_token(residual)
+    return torch.cat([first_q, second_q]), torch.cat([first_scale, second_scale])
+
+
 def fp8_linear(
     x: torch.Tensor,  # [T, in] bf16 / fp16 / fp32
     w_q: torch.Tensor,  # [out, in] float8_e4m3fn
     w_scale: torch.Tensor,  # [out, 1] fp32
     input_scale: torch.Tensor | None = None,  # [1] fp32: a static activation scale; None = per token
+    two_term: bool = False,  # activations as two e4m3 terms per token (quantize_per_token_two_term)
 ) -> torch.Tensor:  # [T, out] in x.dtype
-    """y = x @ W.T with W = w_q * w_scale, x quantized to e4m3 per token (or with `input_scale`)."""
+    """y = x @ W.T with W = w_q * w_scale, x quantized to e4m3 per token (or with `input_scale`), or,
+    with `two_term`, to the sum of two e4m3 terms per token (see the module docstring)."""
     assert x.dim() == 2 and x.shape[1] == w_q.shape[1], f"fp8_linear: x {list(x.shape)} vs weight {list(w_q.shape)}"
     assert w_q.dtype == FP8_DTYPE and w_scale.shape == (w_q.shape[0], 1) and w_scale.dtype == torch.float32
+    if two_term:
+        return _fp8_linear_two_term(x, w_q, w_scale, input_scale)
     path = fp8_linear_path(x.device, x.shape[0], w_q.shape)
     if path == "triton_small_m":
         from loraloom.kernels.fp8_gemm import fp8_linear_small_m  # Triton: imported only where it runs
@@ -108,6 +131,22 @@ def fp8_linear(
     from loraloom.kernels.reference import fp8_scaled_mm
 
     return fp8_scaled_mm(x_q, x_scale, w_q, w_scale, x.dtype)
+
+
+def _fp8_linear_two_term(
+    x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, input_scale: torch.Tensor | None
+) -> torch.Tensor:
+    """Both terms' rows through the one-term fp8_linear as one [2T, in] batch with fp32 output, then
+    y = y[:T] + y[T:] rounded to x's dtype once. The rows go in dequantized (fp32 x_q * x_scale):
+    each row's largest value is 448 * its scale, so fp8_linear's per-token quantization, on whichever
+    path it runs, finds the same scale (to an fp32 ulp) and gives back the same e4m3 codes."""
+    if input_scale is not None:
+        raise ValueError("fp8_linear: two_term needs dynamic (per-token) activation scales, not a static input_scale")
+    tokens = x.shape[0]
+    x_q, x_scale = quantize_per_token_two_term(x)
+    rows = x_q.float().mul_(x_scale)  # [2T, in] fp32
+    out = fp8_linear(rows, w_q, w_scale)  # [2T, out] fp32
+    return (out[:tokens] + out[tokens:]).to(x.dtype)
 
 
 def fp8_linear_path(device: torch.device, tokens: int, weight_shape: torch.Size) -> str:

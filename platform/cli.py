@@ -102,7 +102,8 @@ def build_parser() -> argparse.ArgumentParser:
         choices=QUANTIZATION_METHODS,
         default=None,
         help="fp8: quantize the base model's linear layers to FP8 at load (weights per channel, activations "
-        "per token; lm_head and the last decoder layer stay unquantized, which halves the perplexity cost). "
+        "per token in two e4m3 terms; lm_head and the last decoder layer stay unquantized; on the bundled "
+        "model perplexity within 1%% of BF16). "
         "FP8 checkpoints (compressed-tensors) are FP8 without this flag",
     )
     serve.add_argument(

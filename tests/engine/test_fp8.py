@@ -14,7 +14,7 @@ from safetensors.torch import load_file, save_file
 
 from lora_factory import hf_base_model, make_peft_adapter
 from loraloom.engine.config import EngineConfig, ModelConfig
-from loraloom.engine.fp8 import BF16_LAYERS_AT_LOAD, Fp8Linear, quantize_model_fp8
+from loraloom.engine.fp8 import BF16_LAYERS_AT_LOAD, TWO_TERM_ACTIVATIONS_AT_LOAD, Fp8Linear, quantize_model_fp8
 from loraloom.engine.layers import Linear
 from loraloom.engine.loader import checkpoint_files, load_model
 from loraloom.engine.lora import LoRALinear, LoRASlotPool, attach_lora, build_sgmv_metadata, load_adapter_weights
@@ -28,6 +28,7 @@ from loraloom.kernels.fp8 import (
     fp8_gemm_available,
     fp8_linear,
     quantize_per_token,
+    quantize_per_token_two_term,
     quantize_weight_per_channel,
     quantize_with_scale,
 )
@@ -171,6 +172,56 @@ def test_fp8_gemm_error_is_within_the_e4m3_bound():
     assert relative.max() < 0.03 and relative.mean() > 1e-4  # and the values really were quantized
 
 
+def test_two_term_quantization_is_the_first_term_plus_the_quantized_residual():
+    x = rows_of_many_magnitudes(21, 96, seed=17, dtype=torch.bfloat16)
+    x[4] = 0  # a zero token: both terms zero, no NaN
+    x_q, x_scale = quantize_per_token_two_term(x)
+    assert x_q.dtype == torch.float8_e4m3fn and x_q.shape == (42, 96) and x_scale.shape == (42, 1)
+    first_q, first_scale = quantize_per_token(x)
+    assert torch.equal(x_q[:21].view(torch.uint8), first_q.view(torch.uint8)) and torch.equal(x_scale[:21], first_scale)
+    # The second term is the per-token quantization of the residual as fp32 computes it (x - q1 * s1,
+    # the product rounded to fp32 first: within 2^-24 of x of the exact residual).
+    residual = x.float() - first_q.float() * first_scale
+    _, residual_scale = fake_quantize_rows_fp64(residual)
+    torch.testing.assert_close(x_scale[21:].double(), residual_scale, rtol=2.0 ** -23, atol=0)
+    assert_equal_but_near_ties(x_q[21:], residual.double() / x_scale[21:].double())
+    # The sum carries e4m3's rounding of the residual only: 2^-4 of 2^-4 of each value (plus subnormals),
+    # against one term's 2^-4.
+    approx = first_q.double() * first_scale.double() + x_q[21:].double() * x_scale[21:].double()
+    error = (approx - x.double()).abs()
+    # (A value in the first term's subnormals leaves a residual up to 2^-10 s1, rounded to 2^-4 of that.)
+    bound = ((HALF_ULP ** 2 + 2.0 ** -22) * x.double().abs() + HALF_ULP * SUBNORMAL_HALF_STEP * first_scale.double()
+             + SUBNORMAL_HALF_STEP * x_scale[21:].double())
+    assert (error <= bound).all()
+    one_term_error = (first_q.double() * first_scale.double() - x.double()).abs()
+    assert error.sum() < one_term_error.sum() / 8
+    assert torch.isfinite(approx).all() and not approx[4].any()
+
+
+def test_two_term_fp8_linear_equals_fp64_matmul_and_cuts_the_activation_error():
+    x = rows_of_many_magnitudes(19, 128, seed=18, dtype=torch.bfloat16)
+    weight = rows_of_many_magnitudes(40, 128, seed=19)
+    w_q, w_scale = quantize_weight_per_channel(weight)
+    w_deq = w_q.double() * w_scale.double()
+    x_q, x_scale = quantize_per_token_two_term(x)
+    x_deq = x_q[:19].double() * x_scale[:19].double() + x_q[19:].double() * x_scale[19:].double()
+    out = fp8_linear(x, w_q, w_scale, two_term=True)
+    assert out.dtype == torch.bfloat16 and out.shape == (19, 40)
+    expected = x_deq @ w_deq.T
+    # The two halves are added in fp32 and rounded to bf16 once: within one bf16 rounding (plus fp32 sums).
+    magnitude = x.double().abs() @ w_deq.abs().T
+    assert ((out.double() - expected).abs() <= 2.0 ** -8 * expected.abs() + 1e-6 * magnitude).all()
+    # Against the weights' own product (the activations' error only), two terms beat one by far.
+    exact = x.double() @ w_deq.T
+    one_term = fp8_linear(x.float(), w_q, w_scale).double()
+    two_term = fp8_linear(x.float(), w_q, w_scale, two_term=True).double()
+    assert (two_term - exact).norm() < (one_term - exact).norm() / 8
+    with pytest.raises(ValueError, match="two_term needs dynamic"):
+        fp8_linear(x, w_q, w_scale, torch.tensor([0.1]), two_term=True)
+    with pytest.raises(ValueError, match="two-term activations are quantized per token"):
+        Fp8Linear(128, (40,), static_input_scale=True, device="cpu", two_term_activations=True)
+
+
 def test_zero_rows_and_columns_give_zeros_not_nan():
     x = rows_of_many_magnitudes(6, 32, seed=7)
     weight = rows_of_many_magnitudes(16, 32, seed=8)
@@ -213,6 +264,18 @@ def test_fp8_linear_on_cuda_equals_the_reference(static, tokens):
     expected = fp8_scaled_mm(x_q, x_scale, w_q, w_scale, torch.float32)
     assert out.dtype == torch.bfloat16
     torch.testing.assert_close(out.float(), expected, rtol=2.0 ** -7, atol=1e-3 * expected.abs().max().item())
+
+@pytest.mark.skipif(not (torch.cuda.is_available() and fp8_gemm_available(None)),
+                    reason="needs a CUDA device with FP8 GEMMs (compute capability >= 8.9)")
+@pytest.mark.parametrize("tokens", [3, 37], ids=["small_m_kernel", "quant_kernel_and_scaled_mm"])
+def test_two_term_fp8_linear_on_cuda_equals_the_cpu_reference(tokens):
+    x = (torch.randn(tokens, 256, generator=torch.Generator().manual_seed(11)) * 3).to(torch.bfloat16)
+    weight = rows_of_many_magnitudes(384, 256, seed=12).to(torch.bfloat16)
+    w_q, w_scale = quantize_weight_per_channel(weight)
+    expected = fp8_linear(x, w_q, w_scale, two_term=True).float()  # the CPU reference path
+    out = fp8_linear(x.cuda(), w_q.cuda(), w_scale.cuda(), two_term=True)
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.float().cpu(), expected, rtol=2.0 ** -7, atol=1e-3 * expected.abs().max().item())
 
 
 def test_fp8_linear_picks_triton_on_fp8_cuda_devices_and_the_reference_elsewhere(monkeypatch):
@@ -276,14 +339,14 @@ def perplexity(model, tokens: torch.Tensor, dtype: torch.dtype) -> float:
     return math.exp(total_nll / predicted)
 
 
-# The issue asks for FP8 within 1% of BF16. Measured on these 20,480 tokens (bf16 16.027): all layers
-# in FP8 x1.026; the recipe of quantize_model_fp8 (last decoder layer in BF16, engine/fp8.py
-# BF16_LAYERS_AT_LOAD says why and what else was tried) x1.0126, with ~0.4% of rounding noise between
-# equivalent variants. This test fails until a recipe meets the bound with margin (issue 5 is open on it).
+# The issue asks for FP8 within 1% of BF16. Measured on these 20,480 tokens (bf16 16.024): the recipe of
+# quantize_model_fp8 (two-term per-token activations, last decoder layer in BF16; engine/fp8.py
+# BF16_LAYERS_AT_LOAD says why and what else was tried) x1.0001; before it, all layers one-term FP8
+# x1.026, one-term with the last layer in BF16 x1.0126 (~0.4% of rounding noise between equivalent variants).
 PERPLEXITY_RATIO_BOUND = 1.01
 
 
-@pytest.mark.slow  # fails by design for now (see above); ~17 min of a loaded 2-core machine: `make test-slow`
+@pytest.mark.slow  # 23 min on a 2-core machine shared with other jobs (load ~5): `make test-slow`
 def test_fp8_perplexity_within_one_percent_of_bf16(model_dir):
     # Both models run in bfloat16 (the issue's reference, and on CPUs with bf16 instructions ~2x faster
     # than fp32 here); the FP8 one differs only in the projections quantize_model_fp8 converts, whose
@@ -303,7 +366,7 @@ def test_fp8_perplexity_within_one_percent_of_bf16(model_dir):
 def test_quantize_model_fp8_replaces_the_projections_only(tiny_llama_dir):
     original = load_model(tiny_llama_dir, torch.bfloat16, "cpu")
     model = load_model(tiny_llama_dir, torch.bfloat16, "cpu", quantize_to_fp8=True)
-    assert BF16_LAYERS_AT_LOAD == (-1,)
+    assert BF16_LAYERS_AT_LOAD == (-1,) and TWO_TERM_ACTIVATIONS_AT_LOAD
     for index, (before, after) in enumerate(zip(original.layers, model.layers)):
         for block, name in (("self_attn", "qkv_proj"), ("self_attn", "o_proj"), ("mlp", "gate_up_proj"),
                             ("mlp", "down_proj")):
@@ -312,6 +375,7 @@ def test_quantize_model_fp8_replaces_the_projections_only(tiny_llama_dir):
                 assert type(fp8) is Linear and torch.equal(fp8.weight, linear.weight)
                 continue
             assert type(fp8) is Fp8Linear and fp8.weight.dtype == torch.float8_e4m3fn and fp8.input_scale is None
+            assert fp8.two_term_activations
             assert (fp8.in_features, fp8.slice_sizes) == (linear.in_features, linear.slice_sizes)
             # Each weight moves by at most half an e4m3 step of its own channel's scale.
             weight = linear.weight.double()
@@ -450,7 +514,8 @@ def test_channel_checkpoint_loads_like_quantizing_at_load(tiny_llama_dir, channe
     assert (config.quantization.weight_strategy, config.quantization.static_input_scale) == ("channel", False)
     loaded = load_model(channel_checkpoint, torch.bfloat16, "cpu")
     quantized = load_model(tiny_llama_dir, torch.bfloat16, "cpu")
-    quantize_model_fp8(quantized, bf16_layers=())  # the export quantizes every layer
+    # The export quantizes every layer, and its activations one term per token, as it declares.
+    quantize_model_fp8(quantized, bf16_layers=(), two_term_activations=False)
     loaded_state, quantized_state = loaded.state_dict(), quantized.state_dict()
     assert loaded_state.keys() == quantized_state.keys()
     assert any(name.endswith("qkv_proj.weight_scale") for name in loaded_state)
