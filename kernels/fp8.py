@@ -137,16 +137,28 @@ def _fp8_linear_two_term(
     x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, input_scale: torch.Tensor | None
 ) -> torch.Tensor:
     """Both terms' rows through the one-term fp8_linear as one [2T, in] batch with fp32 output, then
-    y = y[:T] + y[T:] rounded to x's dtype once. The rows go in dequantized (fp32 x_q * x_scale):
-    each row's largest value is 448 * its scale, so fp8_linear's per-token quantization, on whichever
-    path it runs, finds the same scale (to an fp32 ulp) and gives back the same e4m3 codes."""
+    y = y[:T] + y[T:] rounded to x's dtype once. The rows go in dequantized (two_term_rows): each
+    row's largest value is 448 * its scale, so fp8_linear's per-token quantization, on whichever
+    path it runs, finds the same scale (to an fp32 ulp) and gives back the same e4m3 codes; so
+    every GEMM path serves two-term activations unchanged."""
     if input_scale is not None:
         raise ValueError("fp8_linear: two_term needs dynamic (per-token) activation scales, not a static input_scale")
     tokens = x.shape[0]
-    x_q, x_scale = quantize_per_token_two_term(x)
-    rows = x_q.float().mul_(x_scale)  # [2T, in] fp32
+    if x.device.type == "cuda" and _triton_available():
+        from loraloom.kernels.fp8_quant import two_term_rows_triton
+
+        rows = two_term_rows_triton(x.contiguous())  # one launch instead of about a dozen torch ops
+    else:
+        rows = two_term_rows(x)
     out = fp8_linear(rows, w_q, w_scale)  # [2T, out] fp32
     return (out[:tokens] + out[tokens:]).to(x.dtype)
+
+
+def two_term_rows(x: torch.Tensor) -> torch.Tensor:  # [T, in] -> [2T, in] fp32
+    """The two terms of quantize_per_token_two_term, dequantized: rows 0..T-1 are x_q1 * s1, rows T..2T-1
+    x_q2 * s2 (their sum approximates x with ~2^-4 of the one-term error)."""
+    x_q, x_scale = quantize_per_token_two_term(x)
+    return x_q.float().mul_(x_scale)
 
 
 def fp8_linear_path(device: torch.device, tokens: int, weight_shape: torch.Size) -> str:

@@ -120,6 +120,51 @@ def quantize_per_token_triton(
     return x_q, scale
 
 
+@triton.jit
+def _two_term_rows_kernel(
+    x_ptr, out_ptr, K, num_rows, stride_x_row, stride_out_row, BLOCK_K: tl.constexpr,
+):
+    """One program per row t: out[t] = q1 * s1 and out[num_rows + t] = q2 * s2 (fp32), where q1, s1 quantize
+    x[t] per token and q2, s2 quantize its residual x[t] - q1 * s1. Three passes over the row: its |max|,
+    the residual's |max|, the writes (the row is re-read from L1/L2)."""
+    row = tl.program_id(0).to(tl.int64)
+    x_row = x_ptr + row * stride_x_row
+    amax = tl.zeros([BLOCK_K], dtype=tl.float32)
+    for k in range(0, K, BLOCK_K):
+        offs = k + tl.arange(0, BLOCK_K)
+        x = tl.load(x_row + offs, mask=offs < K, other=0.0)
+        amax = tl.maximum(amax, tl.abs(x.to(tl.float32)))
+    first_scale = scale_from_amax(tl.max(amax, axis=0))
+    residual_amax = tl.zeros([BLOCK_K], dtype=tl.float32)
+    for k in range(0, K, BLOCK_K):
+        offs = k + tl.arange(0, BLOCK_K)
+        x = tl.load(x_row + offs, mask=offs < K, other=0.0).to(tl.float32)
+        first = quantize_to_e4m3(x, first_scale).to(tl.float32) * first_scale
+        residual_amax = tl.maximum(residual_amax, tl.abs(x - first))
+    second_scale = scale_from_amax(tl.max(residual_amax, axis=0))
+    for k in range(0, K, BLOCK_K):
+        offs = k + tl.arange(0, BLOCK_K)
+        mask = offs < K
+        x = tl.load(x_row + offs, mask=mask, other=0.0).to(tl.float32)
+        first = quantize_to_e4m3(x, first_scale).to(tl.float32) * first_scale
+        second = quantize_to_e4m3(x - first, second_scale).to(tl.float32) * second_scale
+        tl.store(out_ptr + row * stride_out_row + offs, first, mask=mask)
+        tl.store(out_ptr + (num_rows + row) * stride_out_row + offs, second, mask=mask)
+
+
+def two_term_rows_triton(x: torch.Tensor) -> torch.Tensor:  # [T, K] -> [2T, K] fp32
+    """kernels/fp8.py two_term_rows in one launch (graph-capturable: the grid is the row count)."""
+    if x.dim() != 2 or x.stride(1) != 1:
+        raise ValueError(f"two_term_rows_triton: x must be 2-D with unit stride along K, got shape "
+                         f"{list(x.shape)} stride {list(x.stride())}; pass x.contiguous()")
+    rows, k = x.shape
+    out = torch.empty(2 * rows, k, dtype=torch.float32, device=x.device)
+    if rows:
+        _two_term_rows_kernel[(rows,)](x, out, k, rows, x.stride(0), out.stride(0),
+                                       BLOCK_K=QUANT_BLOCK_K, num_warps=QUANT_NUM_WARPS)
+    return out
+
+
 # The jit helpers spell these constants out (a jit function sees only constexpr globals); keep
 # them tied to the Python values they copy.
 assert FP8_MAX == 448.0 and MIN_AMAX == 1e-12 and _SMALLEST_NORMAL == 0.015625

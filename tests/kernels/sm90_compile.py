@@ -92,13 +92,14 @@ def compile_norms(dtype: torch.dtype, hidden: int) -> None:
 
 
 def compile_fp8(dtype: torch.dtype) -> None:
-    """The per-token quantization (dynamic and static scale), and the small-M GEMM at 1 and 32 tokens
+    """The per-token quantization (dynamic and static scale), the two-term rows, and the small-M GEMM at 1 and 32 tokens
     on Llama-3.1-8B's o_proj (split-K + reduce) and gate_up (one launch), dynamic and static, and
     once with the quantization kernel first instead of fused."""
     x = torch.zeros(32, 4096, dtype=dtype)
     static_scale = torch.ones(1)
     fp8_quant.quantize_per_token_triton(x)
     fp8_quant.quantize_per_token_triton(x, static_scale)
+    fp8_quant.two_term_rows_triton(x)
     for n in (4096, 28672):
         w_q, w_scale = torch.zeros(n, 4096, dtype=FP8_DTYPE), torch.ones(n, 1)
         for tokens in (1, 32):

@@ -12,7 +12,8 @@ SCRIPT = Path(__file__).with_name("sm90_compile.py")
 KERNELS = ["_sgmv_shrink_kernel", "_sgmv_shrink_reduce_kernel", "_sgmv_expand_kernel",
            "_write_kv_cache_kernel", "_paged_attention_kernel", "_paged_decode_kernel",
            "_paged_decode_combine_kernel", "_rms_norm_kernel", "_rotary_write_kv_cache_kernel",
-           "_quantize_per_token_kernel", "_fp8_small_m_kernel", "_fp8_split_k_reduce_kernel"]
+           "_quantize_per_token_kernel", "_two_term_rows_kernel", "_fp8_small_m_kernel",
+           "_fp8_split_k_reduce_kernel"]
 
 
 def test_kernels_compile_for_sm90(tmp_path: Path) -> None:
@@ -28,6 +29,6 @@ def test_kernels_compile_for_sm90(tmp_path: Path) -> None:
     # Two dtypes x (SGMV: shrink direct, shrink split + reduce, expand = 4; attention: kv write,
     # rotary write, prefill, decode, split decode + combine = 6, once with a cache in the activation
     # dtype and once with an FP8 cache = 12; rms_norm + fused add = 2; FP8: the per-token
-    # quantization (dynamic, static, quantize-first launches) and the small-M GEMM with its split-K
-    # reduce over the o_proj / gate_up configs = 16), plus group-3 attention (6).
-    assert len(compiled) == 2 * (4 + 12 + 2 + 16) + 6
+    # quantization (dynamic, static, quantize-first launches), the two-term rows, and the small-M GEMM
+    # with its split-K reduce over the o_proj / gate_up configs = 17), plus group-3 attention (6).
+    assert len(compiled) == 2 * (4 + 12 + 2 + 17) + 6

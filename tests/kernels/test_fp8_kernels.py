@@ -11,9 +11,10 @@ from loraloom.kernels.fp8 import (
     quantize_per_token,
     quantize_weight_per_channel,
     quantize_with_scale,
+    two_term_rows,
 )
 from loraloom.kernels.fp8_gemm import SmallMConfig, auto_split_k, default_config, fp8_linear_small_m
-from loraloom.kernels.fp8_quant import quantize_per_token_triton
+from loraloom.kernels.fp8_quant import quantize_per_token_triton, two_term_rows_triton
 from loraloom.kernels.reference import fp8_scaled_mm
 
 
@@ -42,6 +43,18 @@ def test_quantize_kernel_equals_quantize_per_token_bitwise(dtype):
     assert x_q.dtype == FP8_DTYPE and scale.shape == (7, 1)
     assert torch.equal(scale, expected_scale)
     assert torch.equal(codes(x_q), codes(expected_q))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_two_term_kernel_equals_two_term_rows_bitwise(dtype):
+    x = hard_rows(dtype)
+    rows = two_term_rows_triton(x)
+    assert rows.shape == (14, 1100) and rows.dtype == torch.float32
+    assert torch.equal(rows, two_term_rows(x))
+    # The second term is the first one's rounding error, so the pair is ~16x closer to x than the first alone.
+    x64 = x.double()
+    one_term, pair = (rows[:7].double() - x64).norm(), (rows[:7].double() + rows[7:].double() - x64).norm()
+    assert pair * 8 < one_term
 
 
 def test_quantize_kernel_with_a_static_scale_equals_quantize_with_scale():
