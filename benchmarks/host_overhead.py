@@ -17,7 +17,7 @@ measured steps and prints median milliseconds per phase:
     host         step wall time minus the model: the figure the 1 ms target is about
 
     python benchmarks/host_overhead.py [--requests 256] [--adapters 64] [--steps 30] [--device cpu]
-                                       [--clock thread] [--tokenizer-dir DIR]
+                                       [--clock thread] [--stub-vocab N] [--tokenizer-dir DIR]
 
 --tokenizer-dir defaults to the bundled model's cache directory (imported on first use); a
 directory holding just its tokenizer.json and tokenizer_config.json is enough.
@@ -26,6 +26,11 @@ directory holding just its tokenizer.json and tokenizer_config.json is enough.
 on a shared, oversubscribed machine wall-time phases absorb whole scheduler time slices,
 while thread CPU time stays comparable between runs. It leaves out work done on other
 threads (torch's intra-op pool), so wall time is the figure to report on a quiet machine.
+
+`--stub-vocab N` makes the stub's logits N wide instead of the model's vocabulary (its tokens then
+come from the first N ids). On a CPU the argmax over 256 x 49,152 fp32 logits is device work that a
+GPU does (only ids come back), yet here it costs ~5 ms of "sample" and evicts the caches that the
+host phases then refill; a narrow stub leaves the host phases to be measured as a GPU host runs them.
 """
 from __future__ import annotations
 
@@ -146,8 +151,8 @@ def run_scenario(engine: LLMEngine, name: str, requests: int, adapters: list[Ada
     return {phase: statistics.median(values) * 1000 for phase, values in samples.items()} | {"running": running}
 
 
-def build_engine(tokenizer_dir: Path, requests: int, num_adapters: int,
-                 device: str) -> tuple[LLMEngine, list[AdapterHandle]]:
+def build_engine(tokenizer_dir: Path, requests: int, num_adapters: int, device: str,
+                 stub_vocab: int | None = None) -> tuple[LLMEngine, list[AdapterHandle]]:
     model_config = SMOLLM2_135M
     root = Path(tempfile.mkdtemp(prefix="host_overhead_"))
     # One adapter file, many keys: the engine treats each key as a distinct adapter (own slot,
@@ -159,9 +164,10 @@ def build_engine(tokenizer_dir: Path, requests: int, num_adapters: int,
                           max_num_batched_tokens=max(2048, requests * 16), num_kv_blocks=requests * 8)
     model = random_model(model_config, getattr(torch, dtype), device, seed=0)
     engine = LLMEngine.from_model(model, config, Tokenizer.from_dir(tokenizer_dir))
-    text_tokens = engine.tokenizer.encode(SAMPLE_TEXT, add_special_tokens=False)
-    engine.runner.model = StubModel(engine.model_config.hidden_size, engine.model_config.vocab_size,
-                                    text_tokens, requests, engine.runner.device)
+    vocab = stub_vocab or engine.model_config.vocab_size
+    text_tokens = [token % vocab for token in engine.tokenizer.encode(SAMPLE_TEXT, add_special_tokens=False)]
+    engine.runner.model = StubModel(engine.model_config.hidden_size, vocab, text_tokens, requests,
+                                    engine.runner.device)
     return engine, adapters
 
 
@@ -190,6 +196,8 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--scenarios", default="greedy,greedy+stop,mixed")
     parser.add_argument("--clock", choices=("wall", "thread"), default="wall")
+    parser.add_argument("--stub-vocab", type=int, default=None,
+                        help="width of the stub's logits (default: the model's vocabulary)")
     parser.add_argument("--tokenizer-dir", type=Path, default=None)
     args = parser.parse_args()
     torch.manual_seed(0)
@@ -197,9 +205,10 @@ def main() -> None:
         from loraloom.engine.bundled import import_bundled
 
         args.tokenizer_dir = import_bundled()
-    engine, adapters = build_engine(args.tokenizer_dir, args.requests, args.adapters, args.device)
+    engine, adapters = build_engine(args.tokenizer_dir, args.requests, args.adapters, args.device, args.stub_vocab)
     print(f"decode step host overhead, median ms over {args.steps} steps, {args.requests} requests over "
-          f"{args.adapters} adapters, device {args.device}, {args.clock} clock, torch {torch.__version__}")
+          f"{args.adapters} adapters, device {args.device}, {args.clock} clock, stub logits "
+          f"{args.stub_vocab or engine.model_config.vocab_size} wide, torch {torch.__version__}")
     print(f"{'scenario':<12} {'running':>7} " + " ".join(f"{phase:>11}" for phase in PHASES))
     with engine_clock(args.clock):
         for name in args.scenarios.split(","):

@@ -227,59 +227,66 @@ class LLMEngine:
             return []
         for slot, adapter in step.adapter_loads:  # rare, and timed by nobody: a copy into a GPU slot
             self.runner.load_adapter(slot, self.adapter_cache.get(adapter))
-        sampled_requests = [item.request for item in step.scheduled if item.sample]
         sampled = self.runner.execute(step, self._generators, timings)
         executed = time.perf_counter()
         token_ids = [] if sampled is None else sampled.token_ids
         self.scheduler.update_after_step(step, token_ids)
-        outputs = [
-            self._process_token(request, token, sampled, row)
-            for row, (request, token) in enumerate(zip(sampled_requests, token_ids))
-        ]
+        outputs = self._outputs(step.sampled_requests, token_ids, sampled)
         self.generation_tokens_total += len(outputs)
         timings.postprocess_s = time.perf_counter() - executed
         self.last_step_timings = timings
         return outputs
 
-    def _process_token(self, request: Request, token: int, sampled, row: int) -> RequestOutput:
-        """The request's output for its newly sampled `token`; finishes the request on a stop.
+    def _outputs(self, requests: list[Request], token_ids: list[int], sampled) -> list[RequestOutput]:
+        """Each request's output for its newly sampled token; finishes the requests that stopped.
 
-        Runs once per running request per step: the common case (no stop strings, no logprobs)
-        is a set lookup and one RequestOutput, with its text left for whoever reads it.
+        The loop runs once per running request per step, so the common case (no stop strings, no
+        logprobs) is a set lookup and one RequestOutput, its text left for whoever reads it.
         """
-        request_id = request.request_id
-        tracked = self._tracked[request_id]
-        num_output_tokens = len(request.output_token_ids)
-        finish_reason = tracked.token_stops.check(token, num_output_tokens)
-        text = None
-        if tracked.stops is not None:
-            text = tracked.detokenizer.step(token)
+        outputs = []
+        tracked_of = self._tracked
+        for row, (request, token) in enumerate(zip(requests, token_ids)):
+            tracked = tracked_of[request.request_id]
+            num_output_tokens = len(request.output_token_ids)
+            finish_reason = tracked.token_stops.check(token, num_output_tokens)
+            if tracked.stops is not None:
+                text, finish_reason = self._text_until_stop(tracked, token, finish_reason)
+            else:
+                text = None if tracked.deferred is not None else ""  # "": no tokenizer, token ids only
             if finish_reason is not None:
-                text += tracked.detokenizer.flush()
-            text, hit_stop_string = tracked.stops.feed(text)
-            if hit_stop_string:
-                finish_reason = "stop"
-            elif finish_reason is not None:
-                text += tracked.stops.flush()
-        elif tracked.deferred is None:
-            text = ""  # no tokenizer: token ids only
+                self._finish(request, finish_reason)
+            outputs.append(RequestOutput(
+                request.request_id,
+                [token],
+                None if request.sampling_params.logprobs is None else self._logprobs(token, sampled, row),
+                finish_reason is not None,
+                finish_reason,
+                len(request.prompt_token_ids),
+                num_output_tokens,
+                request.num_cached_tokens,
+                text,
+                tracked.deferred,
+            ))
+        return outputs
+
+    @staticmethod
+    def _text_until_stop(tracked: _Tracked, token: int, finish_reason: str | None) -> tuple[str, str | None]:
+        """The text `token` adds for a request with stop strings, cut at a stop string, and the finish reason."""
+        text = tracked.detokenizer.step(token)
         if finish_reason is not None:
-            status = RequestStatus.FINISHED_LENGTH if finish_reason == "length" else RequestStatus.FINISHED_STOPPED
-            self.scheduler.finish_request(request_id, status)
-            del self._tracked[request_id]
-            self._generators.pop(request_id, None)
-        return RequestOutput(
-            request_id,
-            [token],
-            None if request.sampling_params.logprobs is None else self._logprobs(token, sampled, row),
-            finish_reason is not None,
-            finish_reason,
-            len(request.prompt_token_ids),
-            num_output_tokens,
-            request.num_cached_tokens,
-            text,
-            tracked.deferred,
-        )
+            text += tracked.detokenizer.flush()
+        text, hit_stop_string = tracked.stops.feed(text)
+        if hit_stop_string:
+            return text, "stop"
+        if finish_reason is not None:
+            text += tracked.stops.flush()
+        return text, finish_reason
+
+    def _finish(self, request: Request, finish_reason: str) -> None:
+        status = RequestStatus.FINISHED_LENGTH if finish_reason == "length" else RequestStatus.FINISHED_STOPPED
+        self.scheduler.finish_request(request.request_id, status)
+        del self._tracked[request.request_id]
+        self._generators.pop(request.request_id, None)
 
     def _logprobs(self, token: int, sampled, row: int) -> list[TokenLogprob]:
         top = sampled.top_logprobs[row] or []

@@ -116,7 +116,7 @@ class ModelRunner:
         computed = time.perf_counter()
         sampled = None
         if logits is not None:
-            requests = [item.request for item in step.scheduled if item.sample]
+            requests = step.sampled_requests
             # Only seeded requests own a generator; most steps have none to look up.
             request_generators = ([generators.get(request.request_id) for request in requests] if generators
                                   else [None] * len(requests))

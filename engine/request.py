@@ -63,7 +63,7 @@ class RequestStatus(enum.Enum):
 _arrival_counter = itertools.count()
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True)
 class Request:
     request_id: str
     prompt_token_ids: list[int]

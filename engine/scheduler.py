@@ -35,6 +35,7 @@ from __future__ import annotations
 import bisect
 from collections import Counter
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 
@@ -64,6 +65,11 @@ class SchedulerOutput:
     num_batched_tokens: int
     # Row request.block_row holds each scheduled request's block ids, zero-padded (engine/block_rows.py).
     block_table: np.ndarray
+
+    @cached_property
+    def sampled_requests(self) -> list[Request]:
+        """The scheduled requests with sample=True, in scheduled order: one sampled token each."""
+        return [item.request for item in self.scheduled if item.sample]
 
 
 def _arrival(request: Request) -> int:
@@ -145,17 +151,20 @@ class Scheduler:
         # fields directly, and asks the block manager only when the request's blocks are full.
         block_size = self.block_manager.block_size
         running = self._running
-        while index < len(running) and budget > 0:
+        num_running = len(running)
+        while index < num_running and budget > 0:
             request = running[index]
-            num_younger = len(running) - index - 1
-            num_tokens = len(request.prompt_token_ids) + len(request.output_token_ids)
-            num_new = min(num_tokens - request.num_computed_tokens, max(1, budget - num_younger))
-            if (request.num_computed_tokens + num_new > len(request.block_ids) * block_size
-                    and not self.block_manager.ensure_capacity(request, num_new)
-                    and not self._make_room(request, num_new, preempted)):
-                break  # it preempted itself, so it was the youngest: nobody is left after it
-            scheduled.append(ScheduledRequest(request, num_new, request.adapter_slot,
-                                              request.num_computed_tokens + num_new == num_tokens))
+            computed = request.num_computed_tokens
+            remaining = len(request.prompt_token_ids) + len(request.output_token_ids) - computed
+            cap = budget - (num_running - index - 1)  # leave one token for each younger request
+            num_new = remaining if remaining <= cap else (cap if cap > 1 else 1)
+            if computed + num_new > len(request.block_ids) * block_size:
+                if not self.block_manager.ensure_capacity(request, num_new):
+                    made_room = self._make_room(request, num_new, preempted)
+                    num_running = len(running)
+                    if not made_room:
+                        break  # it preempted itself, so it was the youngest: nobody is left after it
+            scheduled.append(ScheduledRequest(request, num_new, request.adapter_slot, num_new == remaining))
             budget -= num_new
             index += 1
 
@@ -177,23 +186,26 @@ class Scheduler:
 
         `sampled_token_ids` holds one token per scheduled request with `sample=True`, in scheduled order.
         """
-        num_sampled = sum(1 for item in output.scheduled if item.sample)
+        num_sampled = len(output.sampled_requests)
         if len(sampled_token_ids) != num_sampled:
             raise ValueError(f"sampled_token_ids: got {len(sampled_token_ids)} tokens for the {num_sampled} "
                              "requests this step scheduled with sample=True; pass one per request, in order")
         block_size = self.block_manager.block_size
-        tokens = iter(sampled_token_ids)
+        requests = self._requests
+        sampled_index = 0
         for item in output.scheduled:
             request = item.request
-            token = next(tokens) if item.sample else None
-            if self._requests.get(request.request_id) is not request:
+            if requests.get(request.request_id) is not request:
+                sampled_index += item.sample
                 continue  # aborted between schedule() and now; its blocks are already freed
             computed = request.num_computed_tokens
-            request.num_computed_tokens = computed + item.num_new_tokens
-            if (computed + item.num_new_tokens) // block_size != computed // block_size:
+            now_computed = computed + item.num_new_tokens
+            request.num_computed_tokens = now_computed
+            if now_computed // block_size != computed // block_size:
                 self.block_manager.commit(request)  # a block became full: register its prefix hash
-            if token is not None:
-                request.output_token_ids.append(token)
+            if item.sample:
+                request.output_token_ids.append(sampled_token_ids[sampled_index])
+                sampled_index += 1
 
     # -------------------------------------------------------------- internals
     def _admit_waiting(self, budget: int, scheduled: list[ScheduledRequest],
