@@ -65,6 +65,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         help="the CPU mode: the bundled model's shape and small sizes, on the CPU")
     parser.add_argument("--quantization", choices=("none", "fp8"),
                         help="base model quantization (default: fp8 on CUDA, none on CPU)")
+    parser.add_argument("--fp8-activation-terms", type=int, choices=(1, 2), default=2,
+                        help="with fp8: e4m3 terms per token of the projections' activations (EngineConfig)")
     parser.add_argument("--scenarios", default=",".join(SCENARIOS),
                         help=f"comma-separated subset of {','.join(SCENARIOS)} (checks and ceilings always run)")
     parser.add_argument("--json", type=Path, help="also write the table and run metadata to this JSON file")
@@ -171,7 +173,8 @@ def main(argv: list[str] | None = None) -> int:
         "torch": torch.__version__,
         "model": f"{model_name} shape, {model_config.num_layers} layers, random weights",
         "dtype": str(dtype).removeprefix("torch."),
-        "quantization": quantization,
+        "quantization": (quantization if quantization == "none"
+                         else f"{quantization} ({args.fp8_activation_terms}-term activations)"),
         "kernels": backend.name,
         "seed": args.seed,
     }
@@ -195,6 +198,7 @@ def main(argv: list[str] | None = None) -> int:
                 device=device,
                 dtype=dtype,
                 quantization=None if quantization == "none" else quantization,
+                fp8_activation_terms=args.fp8_activation_terms,
                 seed=args.seed,
                 ceilings=ceilings,
                 adapters=AdapterStore(Path(adapter_root), model_config, dtype, device, args.seed),

@@ -63,7 +63,8 @@ class LLMEngine:
         """Serve the Hugging Face checkpoint in `model_dir` (config.json, safetensors weights, tokenizer)."""
         device = torch.device(config.device)
         model = load_model(model_dir, getattr(torch, config.dtype), device, get_backend(device),
-                           quantize_to_fp8=config.quantization == "fp8")
+                           quantize_to_fp8=config.quantization == "fp8",
+                           fp8_activation_terms=config.fp8_activation_terms)
         self._setup(model, config, Tokenizer.from_dir(model_dir), adapter_fetch, Path(model_dir))
 
     @classmethod
@@ -87,7 +88,7 @@ class LLMEngine:
                 f"dtype={config.dtype!r} on device={config.device!r}; build the model in the config's dtype and device"
             )
         if config.quantization == "fp8":
-            quantize_model_fp8(model)
+            quantize_model_fp8(model, two_term_activations=config.fp8_activation_terms == 2)
         engine = cls.__new__(cls)  # __init__ is the checkpoint path; both paths end in _setup
         engine._setup(model, config, tokenizer, adapter_fetch, model_dir=None)
         return engine

@@ -105,7 +105,7 @@ class Fp8Linear(Linear):
 # read is the cost and the extra rows ride in the same (16-row padded) tile, ~free; at prefill the
 # projections' FP8 FLOPs double, i.e. BF16-like tensor-core time for the GEMMs.
 BF16_LAYERS_AT_LOAD: tuple[int, ...] = (-1,)
-TWO_TERM_ACTIVATIONS_AT_LOAD = True
+TWO_TERM_ACTIVATIONS_AT_LOAD = True  # EngineConfig.fp8_activation_terms (default 2) chooses per engine
 
 
 def quantize_model_fp8(

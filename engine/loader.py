@@ -144,11 +144,13 @@ def load_model(
     device: torch.device | str,
     attention: KernelBackend = REFERENCE_BACKEND,
     quantize_to_fp8: bool = False,
+    fp8_activation_terms: int = 2,
 ) -> LlamaModel:
     """A LlamaModel built from model_dir/config.json, with the checkpoint's weights cast to `dtype`.
 
     An FP8 checkpoint (config.json quantization_config) loads its projections as FP8 as stored;
-    `quantize_to_fp8` quantizes an unquantized checkpoint's projections at load (engine/fp8.py).
+    `quantize_to_fp8` quantizes an unquantized checkpoint's projections at load (engine/fp8.py), their
+    activations in `fp8_activation_terms` e4m3 terms per token.
     """
     config = ModelConfig.from_dir(model_dir)
     weights = load_weights(model_dir, config)
@@ -160,5 +162,5 @@ def load_model(
     if kv_scales:
         set_kv_cache_scales(model, kv_scales)
     if quantize_to_fp8 and config.quantization is None:
-        quantize_model_fp8(model)
+        quantize_model_fp8(model, two_term_activations=fp8_activation_terms == 2)
     return model.eval()

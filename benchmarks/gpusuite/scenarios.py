@@ -87,6 +87,7 @@ class Setup:
     device: torch.device
     dtype: torch.dtype
     quantization: str | None
+    fp8_activation_terms: int
     seed: int
     ceilings: Ceilings
     adapters: AdapterStore
@@ -112,6 +113,7 @@ def build_engine(setup: Setup, *, max_loras: int, max_lora_rank: int, max_num_se
         dtype=str(setup.dtype).removeprefix("torch."),
         device=str(setup.device),
         quantization=setup.quantization,
+        fp8_activation_terms=setup.fp8_activation_terms,
     )
     model = random_model(setup.model_config, setup.dtype, setup.device, setup.seed, get_backend(setup.device))
     engine = LLMEngine.from_model(model, config)

@@ -72,11 +72,13 @@ def test_from_model_refuses_a_model_of_another_dtype() -> None:
         LLMEngine.from_model(random_model(TINY, torch.float32, "cpu", seed=0), EngineConfig(dtype="bfloat16"))
 
 
-def test_from_model_applies_fp8_quantization() -> None:
-    engine = LLMEngine.from_model(random_model(TINY, torch.float32, "cpu", seed=0), EngineConfig(quantization="fp8"))
+@pytest.mark.parametrize("terms", [1, 2])
+def test_from_model_applies_fp8_quantization(terms) -> None:
+    config = EngineConfig(quantization="fp8", fp8_activation_terms=terms)
+    engine = LLMEngine.from_model(random_model(TINY, torch.float32, "cpu", seed=0), config)
     layer = engine.runner.model.layers[0]
     for linear in (layer.self_attn.qkv_proj, layer.self_attn.o_proj, layer.mlp.gate_up_proj, layer.mlp.down_proj):
-        assert isinstance(linear.base, Fp8Linear)
+        assert isinstance(linear.base, Fp8Linear) and linear.base.two_term_activations == (terms == 2)
     assert len(generate(engine, [1, 2, 3])[0]) == GREEDY.max_tokens
 
 

@@ -402,6 +402,8 @@ def test_engine_config_refuses_unknown_quantization():
     assert EngineConfig(quantization="fp8").quantization == "fp8"
     with pytest.raises(ValueError, match=r"EngineConfig\.quantization is 'int8'"):
         EngineConfig(quantization="int8")
+    with pytest.raises(ValueError, match=r"EngineConfig\.fp8_activation_terms is 3; use one of \[1, 2\]"):
+        EngineConfig(quantization="fp8", fp8_activation_terms=3)
 
 
 # ----------------------------------------------------------------------------- compressed-tensors checkpoints

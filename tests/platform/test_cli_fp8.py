@@ -11,6 +11,15 @@ def test_quantization_flag_maps_onto_engine_config():
     assert engine_config(build_parser().parse_args(["serve", "--quantization", "fp8"])).quantization == "fp8"
 
 
+def test_fp8_activation_terms_flag_maps_onto_engine_config_and_refuses_other_counts(capsys):
+    assert engine_config(build_parser().parse_args(["serve"])).fp8_activation_terms == 2
+    parsed = build_parser().parse_args(["serve", "--quantization", "fp8", "--fp8-activation-terms", "1"])
+    assert engine_config(parsed).fp8_activation_terms == 1
+    with pytest.raises(SystemExit):
+        main(["serve", "--fp8-activation-terms", "3"])
+    assert "--fp8-activation-terms" in capsys.readouterr().err
+
+
 def test_unknown_quantization_is_an_argparse_error_naming_the_flag(capsys):
     with pytest.raises(SystemExit) as exited:
         main(["serve", "--quantization", "int4"])
