@@ -3,9 +3,10 @@
 A token is not a unit of text: byte-level BPE pieces and byte-fallback tokens
 (<0xE2>) can end inside a multi-byte character, and SentencePiece decoders
 change a piece's leading space depending on what precedes it. So each step
-decodes a small window of recent tokens with the new token and emits what
-that adds to the window's text without it, holding it back while it ends in a
-broken character. The window is bounded, so a step costs O(window), not O(sequence).
+decodes a small window of recent tokens twice (with and without the new
+token) and emits the difference, holding it back while it ends in a broken
+character. The window restarts after every emission, so a step costs
+O(window), not O(sequence).
 """
 from __future__ import annotations
 
@@ -15,9 +16,6 @@ from typing import Protocol
 # Tokens of the prompt decoded before the first output token, so the decoder
 # sees the context that decides the first piece's leading space.
 PROMPT_CONTEXT_TOKENS = 5
-
-# The longest window decoded before it restarts (plus the pieces of one held-back character).
-MAX_WINDOW_TOKENS = 16
 
 # What a decoder puts where the bytes so far end in the middle of a UTF-8 character.
 _REPLACEMENT_CHAR = "\ufffd"
@@ -35,21 +33,15 @@ class IncrementalDetokenizer:
     The concatenation of every `step` and the final `flush` equals the decode of the
     output tokens in the context of the prompt. A text that truly ends in U+FFFD is
     only released by `flush`.
-
-    One decode per token: after an emission the whole window becomes context, and its
-    text is the decode just made, so the next step only decodes the window plus the new
-    token. The window restarts (from the last emission's tokens, whose context text is
-    then decoded once) when it reaches MAX_WINDOW_TOKENS.
     """
 
     def __init__(self, tokenizer: Decoder, prompt_token_ids: list[int], skip_special_tokens: bool = True) -> None:
         self._tokenizer = tokenizer
         self._skip_special_tokens = skip_special_tokens
-        # The window's first `_num_context` tokens are already emitted and only serve as decoding
-        # context (vLLM's prefix/read offsets); `_context_text` is their decode (None: not made yet).
+        # The window starts where the last emission began; its first `_num_context` tokens
+        # are already emitted and only serve as decoding context (vLLM's prefix/read offsets).
         self._window = list(prompt_token_ids[-PROMPT_CONTEXT_TOKENS:])
         self._num_context = len(self._window)
-        self._context_text: str | None = None
 
     def step(self, new_token_id: int) -> str:
         """Text finalized by this token; "" while it ends inside a character (or adds no text)."""
@@ -61,20 +53,13 @@ class IncrementalDetokenizer:
         return self._advance(allow_broken_tail=True)
 
     def _advance(self, allow_broken_tail: bool) -> str:
-        if self._context_text is None:
-            self._context_text = self._decode(self._window[: self._num_context])
-        context_text = self._context_text
+        context_text = self._decode(self._window[: self._num_context])
         window_text = self._decode(self._window)
         if len(window_text) <= len(context_text):
             return ""
         if window_text.endswith(_REPLACEMENT_CHAR) and not allow_broken_tail:
             return ""
-        if len(self._window) >= MAX_WINDOW_TOKENS:
-            # Restart from this emission's tokens: they start and end on whole characters.
-            self._window = self._window[self._num_context :]
-            self._context_text = None
-        else:
-            self._context_text = window_text
+        self._window = self._window[self._num_context :]
         self._num_context = len(self._window)
         return window_text[len(context_text) :]
 
