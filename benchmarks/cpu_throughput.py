@@ -5,7 +5,7 @@ modules, prompts of about 40-60 tokens, 64 new tokens each, greedy, fp32.
 The peer generates one left-padded batch with `adapter_names` (PEFT's mixed
 adapter batches). Also reports host overhead per decode step (scheduler +
 batch preparation + sampling, model forward excluded) at 256 running
-requests over 64 adapters.
+requests over 64 adapters: benchmarks/host_overhead.py's greedy scenario.
 
     python benchmarks/cpu_throughput.py [--requests 32] [--adapters 8] [--new-tokens 64]
 """
@@ -21,6 +21,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from host_overhead import CPU_STUB_VOCAB, run_scenario  # noqa: E402
+from host_overhead import build_engine as build_overhead_engine  # noqa: E402
 from lora_factory import make_peft_adapter  # noqa: E402  (shared with the tests: one adapter factory)
 
 from loraloom.engine.adapters import AdapterHandle  # noqa: E402
@@ -100,31 +102,6 @@ def run_peer(model_dir, prompts, adapters, assignment, new_tokens) -> tuple[floa
     return elapsed, (out.shape[1] - width) * len(prompts)
 
 
-def host_overhead(model_dir, adapters_root: Path, requests: int, num_adapters: int, steps: int) -> dict:
-    """Per decode step at `requests` running over `num_adapters`: where the time goes besides the model."""
-    adapters = make_adapters(model_dir, adapters_root, num_adapters, rank=8)
-    config = EngineConfig(max_loras=num_adapters, max_lora_rank=8, max_num_seqs=requests,
-                          max_num_batched_tokens=max(2048, requests * 16), num_kv_blocks=requests * 4)
-    engine = LLMEngine(model_dir, config)
-    params = SamplingParams(max_tokens=steps + 4, temperature=0.0, ignore_eos=True)
-    for i in range(requests):
-        engine.add_request(f"h{i}", [1 + (i * 7 + j) % 1000 for j in range(8)], params, adapters[i % num_adapters])
-    while engine.scheduler.num_waiting or engine.generation_tokens_total < requests:  # until all decode
-        engine.step()
-    samples = []
-    for _ in range(steps):
-        engine.step()
-        samples.append(engine.last_step_timings)
-
-    def median_ms(field: str) -> float:
-        values = sorted(getattr(t, field) for t in samples)
-        return values[len(values) // 2] * 1000
-
-    return {field: median_ms(field) for field in
-            ("schedule_s", "prepare_s", "sample_s", "postprocess_s", "model_s", "host_overhead_s")} | {
-        "running": engine.scheduler.num_running}
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--requests", type=int, default=32)
@@ -132,7 +109,7 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--overhead-requests", type=int, default=256)
     parser.add_argument("--overhead-adapters", type=int, default=64)
-    parser.add_argument("--overhead-steps", type=int, default=5)
+    parser.add_argument("--overhead-steps", type=int, default=20)
     parser.add_argument("--skip-peer", action="store_true")
     args = parser.parse_args()
     torch.manual_seed(0)
@@ -153,13 +130,14 @@ def main() -> None:
             peer = peer_tokens / peer_s
             print(f"HF+PEFT       : {peer_tokens} tokens in {peer_s:.2f} s = {peer:.1f} tokens/s")
             print(f"ratio         : {ours / peer:.2f}x (target >= 3x)")
-        overhead = host_overhead(model_dir, root / "h", args.overhead_requests, args.overhead_adapters,
-                                 args.overhead_steps)
-        print(f"decode step at {overhead['running']} running over {args.overhead_adapters} adapters (median ms): "
-              f"schedule {overhead['schedule_s']:.2f}, prepare {overhead['prepare_s']:.2f}, "
-              f"sample {overhead['sample_s']:.2f}, detokenize+stops {overhead['postprocess_s']:.2f}; "
-              f"host overhead total {overhead['host_overhead_s']:.2f} (target <= 1 ms); "
-              f"model {overhead['model_s']:.0f}")
+    # benchmarks/host_overhead.py's greedy scenario: the model stubbed out, its logits CPU_STUB_VOCAB wide.
+    engine, handles = build_overhead_engine(model_dir, args.overhead_requests, args.overhead_adapters, "cpu",
+                                            CPU_STUB_VOCAB)
+    overhead = run_scenario(engine, "greedy", args.overhead_requests, handles, warmup=5, steps=args.overhead_steps)
+    print(f"decode step at {overhead['running']} running over {args.overhead_adapters} adapters (median ms, "
+          f"benchmarks/host_overhead.py greedy): schedule {overhead['schedule']:.2f}, prepare "
+          f"{overhead['prepare']:.2f}, sample {overhead['sample']:.2f}, postprocess {overhead['postprocess']:.2f}; "
+          f"host overhead total {overhead['host']:.2f} (target <= 1 ms)")
 
 
 if __name__ == "__main__":

@@ -3,9 +3,10 @@
 Issue 2's target: at most 1 ms per decode step at 256 running requests over 64
 adapters. The engine is built for the bundled model's shape and tokenizer
 (random weights and random rank-8 adapter files, so nothing but the tokenizer
-files is needed: it runs on the GPU box too), then its model is replaced by a stub that returns fixed hidden states and logits whose argmax walks
-through real English text, so detokenization and stop checks see realistic
-tokens while no model compute is timed. Each scenario adds its requests, runs
+files is needed: it runs on the GPU box too), then its model is replaced by a
+stub that returns fixed hidden states and logits whose argmax walks through the
+tokens of real English text (modulo the stub's width, see --stub-vocab), so
+detokenization and stop checks see real tokens while no model compute is timed. Each scenario adds its requests, runs
 until all of them decode, then records `engine.last_step_timings` over the
 measured steps and prints median milliseconds per phase:
 
@@ -27,10 +28,11 @@ on a shared, oversubscribed machine wall-time phases absorb whole scheduler time
 while thread CPU time stays comparable between runs. It leaves out work done on other
 threads (torch's intra-op pool), so wall time is the figure to report on a quiet machine.
 
-`--stub-vocab N` makes the stub's logits N wide instead of the model's vocabulary (its tokens then
-come from the first N ids). On a CPU the argmax over 256 x 49,152 fp32 logits is device work that a
-GPU does (only ids come back), yet here it costs ~5 ms of "sample" and evicts the caches that the
-host phases then refill; a narrow stub leaves the host phases to be measured as a GPU host runs them.
+`--stub-vocab N` makes the stub's logits N wide (its tokens then come from the first N ids). The
+default is the model's vocabulary on a GPU and 1024 on the CPU: a vocabulary-wide argmax (256 x
+49,152 fp32 logits) is device work that a GPU does (only ids come back), while on the CPU it would
+cost ~5 ms of "sample" and evict the caches that the host phases then refill; the narrow stub
+measures the host phases as a GPU host runs them. `--stub-vocab 49152` shows the CPU-only view.
 """
 from __future__ import annotations
 
@@ -68,6 +70,7 @@ SAMPLE_TEXT = (
     "and argue about it. Café owners in Paris later sold pamphlets next to coffee — 1,200 titles "
     "a year by 1789. Naïve readers and sceptics alike: “who wrote this?” became a new question. "
 )
+CPU_STUB_VOCAB = 1024  # --stub-vocab's default on the CPU (module docstring)
 PHASES = ("schedule", "prepare", "sample", "postprocess", "untimed", "host")
 
 
@@ -197,7 +200,7 @@ def main() -> None:
     parser.add_argument("--scenarios", default="greedy,greedy+stop,mixed")
     parser.add_argument("--clock", choices=("wall", "thread"), default="wall")
     parser.add_argument("--stub-vocab", type=int, default=None,
-                        help="width of the stub's logits (default: the model's vocabulary)")
+                        help="width of the stub's logits (default: the model's vocabulary on a GPU, 1024 on the CPU)")
     parser.add_argument("--tokenizer-dir", type=Path, default=None)
     args = parser.parse_args()
     torch.manual_seed(0)
@@ -205,6 +208,8 @@ def main() -> None:
         from loraloom.engine.bundled import import_bundled
 
         args.tokenizer_dir = import_bundled()
+    if args.stub_vocab is None and torch.device(args.device).type == "cpu":
+        args.stub_vocab = CPU_STUB_VOCAB
     engine, adapters = build_engine(args.tokenizer_dir, args.requests, args.adapters, args.device, args.stub_vocab)
     print(f"decode step host overhead, median ms over {args.steps} steps, {args.requests} requests over "
           f"{args.adapters} adapters, device {args.device}, {args.clock} clock, stub logits "
