@@ -1,17 +1,18 @@
 """Which implementation of the per-step ops the model runs on a given device.
 
-Triton kernels on CUDA when Triton is installed; the plain-torch references of
-kernels/reference.py everywhere else (the CPU path). Importing this module never imports
-Triton, so the engine runs on machines without it.
+Triton kernels on CUDA when Triton is installed; plain torch everywhere else (the CPU path):
+the references of kernels/reference.py, except SGMV, whose decode-shaped steps take
+kernels/cpu_lora.py's dense form. Importing this module never imports Triton, so the engine
+runs on machines without it.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import torch
 
-from loraloom.kernels import reference
+from loraloom.kernels import cpu_lora, reference
 from loraloom.kernels.metadata import AttentionMetadata, SGMVMetadata
 
 # K/V writers and attention take (k_scale, v_scale) last: [1] fp32 tensors for an FP8 cache, None
@@ -32,7 +33,7 @@ FusedAddRMSNorm = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float], tu
 class KernelBackend:
     """One implementation of each op; every one keeps kernels/reference.py's signature."""
 
-    name: str  # "triton" or "reference"
+    name: str  # "triton", "torch" or "reference"
     write_kv_cache: WriteKVCache
     rotary_write_kv_cache: RotaryWriteKVCache
     paged_attention: PagedAttention
@@ -54,6 +55,11 @@ REFERENCE_BACKEND = KernelBackend(
 )
 
 
+# What runs where Triton does not: the references, with the CPU's dense SGMV for decode steps.
+TORCH_BACKEND = replace(REFERENCE_BACKEND, name="torch", sgmv_shrink=cpu_lora.sgmv_shrink,
+                        sgmv_expand=cpu_lora.sgmv_expand)
+
+
 def triton_available() -> bool:
     try:
         import triton  # noqa: F401
@@ -63,9 +69,9 @@ def triton_available() -> bool:
 
 
 def get_backend(device: torch.device | str) -> KernelBackend:
-    """Triton kernels for a CUDA device when Triton is installed, the references otherwise."""
+    """Triton kernels for a CUDA device when Triton is installed, plain torch (TORCH_BACKEND) otherwise."""
     if torch.device(device).type != "cuda" or not triton_available():
-        return REFERENCE_BACKEND
+        return TORCH_BACKEND
     # Imported here so that a machine without Triton never imports it.
     from loraloom.kernels import norm, paged_attention, rotary, sgmv
 

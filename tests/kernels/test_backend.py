@@ -1,4 +1,4 @@
-"""Backend selection: Triton kernels for CUDA when Triton imports, the references otherwise."""
+"""Backend selection: Triton kernels for CUDA when Triton imports, plain torch otherwise."""
 from __future__ import annotations
 
 import importlib
@@ -6,15 +6,15 @@ import sys
 
 import pytest
 
-from loraloom.kernels import norm, paged_attention, reference, rotary, sgmv
+from loraloom.kernels import cpu_lora, norm, paged_attention, reference, rotary, sgmv
 from loraloom.kernels.backend import get_backend
 
 
-def test_cpu_uses_the_references() -> None:
+def test_cpu_uses_the_references_and_the_dense_sgmv() -> None:
     backend = get_backend("cpu")
-    assert backend.name == "reference"
+    assert backend.name == "torch"
     assert backend.paged_attention is reference.paged_attention
-    assert backend.sgmv_shrink is reference.sgmv_shrink
+    assert backend.sgmv_shrink is cpu_lora.sgmv_shrink and backend.sgmv_expand is cpu_lora.sgmv_expand
     assert backend.rms_norm is reference.rms_norm and backend.fused_add_rms_norm is reference.fused_add_rms_norm
     assert backend.rotary_write_kv_cache is reference.rotary_write_kv_cache
 
@@ -37,5 +37,5 @@ def test_imports_and_falls_back_without_triton(monkeypatch: pytest.MonkeyPatch) 
 
     backend = backend_module.get_backend("cuda")
 
-    assert backend.name == "reference"
-    assert backend.sgmv_expand is reference.sgmv_expand
+    assert backend.name == "torch"
+    assert backend.sgmv_expand is cpu_lora.sgmv_expand and backend.paged_attention is reference.paged_attention
