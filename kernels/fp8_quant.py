@@ -68,6 +68,17 @@ def scale_from_amax(amax):
 
 
 @triton.jit
+def row_scale(x_row, K, BLOCK_K: tl.constexpr):
+    """The per-token scale of the K values at x_row: one pass for their |max|."""
+    amax = tl.zeros([BLOCK_K], dtype=tl.float32)
+    for k in range(0, K, BLOCK_K):
+        offs = k + tl.arange(0, BLOCK_K)
+        x = tl.load(x_row + offs, mask=offs < K, other=0.0)
+        amax = tl.maximum(amax, tl.abs(x.to(tl.float32)))
+    return scale_from_amax(tl.max(amax, axis=0))
+
+
+@triton.jit
 def _quantize_per_token_kernel(
     x_ptr, x_q_ptr, scale_ptr, static_scale_ptr,
     K, stride_x_row, stride_q_row,
@@ -80,12 +91,7 @@ def _quantize_per_token_kernel(
     if STATIC_SCALE:
         scale = tl.load(static_scale_ptr)
     else:
-        amax = tl.zeros([BLOCK_K], dtype=tl.float32)
-        for k in range(0, K, BLOCK_K):
-            offs = k + tl.arange(0, BLOCK_K)
-            x = tl.load(x_row + offs, mask=offs < K, other=0.0)
-            amax = tl.maximum(amax, tl.abs(x.to(tl.float32)))
-        scale = scale_from_amax(tl.max(amax, axis=0))
+        scale = row_scale(x_row, K, BLOCK_K)
     tl.store(scale_ptr + row, scale)
     for k in range(0, K, BLOCK_K):
         offs = k + tl.arange(0, BLOCK_K)
@@ -129,12 +135,7 @@ def _two_term_rows_kernel(
     the residual's |max|, the writes (the row is re-read from L1/L2)."""
     row = tl.program_id(0).to(tl.int64)
     x_row = x_ptr + row * stride_x_row
-    amax = tl.zeros([BLOCK_K], dtype=tl.float32)
-    for k in range(0, K, BLOCK_K):
-        offs = k + tl.arange(0, BLOCK_K)
-        x = tl.load(x_row + offs, mask=offs < K, other=0.0)
-        amax = tl.maximum(amax, tl.abs(x.to(tl.float32)))
-    first_scale = scale_from_amax(tl.max(amax, axis=0))
+    first_scale = row_scale(x_row, K, BLOCK_K)
     residual_amax = tl.zeros([BLOCK_K], dtype=tl.float32)
     for k in range(0, K, BLOCK_K):
         offs = k + tl.arange(0, BLOCK_K)
