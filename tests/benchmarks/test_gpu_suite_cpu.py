@@ -91,7 +91,7 @@ def test_cpu_mode_reports_every_scenario_with_a_number(suite_run) -> None:
 def test_cpu_mode_prints_one_table_and_its_metadata(suite_run) -> None:
     result, table = suite_run
     meta = table["meta"]
-    assert meta["device"].startswith("cpu") and meta["quantization"] == "none" and meta["kernels"] == "reference"
+    assert meta["device"].startswith("cpu") and meta["quantization"] == "none" and meta["kernels"] == "torch"
     assert "SmolLM2-135M shape, 2 layers" in meta["model"]
     lines = result.stdout.splitlines()
     header = next(i for i, line in enumerate(lines) if line.startswith("scenario"))
