@@ -162,6 +162,16 @@ def _check_cache(k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
         f"KV cache dtype must be one of {CACHE_DTYPES} (both the same); got {k_cache.dtype}, {v_cache.dtype}")
 
 
+def check_cache_write(k_cache: torch.Tensor, slot_mapping: torch.Tensor, num_tokens: int, kv_heads: int,
+                      head_dim: int) -> None:
+    """What every writer of new K/V into the cache checks: the cache's heads match the keys',
+    and one int64 slot per new token."""
+    assert k_cache.shape[2:] == (kv_heads, head_dim), (
+        f"KV cache heads/head_dim {tuple(k_cache.shape[2:])} do not match key's {(kv_heads, head_dim)}")
+    assert slot_mapping.shape == (num_tokens,) and slot_mapping.dtype == torch.int64, (
+        f"slot_mapping must be [T={num_tokens}] int64; got {tuple(slot_mapping.shape)} {slot_mapping.dtype}")
+
+
 def write_kv_cache(
     key: torch.Tensor,  # [T, KVH, D]
     value: torch.Tensor,  # [T, KVH, D]
@@ -183,10 +193,7 @@ def write_kv_cache(
     # so the two may have different token/head strides; only head_dim must be contiguous.
     assert value.shape == key.shape, f"key {tuple(key.shape)} and value {tuple(value.shape)} must have the same shape"
     assert key.stride(2) == 1 and value.stride(2) == 1, "key/value must have contiguous head_dim"
-    assert k_cache.shape[2:] == (kv_heads, head_dim), (
-        f"KV cache heads/head_dim {tuple(k_cache.shape[2:])} do not match key's {(kv_heads, head_dim)}")
-    assert slot_mapping.shape == (num_tokens,) and slot_mapping.dtype == torch.int64, (
-        f"slot_mapping must be [T={num_tokens}] int64; got {tuple(slot_mapping.shape)} {slot_mapping.dtype}")
+    check_cache_write(k_cache, slot_mapping, num_tokens, kv_heads, head_dim)
     if num_tokens == 0:
         return
     fp8_kv = is_fp8_cache(k_cache)

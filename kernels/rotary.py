@@ -17,7 +17,7 @@ import triton.language as tl
 
 from loraloom.kernels.fp8_quant import quantize_to_e4m3
 from loraloom.kernels.kv_quant import check_kv_scales, is_fp8_cache
-from loraloom.kernels.paged_attention import _check_cache
+from loraloom.kernels.paged_attention import _check_cache, check_cache_write
 from loraloom.kernels.paged_decode import kernel_scales
 
 
@@ -115,10 +115,7 @@ def rotary_write_kv_cache(
         f"{tuple(sin.shape)} {sin.dtype}")
     for name, tensor in (("query", query), ("key", key), ("value", value), ("cos", cos), ("sin", sin)):
         assert tensor.stride(-1) == 1, f"{name} must have a contiguous last dimension"
-    assert k_cache.shape[2:] == (kv_heads, head_dim), (
-        f"KV cache heads/head_dim {tuple(k_cache.shape[2:])} do not match key's {(kv_heads, head_dim)}")
-    assert slot_mapping.shape == (num_tokens,) and slot_mapping.dtype == torch.int64, (
-        f"slot_mapping must be [T={num_tokens}] int64; got {tuple(slot_mapping.shape)} {slot_mapping.dtype}")
+    check_cache_write(k_cache, slot_mapping, num_tokens, kv_heads, head_dim)
     if num_tokens == 0:
         return
     half = head_dim // 2
