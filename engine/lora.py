@@ -2,9 +2,12 @@
 
 Which adapter key sits in which slot is decided by the scheduler's slot table;
 the pool only copies validated weights (engine/lora_weights.py) into a given
-slot index. Every slot holds every targetable module at the server's max rank,
-zero-padded, so one batched SGMV call per wrapped linear serves all adapters
-of a step, and the Llama forward (engine/model.py) stays LoRA-free.
+slot index. Every slot has room for every targetable module at the server's max
+rank, so one batched LoRA call per wrapped linear serves all adapters of a step,
+and the Llama forward (engine/model.py) stays LoRA-free. Beside the weights the
+pool keeps each slot's rank per module (SliceRanks, 0 where the adapter does not
+target the module), so the kernels compute each adapter at its own rank on its
+own modules only.
 """
 from __future__ import annotations
 
@@ -18,7 +21,7 @@ from loraloom.engine.config import ModelConfig
 from loraloom.engine.layers import Linear
 from loraloom.engine.lora_weights import AdapterLoadError, AdapterWeights, load_adapter_weights, lora_module_shapes
 from loraloom.kernels.backend import REFERENCE_BACKEND, KernelBackend
-from loraloom.kernels.metadata import SGMVMetadata
+from loraloom.kernels.metadata import SGMVMetadata, SliceRanks
 from loraloom.kernels.sgmv_plan import SGMVLayout, SGMVPlan, metadata_views, plan_sgmv, segment_capacity, tile_capacity
 
 __all__ = [
@@ -45,6 +48,9 @@ PACKED_MODULES: dict[str, tuple[str, ...]] = {
     "mlp.gate_up_proj": ("gate_proj", "up_proj"),
     "mlp.down_proj": ("down_proj",),
 }
+# Each PEFT module -> the wrapped Linear it is packed into, and its slice index there.
+_PACKED_PATH = {module: path for path, modules in PACKED_MODULES.items() for module in modules}
+_SLICE_INDEX = {module: modules.index(module) for modules in PACKED_MODULES.values() for module in modules}
 
 
 class LoRASlotPool:
@@ -77,6 +83,13 @@ class LoRASlotPool:
             for _ in range(self.num_layers)
         ]
         self.slot_ranks_host: list[int] = [0] * num_slots  # 0 = empty slot
+        # Per layer and wrapped linear: each slot's rank in each of its slices (modules).
+        self.slice_ranks: list[dict[str, SliceRanks]] = [
+            {path: SliceRanks(device=torch.zeros(len(modules), num_slots, dtype=torch.int32, device=device),
+                              host=[[0] * num_slots for _ in modules])
+             for path, modules in PACKED_MODULES.items()}
+            for _ in range(self.num_layers)
+        ]
 
     def load(self, slot: int, weights: AdapterWeights) -> None:
         """Copy an adapter into `slot`, replacing whatever was there."""
@@ -88,14 +101,26 @@ class LoRASlotPool:
             rank = module.lora_a.shape[0]
             self.lora_a[layer][name][slot, :rank].copy_(module.lora_a)  # [r, in]
             self.lora_b[layer][name][slot, :, :rank].copy_(module.lora_b)  # [out, r]
+            self._set_module_rank(layer, name, slot, rank)
         self.slot_ranks_host[slot] = weights.rank
 
     def clear(self, slot: int) -> None:
+        """Empty a slot: zero weights (a new adapter of lower rank leaves no stale columns) and rank 0 everywhere."""
         self._check_slot(slot)
         for stacks in (*self.lora_a, *self.lora_b):
             for stack in stacks.values():
                 stack[slot].zero_()
+        for layer_ranks in self.slice_ranks:
+            for ranks in layer_ranks.values():
+                ranks.device[:, slot] = 0
+                for slice_ranks in ranks.host:
+                    slice_ranks[slot] = 0
         self.slot_ranks_host[slot] = 0
+
+    def _set_module_rank(self, layer: int, module: str, slot: int, rank: int) -> None:
+        ranks, index = self.slice_ranks[layer][_PACKED_PATH[module]], _SLICE_INDEX[module]
+        ranks.device[index, slot] = rank
+        ranks.host[index][slot] = rank
 
     def _check_slot(self, slot: int) -> None:
         if not 0 <= slot < self.num_slots:
@@ -110,7 +135,8 @@ class LoRALinear(nn.Module):
         base: Linear,
         lora_a: list[torch.Tensor],  # per slice: [S, R, in] (views of the pool's stacks)
         lora_b: list[torch.Tensor],  # per slice: [S, out_slice, R]
-        sgmv: KernelBackend,
+        ranks: SliceRanks,  # each slot's rank per slice, kept current by the pool
+        backend: KernelBackend,
     ) -> None:
         super().__init__()
         if len(lora_a) != len(base.slice_sizes) or len(lora_b) != len(base.slice_sizes):
@@ -124,7 +150,8 @@ class LoRALinear(nn.Module):
         # Plain lists, not buffers: the pool owns these tensors and loads adapters into them in place.
         self.lora_a = lora_a
         self.lora_b = lora_b
-        self.sgmv = sgmv
+        self.ranks = ranks
+        self.backend = backend
         offsets = [0]
         for size in base.slice_sizes:
             offsets.append(offsets[-1] + size)
@@ -137,16 +164,12 @@ class LoRALinear(nn.Module):
     def forward(self, x: torch.Tensor, lora: SGMVMetadata | None) -> torch.Tensor:  # [T, in] -> [T, out]
         out = self.base(x, None)  # [T, out]
         if lora is None or lora.num_segments == 0:
-            return out
-        max_rank = self.lora_a[0].shape[1]
-        # Zeroed, not empty: a kernel may read the rank padding, and 0 * NaN would poison the sum.
-        shrunk = torch.zeros(len(self.lora_a), x.shape[0], max_rank, dtype=self.lora_a[0].dtype, device=x.device)
-        self.sgmv.sgmv_shrink(x, self.lora_a, lora, shrunk)  # shrunk: [num_slices, T, R]
-        self.sgmv.sgmv_expand(shrunk, self.lora_b, lora, out, self.slice_offsets)
+            return out  # a base-only step: no LoRA work at all
+        self.backend.add_lora(x, self.lora_a, self.lora_b, self.ranks, lora, out, self.slice_offsets)
         return out
 
 
-def attach_lora(model: nn.Module, pool: LoRASlotPool, sgmv: KernelBackend = REFERENCE_BACKEND) -> None:
+def attach_lora(model: nn.Module, pool: LoRASlotPool, backend: KernelBackend = REFERENCE_BACKEND) -> None:
     """Replace the four projections of every decoder layer by LoRALinear wrappers over the pool's stacks."""
     if len(model.layers) != pool.num_layers:
         raise ValueError(f"attach_lora: the model has {len(model.layers)} layers but the pool was built for "
@@ -163,7 +186,8 @@ def attach_lora(model: nn.Module, pool: LoRASlotPool, sgmv: KernelBackend = REFE
                 base,
                 [pool.lora_a[index][name] for name in modules],
                 [pool.lora_b[index][name] for name in modules],
-                sgmv,
+                pool.slice_ranks[index][path],
+                backend,
             )
             setattr(block, linear_name, wrapped)
 

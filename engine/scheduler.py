@@ -76,6 +76,10 @@ def _arrival(request: Request) -> int:
     return request.arrival_order
 
 
+def _slot_of(item: ScheduledRequest) -> int:
+    return item.slot
+
+
 def _count_by_adapter(requests: list[Request]) -> dict[str, int]:
     return dict(Counter(r.adapter_label for r in requests))
 
@@ -173,6 +177,10 @@ class Scheduler:
         # only preempt again (or re-admit the victims).
         if not preempted:
             budget = self._admit_waiting(budget, scheduled, adapter_loads)
+        # Each adapter's requests side by side: its tokens become one contiguous run of rows of the
+        # flat batch, which the LoRA kernels take as a view instead of gathering and scattering rows.
+        # Stable, so requests keep their age order within an adapter (and base requests come first).
+        scheduled.sort(key=_slot_of)
         return SchedulerOutput(
             scheduled=scheduled,
             adapter_loads=adapter_loads,

@@ -52,3 +52,21 @@ class SGMVMetadata:
     segment_lens_host: list[int]
     active_slots_host: list[int]
     slot_ranks_host: list[int]
+    # First flat-batch row of each segment whose rows are one contiguous run, else -1. The scheduler
+    # groups each adapter's requests together, so a plain-torch LoRA can work on row ranges (views)
+    # instead of gathering and scattering rows.
+    segment_rows_host: list[int]
+
+
+@dataclass
+class SliceRanks:
+    """The rank each slot's adapter has in each output slice of one LoRA-wrapped linear.
+
+    0 means the adapter does not target that module (or the slot is empty): the slice costs nothing
+    for its tokens. A slot's ranks differ per module when the adapter targets a subset of modules
+    or uses PEFT's rank_pattern. The adapter slot pool owns these and updates them in place when it
+    loads or clears a slot.
+    """
+
+    device: torch.Tensor  # [num_slices, S] int32: what the kernels read
+    host: list[list[int]]  # [num_slices][S]: the same values, for the plain-torch path

@@ -18,8 +18,12 @@ each program picks its own by slice index. Stacking the weights would copy them 
 a device table of data pointers would need a host-to-device copy (or a global cache) per call,
 which breaks CUDA-graph capture; plain pointer arguments need neither.
 
-Mixed ranks: every tile is sized for the largest rank in the batch, but loads and stores are
-masked to the slot's own rank, so a rank-8 adapter reads and writes only its 8 rows of weights.
+Mixed ranks and module subsets: each launch takes the rank every slot has in every slice
+(SliceRanks: per module, 0 where the adapter does not target it). A program whose slot has rank 0
+in its slice exits before reading any weight, and loads and stores are masked to the slot's own
+rank, so a rank-8 adapter reads and writes only its 8 rows of weights and an attention-only
+adapter costs nothing in the MLP. The grids depend on the step's tile capacity and the output
+width, never on the number of slots.
 """
 from __future__ import annotations
 
@@ -29,7 +33,7 @@ import torch
 import triton
 import triton.language as tl
 
-from loraloom.kernels.metadata import SGMVMetadata
+from loraloom.kernels.metadata import SGMVMetadata, SliceRanks
 
 MAX_SLICES = 3  # q, k, v: the widest fused projection in a Llama layer
 
@@ -104,7 +108,8 @@ def _sgmv_shrink_kernel(
     a0_ptr, a1_ptr, a2_ptr,  # per slice: [S, max_rank, in_features]
     target_ptr,  # [split_k, num_slices, T, max_rank]
     tile_segments_ptr, tile_row_starts_ptr,
-    sorted_token_ids_ptr, segment_starts_ptr, segment_lens_ptr, active_slots_ptr, slot_ranks_ptr,
+    sorted_token_ids_ptr, segment_starts_ptr, segment_lens_ptr, active_slots_ptr,
+    ranks_ptr, stride_r_slice,  # ranks[slice, slot]: the slot's rank in this slice (0: not targeted)
     in_features, k_per_split, split_k,
     stride_x_row, stride_x_col,
     stride_a_slot, stride_a_rank, stride_a_col,
@@ -120,7 +125,9 @@ def _sgmv_shrink_kernel(
         return  # a padding tile
     slot, rows, row_mask = _tile_rows(tile_row_starts_ptr, sorted_token_ids_ptr, segment_starts_ptr,
                                       segment_lens_ptr, active_slots_ptr, tile, segment, BLOCK_M)
-    rank = tl.load(slot_ranks_ptr + slot)
+    rank = tl.load(ranks_ptr + slice_id * stride_r_slice + slot)
+    if rank == 0:
+        return  # the adapter does not target this module: no weight is read
 
     a_ptr = _select_slice(slice_id, a0_ptr, a1_ptr, a2_ptr)
     offs_n = tl.arange(0, BLOCK_N)
@@ -151,7 +158,8 @@ def _sgmv_shrink_reduce_kernel(
     partial_ptr,  # [split_k, num_slices, T, max_rank] fp32
     out_ptr,  # [num_slices, T, max_rank]
     tile_segments_ptr, tile_row_starts_ptr,
-    sorted_token_ids_ptr, segment_starts_ptr, segment_lens_ptr, active_slots_ptr, slot_ranks_ptr,
+    sorted_token_ids_ptr, segment_starts_ptr, segment_lens_ptr, active_slots_ptr,
+    ranks_ptr, stride_r_slice,
     split_k,
     stride_p_split, stride_p_slice, stride_p_row,
     stride_o_slice, stride_o_row,
@@ -164,7 +172,9 @@ def _sgmv_shrink_reduce_kernel(
         return  # a padding tile
     slot, rows, row_mask = _tile_rows(tile_row_starts_ptr, sorted_token_ids_ptr, segment_starts_ptr,
                                       segment_lens_ptr, active_slots_ptr, tile, segment, BLOCK_M)
-    rank = tl.load(slot_ranks_ptr + slot)
+    rank = tl.load(ranks_ptr + slice_id * stride_r_slice + slot)
+    if rank == 0:
+        return
     offs_n = tl.arange(0, BLOCK_N)
     mask = row_mask[:, None] & (offs_n < rank)[None, :]
     partial = partial_ptr + slice_id * stride_p_slice + rows[:, None] * stride_p_row + offs_n[None, :]
@@ -186,7 +196,8 @@ def _sgmv_expand_kernel(
     out_features0, out_features1, out_features2,
     col_offset0, col_offset1, col_offset2,
     tile_segments_ptr, tile_row_starts_ptr,
-    sorted_token_ids_ptr, segment_starts_ptr, segment_lens_ptr, active_slots_ptr, slot_ranks_ptr,
+    sorted_token_ids_ptr, segment_starts_ptr, segment_lens_ptr, active_slots_ptr,
+    ranks_ptr, stride_r_slice,
     max_rank, n_tiles,
     stride_y_slice, stride_y_row,
     stride_o_row,
@@ -205,7 +216,9 @@ def _sgmv_expand_kernel(
         return  # a padding tile
     slot, rows, row_mask = _tile_rows(tile_row_starts_ptr, sorted_token_ids_ptr, segment_starts_ptr,
                                       segment_lens_ptr, active_slots_ptr, tile, segment, BLOCK_M)
-    rank = tl.load(slot_ranks_ptr + slot)
+    rank = tl.load(ranks_ptr + slice_id * stride_r_slice + slot)
+    if rank == 0:
+        return  # the adapter does not target this module: base_out keeps the base value
 
     b_ptr = _select_slice(slice_id, b0_ptr, b1_ptr, b2_ptr)
     col_offset = _select_slice(slice_id, col_offset0, col_offset1, col_offset2)
@@ -261,6 +274,19 @@ def _check_slices(name: str, weights: list[torch.Tensor], activations: torch.Ten
         assert weight.shape[0] == weights[0].shape[0], f"{name}[{i}] has a different number of slots"
 
 
+def _ranks_table(slice_ranks: torch.Tensor | None, meta: SGMVMetadata, num_slices: int,
+                 num_slots: int) -> tuple[torch.Tensor, int]:
+    """(ranks tensor, its slice stride): slice_ranks [num_slices, S], or every slice reading the slot's rank."""
+    if slice_ranks is None:
+        return meta.slot_ranks, 0
+    assert slice_ranks.shape == (num_slices, num_slots) and slice_ranks.dtype == torch.int32, (
+        f"slice_ranks must be an int32 [num_slices={num_slices}, slots={num_slots}] tensor; "
+        f"got {slice_ranks.dtype} of shape {tuple(slice_ranks.shape)}")
+    assert slice_ranks.stride(1) == 1 and slice_ranks.device == meta.slot_ranks.device, (
+        "slice_ranks must have contiguous rows and live with the metadata")
+    return slice_ranks, slice_ranks.stride(0)
+
+
 def choose_split_k(num_tiles: int, num_slices: int, in_features: int,
                    config: ShrinkConfig = DEFAULT_SHRINK) -> int:
     """K splits for the shrink, from shapes only (the tile capacity, not the tiles in use):
@@ -275,13 +301,14 @@ def sgmv_shrink(
     lora_a: list[torch.Tensor],  # per slice: [S, max_rank, in_features]
     meta: SGMVMetadata,
     out: torch.Tensor,  # [num_slices, T, max_rank]; rows of base tokens are left untouched
+    slice_ranks: torch.Tensor | None = None,  # [num_slices, S] int32; None: every slice has the slot's rank
     *,
     split_k: int | None = None,  # None: choose_split_k's heuristic
     config: ShrinkConfig = DEFAULT_SHRINK,
 ) -> None:
     """LoRA down-projection of every adapter token, all slices in one launch.
 
-    for each segment a (slot s, rank r), token t in it, slice i:
+    for each segment a (slot s), token t in it, slice i with rank r (slice_ranks[i, s]) > 0:
         out[i, t, :r] = x[t] @ lora_a[i][s, :r].T
     Everything else in out is left as it was.
 
@@ -312,8 +339,9 @@ def sgmv_shrink(
               torch.empty((split_k, num_slices, num_tokens, max_rank), dtype=torch.float32, device=x.device))
     slices = lora_a + [lora_a[0]] * (MAX_SLICES - num_slices)
     block_n = _rank_block(max_rank)
+    ranks, stride_r_slice = _ranks_table(slice_ranks, meta, num_slices, num_slots)
     tables = (meta.tile_segments, meta.tile_row_starts, meta.sorted_token_ids, meta.segment_starts,
-              meta.segment_lens, meta.active_slots, meta.slot_ranks)
+              meta.segment_lens, meta.active_slots, ranks, stride_r_slice)
     _sgmv_shrink_kernel[(num_tiles * split_k, num_slices)](
         x, *slices, target, *tables,
         in_features, k_per_split, split_k,
@@ -338,12 +366,13 @@ def sgmv_expand(
     meta: SGMVMetadata,
     base_out: torch.Tensor,  # [T, sum(out_features_i)], updated in place
     slice_offsets: list[int],  # [num_slices + 1] column offsets of each slice in base_out
+    slice_ranks: torch.Tensor | None = None,  # [num_slices, S] int32; None: every slice has the slot's rank
     *,
     config: ExpandConfig = DEFAULT_EXPAND,
 ) -> None:
     """LoRA up-projection added into the base layer's output, all slices in one launch.
 
-    for each segment a (slot s, rank r), token t in it, slice i:
+    for each segment a (slot s), token t in it, slice i with rank r (slice_ranks[i, s]) > 0:
         base_out[t, off_i:off_{i+1}] += y[i, t, :r] @ lora_b[i][s, :, :r].T
     K is the rank (at most a few dozen), so there is no K split: one program owns one
     BLOCK_M x BLOCK_N tile of base_out and adds into it without atomics.
@@ -371,14 +400,32 @@ def sgmv_expand(
 
     n_tiles = triton.cdiv(max(out_features), config.block_n)
     padding = MAX_SLICES - num_slices
+    ranks, stride_r_slice = _ranks_table(slice_ranks, meta, num_slices, lora_b[0].shape[0])
     _sgmv_expand_kernel[(num_tiles * n_tiles, num_slices)](
         y, *(lora_b + [lora_b[0]] * padding), base_out,
         *(out_features + [0] * padding),
         *(slice_offsets[:num_slices] + [0] * padding),
         meta.tile_segments, meta.tile_row_starts, meta.sorted_token_ids, meta.segment_starts,
-        meta.segment_lens, meta.active_slots, meta.slot_ranks,
+        meta.segment_lens, meta.active_slots, ranks, stride_r_slice,
         max_rank, n_tiles,
         y.stride(0), y.stride(1),
         base_out.stride(0),
         BLOCK_M=meta.tile_rows, BLOCK_N=config.block_n, BLOCK_K=_rank_block(max_rank), **_launch_options(config),
     )
+
+
+def add_lora(
+    x: torch.Tensor,  # [T, in_features]
+    lora_a: list[torch.Tensor],  # per slice: [S, max_rank, in_features]
+    lora_b: list[torch.Tensor],  # per slice: [S, out_features_i, max_rank], lora scaling folded in
+    ranks: SliceRanks,
+    meta: SGMVMetadata,
+    out: torch.Tensor,  # [T, sum(out_features_i)]: the base layer's output, updated in place
+    slice_offsets: list[int],  # [num_slices + 1]
+) -> None:
+    """kernels/reference.py add_lora's contract: shrink into a zeroed [num_slices, T, max_rank]
+    buffer, then expand into out; slices an adapter does not target launch programs that exit at once."""
+    # Zeroed, not empty: a kernel may read the rank padding, and 0 * NaN would poison the sum.
+    shrunk = torch.zeros(len(lora_a), x.shape[0], lora_a[0].shape[1], dtype=lora_a[0].dtype, device=x.device)
+    sgmv_shrink(x, lora_a, meta, shrunk, ranks.device)
+    sgmv_expand(shrunk, lora_b, meta, out, slice_offsets, ranks.device)

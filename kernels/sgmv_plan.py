@@ -99,6 +99,19 @@ class SGMVPlan:
     def field(self, name: str) -> np.ndarray:
         return self.packed[self.layout.field_slices[name]]
 
+    def contiguous_segment_rows(self) -> np.ndarray:
+        """[max_segments]: first flat-batch row of each segment whose rows are one run, else -1 (padding too)."""
+        rows = np.full(self.layout.max_segments, -1, dtype=np.int64)
+        if self.num_segments == 0:
+            return rows
+        starts = self.field("segment_starts")[:self.num_segments].astype(np.int64)
+        lens = self.field("segment_lens")[:self.num_segments].astype(np.int64)
+        sorted_rows = self.field("sorted_token_ids")
+        first, last = sorted_rows[starts], sorted_rows[starts + lens - 1]
+        # Rows within a segment ascend (stable sort), so a run is exactly last - first == len - 1.
+        rows[:self.num_segments] = np.where(last - first == lens - 1, first, -1)
+        return rows
+
     def to_metadata(self, device: torch.device | str) -> SGMVMetadata:
         """SGMVMetadata on `device`: one copy of the packed array, every tensor a view of it."""
         return metadata_views(torch.from_numpy(self.packed).to(device), self)
@@ -123,6 +136,7 @@ def metadata_views(buffer: torch.Tensor, plan: SGMVPlan) -> SGMVMetadata:
         segment_lens_host=plan.field("segment_lens").tolist(),
         active_slots_host=plan.field("active_slots").tolist(),
         slot_ranks_host=plan.field("slot_ranks").tolist(),
+        segment_rows_host=plan.contiguous_segment_rows().tolist(),
     )
 
 

@@ -21,7 +21,7 @@ from loraloom.kernels import reference
 from loraloom.kernels.backend import KernelBackend
 from loraloom.kernels.fp8 import (fp8_linear, fp8_linear_path, quantize_per_token, quantize_weight_per_channel,
                                   quantize_with_scale)
-from loraloom.kernels.metadata import AttentionMetadata, SGMVMetadata
+from loraloom.kernels.metadata import AttentionMetadata, SGMVMetadata, SliceRanks
 
 CHECK_DTYPES = (torch.bfloat16, torch.float16)
 # Largest |kernel - reference| / max |reference| accepted: a few units of the dtype's last place.
@@ -237,19 +237,25 @@ class SGMVCase:
     x: torch.Tensor  # [T, hidden]
     lora_a: list[torch.Tensor]  # q, k, v: [S, R, hidden]
     lora_b: list[torch.Tensor]  # q, k, v: [S, out_i, R]
+    ranks: SliceRanks  # each slot's rank in q, k and v (0: the adapter does not target it)
     meta: SGMVMetadata
     offsets: list[int]  # column offsets of q, k, v in the fused output
 
 
 def sgmv_case(config: ModelConfig, token_slots: list[int], slot_ranks: list[int], device: torch.device,
-              dtype: torch.dtype, generator: torch.Generator) -> SGMVCase:
-    """The qkv projection's LoRA: three slices, one adapter stack per slot at the largest rank."""
+              dtype: torch.dtype, generator: torch.Generator, untargeted_every: int = 0) -> SGMVCase:
+    """The qkv projection's LoRA: three slices, one adapter stack per slot at the largest rank.
+    With untargeted_every=n, every n-th slot targets q only (rank 0 in k and v), as a q-only adapter does."""
     hidden = config.hidden_size
     widths = [config.num_heads * config.head_dim] + [config.num_kv_heads * config.head_dim] * 2
     slots, max_rank = len(slot_ranks), max(slot_ranks)
     x = torch.randn(len(token_slots), hidden, generator=generator)
     lora_a = [torch.randn(slots, max_rank, hidden, generator=generator) / hidden ** 0.5 for _ in widths]
     lora_b = [torch.randn(slots, width, max_rank, generator=generator) / max_rank ** 0.5 for width in widths]
+    host = [list(slot_ranks) for _ in widths]
+    if untargeted_every:
+        for slot in range(0, slots, untargeted_every):
+            host[1][slot] = host[2][slot] = 0
     offsets = [0]
     for width in widths:
         offsets.append(offsets[-1] + width)
@@ -257,6 +263,7 @@ def sgmv_case(config: ModelConfig, token_slots: list[int], slot_ranks: list[int]
         x=x.to(dtype).to(device),
         lora_a=[a.to(dtype).to(device) for a in lora_a],
         lora_b=[b.to(dtype).to(device) for b in lora_b],
+        ranks=SliceRanks(device=torch.tensor(host, dtype=torch.int32, device=device), host=host),
         meta=_padded_metadata(token_slots, slot_ranks, device),
         offsets=offsets,
     )
@@ -278,29 +285,21 @@ def _mixed_token_slots(batch: int, prefill: int, generator: torch.Generator) -> 
 
 def check_sgmv(backend: KernelBackend, config: ModelConfig, batch: int, ranks: tuple[int, ...],
                device: torch.device, dtype: torch.dtype) -> list[Row]:
+    """add_lora on mixed ranks, q-only adapters among qkv ones, base tokens and a prefill, against
+    the fp32 reference from the same (rounded) inputs."""
     generator = torch.Generator().manual_seed(2)
     slot_ranks = [ranks[i % len(ranks)] for i in range(batch)]
     token_slots = _mixed_token_slots(batch, FRESH_PREFILL, generator)
-    case = sgmv_case(config, token_slots, slot_ranks, device, dtype, generator)
+    case = sgmv_case(config, token_slots, slot_ranks, device, dtype, generator, untargeted_every=3)
     meta_cpu = _padded_metadata(token_slots, slot_ranks, torch.device("cpu"))
-    shape = (len(case.lora_a), case.x.shape[0], max(slot_ranks))
-    shrunk = torch.zeros(shape, dtype=dtype, device=device)
-    backend.sgmv_shrink(case.x, case.lora_a, case.meta, shrunk)
-    expected_shrunk = torch.zeros(shape)
-    reference.sgmv_shrink(case.x.float().cpu(), [a.float().cpu() for a in case.lora_a], meta_cpu, expected_shrunk)
-    # The expand starts from the same (already rounded) shrink output on both sides.
-    y = expected_shrunk.to(dtype)
     base = torch.randn(case.x.shape[0], case.offsets[-1], generator=generator).to(dtype)
     out = base.to(device, copy=True)  # updated in place
-    backend.sgmv_expand(y.to(device), case.lora_b, case.meta, out, case.offsets)
+    backend.add_lora(case.x, case.lora_a, case.lora_b, case.ranks, case.meta, out, case.offsets)
     expected = base.float()
-    reference.sgmv_expand(y.float(), [b.float().cpu() for b in case.lora_b], meta_cpu, expected, case.offsets)
-    tolerance = RELATIVE_TOLERANCE[dtype]
-    label = f"({batch} adapters, ranks {min(ranks)}-{max(ranks)}, + prefill + base, padded metadata)"
-    return [
-        _check_row(f"sgmv_shrink {label}", dtype, _relative_error(shrunk, expected_shrunk), tolerance),
-        _check_row(f"sgmv_expand {label}", dtype, _relative_error(out, expected), tolerance),
-    ]
+    reference.add_lora(case.x.float().cpu(), [a.float().cpu() for a in case.lora_a],
+                       [b.float().cpu() for b in case.lora_b], case.ranks, meta_cpu, expected, case.offsets)
+    label = f"({batch} adapters, ranks {min(ranks)}-{max(ranks)}, some q-only, + prefill + base, padded metadata)"
+    return [_check_row(f"add_lora {label}", dtype, _relative_error(out, expected), RELATIVE_TOLERANCE[dtype])]
 
 
 # ------------------------------------------------------------------------ FP8
@@ -399,21 +398,15 @@ def _norm_timings(backend, config, batch, prefill, device, dtype, ceilings, call
 def _sgmv_timings(backend, config, batch, device, dtype, ceilings, calls, generator) -> list[Row]:
     case = sgmv_case(config, list(range(batch)), [TIMED_RANK] * batch, device, dtype, generator)
     tokens, hidden, out_width = batch, config.hidden_size, case.offsets[-1]
-    shrunk = torch.zeros(len(case.lora_a), tokens, TIMED_RANK, dtype=dtype, device=device)
     out = torch.zeros(tokens, out_width, dtype=dtype, device=device)
-    shrink_s = seconds_per_call(lambda: backend.sgmv_shrink(case.x, case.lora_a, case.meta, shrunk), device, calls)
-    expand_s = seconds_per_call(
-        lambda: backend.sgmv_expand(shrunk, case.lora_b, case.meta, out, case.offsets), device, calls)
-    item = dtype.itemsize
-    # What each must move: every active adapter's weights once, the activations in and out.
-    shrink_bytes = (batch * len(case.lora_a) * TIMED_RANK * hidden + tokens * hidden + shrunk.numel()) * item
-    expand_bytes = (batch * TIMED_RANK * out_width + shrunk.numel() + 2 * out.numel()) * item
+    seconds = seconds_per_call(
+        lambda: backend.add_lora(case.x, case.lora_a, case.lora_b, case.ranks, case.meta, out, case.offsets),
+        device, calls)
+    # What must move: every active adapter's A and B once, the activations in, the output read and written.
+    weights = batch * TIMED_RANK * (len(case.lora_a) * hidden + out_width)
+    moved = (weights + tokens * hidden + 2 * out.numel()) * dtype.itemsize
     label = f"decode ({batch} tokens, {batch} adapters r{TIMED_RANK}, qkv)"
-    bandwidth = ceilings.copy_bandwidth / GB
-    return [
-        Row(f"kernel sgmv_shrink {label}", shrink_bytes / shrink_s / GB, "GB/s", ceiling=bandwidth),
-        Row(f"kernel sgmv_expand {label}", expand_bytes / expand_s / GB, "GB/s", ceiling=bandwidth),
-    ]
+    return [Row(f"kernel add_lora {label}", moved / seconds / GB, "GB/s", ceiling=ceilings.copy_bandwidth / GB)]
 
 
 def _fp8_timings(config, prefill, device, dtype, ceilings, calls, generator) -> list[Row]:

@@ -27,10 +27,10 @@ SUITE = REPO / "benchmarks" / "gpu_suite.py"
 # One prefix per figure of the list (CPU-small sizes: concurrency 4 and 8, 4 adapters).
 EXPECTED_ROWS = [
     "check write_kv_cache", "check paged_attention", "check paged_attention (2 decodes alone: split-KV)",
-    "check rms_norm", "check fused_add_rms_norm", "check rotary_write_kv_cache", "check sgmv_shrink", "check sgmv_expand",
+    "check rms_norm", "check fused_add_rms_norm", "check rotary_write_kv_cache", "check add_lora",
     "ceiling: device copy bandwidth", "ceiling: matmul rate",
     "kernel paged_attention decode (1 x", "kernel paged_attention prefill", "kernel fused_add_rms_norm",
-    "kernel sgmv_shrink", "kernel sgmv_expand",
+    "kernel add_lora",
     "batch-1 decode, 64 context, base", "batch-1 decode, 64 context, 1 adapter r16",
     "decode c=4, base only", "decode c=8, base only",
     "decode c=4, 4 adapters r16", "decode c=8, 4 adapters r16 / base",
@@ -91,7 +91,7 @@ def test_cpu_mode_reports_every_scenario_with_a_number(suite_run) -> None:
 def test_cpu_mode_prints_one_table_and_its_metadata(suite_run) -> None:
     result, table = suite_run
     meta = table["meta"]
-    assert meta["device"].startswith("cpu") and meta["quantization"] == "none" and meta["kernels"] == "torch"
+    assert meta["device"].startswith("cpu") and meta["quantization"] == "none" and meta["kernels"] == "reference"
     assert "SmolLM2-135M shape, 2 layers" in meta["model"]
     lines = result.stdout.splitlines()
     header = next(i for i, line in enumerate(lines) if line.startswith("scenario"))

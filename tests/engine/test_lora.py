@@ -32,7 +32,7 @@ from loraloom.engine.lora import (
 from loraloom.engine.lora_weights import ADAPTER_WEIGHTS_FILE
 from loraloom.engine.model import allocate_kv_cache
 from loraloom.kernels.backend import REFERENCE_BACKEND
-from loraloom.kernels.metadata import AttentionMetadata
+from loraloom.kernels.metadata import AttentionMetadata, SliceRanks
 
 ALL_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
@@ -196,23 +196,26 @@ def test_pool_load_replaces_and_zero_fills(tiny_llama_dir, tiny_config, tmp_path
 # ----------------------------------------------------------------------------- LoRALinear
 
 
-def test_lora_linear_matches_fp64_loop():
+@pytest.mark.parametrize("token_slots", [[1, -1, 0, 1, 0, -1, 1], [-1, -1, 0, 0, 1, 1, 1]],
+                         ids=["scattered", "grouped"])
+def test_lora_linear_matches_fp64_loop(token_slots):
+    """Per-slice ranks: slot 0 targets slices 0 and 2 at different ranks, slot 1 all three, slot 2 nothing."""
     gen = torch.Generator().manual_seed(3)
     in_features, slice_sizes, num_slots, max_rank = 24, (16, 8, 8), 3, 8
-    slot_ranks = [8, 3, 0]
+    slice_ranks = [[8, 3, 0], [0, 3, 0], [5, 1, 0]]  # [slice][slot]
     base = Linear(in_features, slice_sizes, torch.float64, "cpu")
     base.weight.data = torch.randn(sum(slice_sizes), in_features, generator=gen, dtype=torch.float64)
     lora_a = [torch.zeros(num_slots, max_rank, in_features, dtype=torch.float64) for _ in slice_sizes]
     lora_b = [torch.zeros(num_slots, size, max_rank, dtype=torch.float64) for size in slice_sizes]
-    for a, b in zip(lora_a, lora_b):
-        for slot, rank in enumerate(slot_ranks):
+    for a, b, ranks in zip(lora_a, lora_b, slice_ranks):
+        for slot, rank in enumerate(ranks):
             a[slot, :rank] = torch.randn(rank, in_features, generator=gen, dtype=torch.float64)
             b[slot, :, :rank] = torch.randn(b.shape[1], rank, generator=gen, dtype=torch.float64)
-    layer = LoRALinear(base, lora_a, lora_b, REFERENCE_BACKEND)
-    token_slots = [1, -1, 0, 1, 0, -1, 1]
+    ranks = SliceRanks(device=torch.tensor(slice_ranks, dtype=torch.int32), host=slice_ranks)
+    layer = LoRALinear(base, lora_a, lora_b, ranks, REFERENCE_BACKEND)
     x = torch.randn(len(token_slots), in_features, generator=gen, dtype=torch.float64)
 
-    out = layer(x, build_sgmv_metadata(token_slots, slot_ranks, "cpu"))
+    out = layer(x, build_sgmv_metadata(token_slots, [8, 3, 0], "cpu"))
 
     expected = torch.empty(len(token_slots), sum(slice_sizes), dtype=torch.float64)
     for t, slot in enumerate(token_slots):
@@ -224,6 +227,31 @@ def test_lora_linear_matches_fp64_loop():
                 offset += size
     torch.testing.assert_close(out, expected, rtol=1e-12, atol=1e-12)
     assert torch.equal(layer(x, None), x @ base.weight.T)
+
+
+def test_lora_linear_gives_base_tokens_exact_zeros_whatever_the_slots_hold():
+    """A slot holding Inf/NaN (say, a bad adapter) changes no row but its own segment's: base tokens and
+    other adapters' tokens get exactly the base output, not 0 x Inf."""
+    in_features, slice_sizes = 8, (4, 4)
+    base = Linear(in_features, slice_sizes, torch.float32, "cpu")
+    base.weight.data = torch.randn(sum(slice_sizes), in_features)
+    lora_a = [torch.zeros(2, 2, in_features) for _ in slice_sizes]
+    lora_b = [torch.zeros(2, size, 2) for size in slice_sizes]
+    for a, b in zip(lora_a, lora_b):
+        a[0].fill_(float("inf"))
+        b[0].fill_(float("nan"))
+        a[1] = torch.randn(2, in_features)
+        b[1] = torch.randn(b.shape[1], 2)
+    ranks = SliceRanks(device=torch.tensor([[2, 2], [2, 2]], dtype=torch.int32), host=[[2, 2], [2, 2]])
+    layer = LoRALinear(base, lora_a, lora_b, ranks, REFERENCE_BACKEND)
+    token_slots = [-1, 0, 1, -1, 1]
+    x = torch.randn(len(token_slots), in_features)
+
+    out = layer(x, build_sgmv_metadata(token_slots, [2, 2], "cpu"))
+
+    base_out = x @ base.weight.T
+    assert torch.equal(out[[0, 3]], base_out[[0, 3]])
+    assert torch.isfinite(out[[2, 4]]).all() and not torch.isfinite(out[1]).any()
 
 
 # ----------------------------------------------------------------------------- SGMV metadata
@@ -285,6 +313,9 @@ def test_sgmv_plan_groups_and_tiles_like_a_loop(mix, tile_rows):
     assert meta.tile_row_starts.tolist() == oracle["tile_row_starts"]
     assert meta.token_to_slot.tolist() == token_slots
     assert meta.slot_ranks.tolist() == meta.slot_ranks_host == slot_ranks
+    runs = [rows[0] if rows == list(range(rows[0], rows[0] + len(rows))) else -1
+            for rows in (oracle["sorted_ids"][start:start + length] for start, length in zip(oracle["starts"], oracle["lens"]))]
+    assert meta.segment_rows_host == runs
     assert meta.num_segments == plan.num_segments == len(oracle["slots"])
     assert meta.tile_rows == tile_rows
     assert all(getattr(meta, name).dtype == torch.int32 for name in SGMVLayout.FIELDS)

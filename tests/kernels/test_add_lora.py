@@ -1,0 +1,139 @@
+"""add_lora, the op LoRALinear calls: the CPU path (kernels/reference.py) and the Triton path
+(interpreted here) against the LoRA delta written from its definition in fp64.
+
+Each slot has its own rank per slice (SliceRanks), 0 where its adapter does not target the
+module. Weights are NaN past every slot's rank in every slice, and everywhere in a slice the slot
+does not target, so reading any weight an adapter does not own poisons the result; the base
+output starts from random values, so rows and columns that must stay untouched are checked too.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from loraloom.kernels import reference, sgmv
+from loraloom.kernels.metadata import SliceRanks
+from sgmv_cases import sgmv_metadata
+
+IN_FEATURES = 200
+OUT_FEATURES = [72, 24, 40]  # q/k/v-like slices
+OFFSETS = [0, 72, 96, 136]
+MAX_RANK = 64
+TOLERANCES = {torch.float32: dict(atol=1e-4, rtol=1e-4), torch.float16: dict(atol=4e-3, rtol=4e-3)}
+
+# slot -> rank in each of the three slices. Ranks 1, 3, 48 and 64 side by side; slot 2 targets
+# the first slice only (an attention adapter without k/v, say); slot 4 targets none of this
+# layer's slices (an MLP-only adapter seen from qkv); slot 5 targets only the last two.
+ALL_SLICES = [[1, 3, 48, 64, 0, 0, 16], [1, 3, 0, 64, 0, 7, 16], [1, 3, 0, 64, 0, 7, 16]]
+
+
+def make_ranks(host: list[list[int]]) -> SliceRanks:
+    return SliceRanks(device=torch.tensor(host, dtype=torch.int32), host=[list(row) for row in host])
+
+
+def make_weights(host: list[list[int]], dtype: torch.dtype, generator: torch.Generator):
+    """Per slice A [S, R, in] and B [S, out_i, R], NaN wherever a slot's rank in that slice ends."""
+    slots = len(host[0])
+    lora_a, lora_b = [], []
+    for i, out_features in enumerate(OUT_FEATURES[:len(host)]):
+        a = torch.randn(slots, MAX_RANK, IN_FEATURES, generator=generator) / IN_FEATURES ** 0.5
+        b = torch.randn(slots, out_features, MAX_RANK, generator=generator) / 8
+        for slot, rank in enumerate(host[i]):
+            a[slot, rank:] = float("nan")
+            b[slot, :, rank:] = float("nan")
+        lora_a.append(a.to(dtype))
+        lora_b.append(b.to(dtype))
+    return lora_a, lora_b
+
+
+def expected_output(x, lora_a, lora_b, host, token_slots, base_out) -> torch.Tensor:
+    """The definition, token by token in fp64: out[t, slice i] += B_i[s, :, :r] @ (A_i[s, :r] @ x[t])."""
+    expected = base_out.double().clone()
+    for row, slot in enumerate(token_slots):
+        if slot < 0:
+            continue
+        for i in range(len(lora_a)):
+            rank = host[i][slot]
+            if rank:
+                a, b = lora_a[i][slot, :rank].double(), lora_b[i][slot, :, :rank].double()
+                expected[row, OFFSETS[i]:OFFSETS[i + 1]] += b @ (a @ x[row].double())
+    return expected
+
+
+def scrambled(token_slots: list[int], seed: int) -> list[int]:
+    order = torch.randperm(len(token_slots), generator=torch.Generator().manual_seed(seed)).tolist()
+    return [token_slots[i] for i in order]
+
+
+# Decode (one token per adapter), a prefill next to decodes, every adapter's rows grouped (the
+# scheduler's order: views, no gather), and scrambled rows (gather + scatter).
+STEPS = {
+    "decode": [0, 1, 2, 3, 4, 5, 6, -1, -1],
+    "prefill_and_decodes": [3] * 21 + [0, 1, 2, 4, 5, 6, -1],
+    "grouped": [-1, -1] + [0] * 3 + [1] * 2 + [2] * 4 + [3] * 5 + [5] * 2 + [6] * 3,
+    "scrambled": scrambled([-1, -1] + [0] * 3 + [1] * 2 + [2] * 4 + [3] * 5 + [4] * 2 + [5] * 2 + [6] * 3, seed=3),
+}
+IMPLEMENTATIONS = {"reference": reference.add_lora, "triton": sgmv.add_lora}
+
+
+# The CPU path serves fp32; the Triton one also runs fp16 (bf16 is checked on a GPU: the interpreter's
+# bf16 tl.dot is unreliable).
+VARIANTS = [("reference", torch.float32), ("triton", torch.float32), ("triton", torch.float16)]
+
+
+@pytest.mark.parametrize(("implementation", "dtype"), VARIANTS)
+@pytest.mark.parametrize("step", list(STEPS))
+def test_add_lora_matches_definition(step: str, implementation: str, dtype: torch.dtype) -> None:
+    generator = torch.Generator().manual_seed(1)
+    token_slots = STEPS[step]
+    slot_ranks = [max(column) for column in zip(*ALL_SLICES)]
+    meta = sgmv_metadata(token_slots, [rank or 1 for rank in slot_ranks])
+    lora_a, lora_b = make_weights(ALL_SLICES, dtype, generator)
+    x = torch.randn(len(token_slots), IN_FEATURES, generator=generator).to(dtype)
+    base_out = torch.randn(len(token_slots), OFFSETS[-1], generator=generator).to(dtype)
+    expected = expected_output(x, lora_a, lora_b, ALL_SLICES, token_slots, base_out)
+
+    IMPLEMENTATIONS[implementation](x, lora_a, lora_b, make_ranks(ALL_SLICES), meta, base_out, OFFSETS)
+
+    torch.testing.assert_close(base_out.double(), expected, **TOLERANCES[dtype])
+    untouched = [row for row, slot in enumerate(token_slots) if slot < 0 or slot == 4]
+    assert torch.equal(base_out[untouched].double(), expected[untouched])  # base and untargeted rows: as they were
+
+
+@pytest.mark.parametrize("implementation", list(IMPLEMENTATIONS))
+def test_reloaded_slot_uses_its_new_rank_only(implementation: str) -> None:
+    """A slot that held a rank-64 adapter now holds a rank-3 one whose stack still has the old
+    weights past rank 3 (the pool zeroes them, but the kernels must not rely on it)."""
+    generator = torch.Generator().manual_seed(2)
+    old = [[64, 8]] * 3
+    new = [[3, 8]] * 3
+    lora_a, lora_b = make_weights(old, torch.float32, generator)
+    fresh_a, fresh_b = make_weights(new, torch.float32, generator)
+    for i in range(3):  # the new adapter's first 3 ranks over the old one's 64
+        lora_a[i][0, :3] = fresh_a[i][0, :3]
+        lora_b[i][0, :, :3] = fresh_b[i][0, :, :3]
+    token_slots = [0, 0, 1, 0, -1]
+    meta = sgmv_metadata(token_slots, [3, 8])
+    x = torch.randn(len(token_slots), IN_FEATURES, generator=generator)
+    base_out = torch.randn(len(token_slots), OFFSETS[-1], generator=generator)
+    expected = expected_output(x, lora_a, lora_b, new, token_slots, base_out)
+
+    IMPLEMENTATIONS[implementation](x, lora_a, lora_b, make_ranks(new), meta, base_out, OFFSETS)
+
+    torch.testing.assert_close(base_out.double(), expected, **TOLERANCES[torch.float32])
+
+
+def test_triton_launchers_take_slice_ranks_and_skip_untargeted_slices() -> None:
+    """sgmv_shrink/expand with a slice-rank table leave an untargeted slice's rows exactly as they were."""
+    generator = torch.Generator().manual_seed(4)
+    host = [[8, 0], [0, 0], [5, 16]]
+    lora_a, lora_b = make_weights(host, torch.float32, generator)
+    token_slots = [1, 0, 0, 1]
+    meta = sgmv_metadata(token_slots, [8, 16])
+    x = torch.randn(4, IN_FEATURES, generator=generator)
+    shrunk = torch.full((3, 4, MAX_RANK), 2.0)
+    sgmv.sgmv_shrink(x, lora_a, meta, shrunk, make_ranks(host).device)
+    assert torch.equal(shrunk[1], torch.full((4, MAX_RANK), 2.0))  # no adapter targets slice 1
+    assert torch.equal(shrunk[0, [0, 3]], torch.full((2, MAX_RANK), 2.0))  # slot 1 has rank 0 in slice 0
+    torch.testing.assert_close(shrunk[2, 1, :5].double(), lora_a[2][0, :5].double() @ x[1].double(),
+                               atol=1e-4, rtol=1e-4)
