@@ -1,14 +1,18 @@
-"""AsyncEngine: the step loop in the background, one async stream per request.
+"""AsyncEngine: the step loop on its own thread, one async stream per request.
 
-All LLMEngine calls run on a single worker thread, so the engine itself needs
-no locks and the event loop stays free to serve HTTP while a step computes.
-Adds and aborts are queued and applied by that thread between steps.
+All LLMEngine calls that change requests run on a single step thread, so the engine itself
+needs no locks. The thread steps back to back while there is work: it hands each step's
+outputs to the event loop (call_soon_threadsafe) and starts the next step at once, so
+dispatching outputs, detokenizing and answering HTTP on the loop overlap the next step's
+compute instead of taking turns with it (torch releases the GIL inside its ops). Adds and
+aborts are queued by the loop under a lock and applied by the thread between steps.
 """
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator
+import threading
+from collections.abc import AsyncIterator, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -21,6 +25,8 @@ from loraloom.engine.request import SamplingParams
 
 logger = logging.getLogger(__name__)
 
+PendingAdd = tuple[str, list[int], SamplingParams, AdapterHandle | None]
+
 
 class AsyncEngine:
     def __init__(self, engine: LLMEngine) -> None:
@@ -30,14 +36,17 @@ class AsyncEngine:
         self.config = engine.config
         self.model_name = engine.model_dir.name
         self.max_model_len = engine.max_model_len
-        self._step_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="loraloom-step")
         # Adapter fetches may be slow (object storage); they must not hold up the step thread.
         self._fetch_threads = ThreadPoolExecutor(max_workers=2, thread_name_prefix="loraloom-fetch")
-        self._streams: dict[str, asyncio.Queue[RequestOutput | BaseException]] = {}
-        self._pending_adds: list[tuple[str, list[int], SamplingParams, AdapterHandle | None]] = []
+        self._streams: dict[str, asyncio.Queue[RequestOutput | BaseException]] = {}  # touched on the loop only
+        # Shared with the step thread, under _lock: what the loop asks it to do between steps.
+        self._lock = threading.Lock()
+        self._work = threading.Condition(self._lock)
+        self._pending_adds: list[PendingAdd] = []
         self._pending_aborts: list[str] = []
-        self._wakeup = asyncio.Event()
-        self._loop_task: asyncio.Task | None = None
+        self._stopping = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._step_thread: threading.Thread | None = None
 
     @classmethod
     def create(
@@ -46,18 +55,19 @@ class AsyncEngine:
         return cls(LLMEngine(model_dir, config, adapter_fetch))
 
     async def start(self) -> None:
-        if self._loop_task is None:
-            self._loop_task = asyncio.create_task(self._run_loop(), name="loraloom-engine-loop")
+        if self._step_thread is None:
+            self._loop = asyncio.get_running_loop()
+            self._stopping = False
+            self._step_thread = threading.Thread(target=self._step_forever, name="loraloom-step", daemon=True)
+            self._step_thread.start()
 
     async def shutdown(self) -> None:
-        if self._loop_task is not None:
-            self._loop_task.cancel()
-            try:
-                await self._loop_task
-            except asyncio.CancelledError:
-                pass
-            self._loop_task = None
-        self._step_thread.shutdown(wait=True)
+        if self._step_thread is not None:
+            with self._work:
+                self._stopping = True
+                self._work.notify()
+            await asyncio.get_running_loop().run_in_executor(None, self._step_thread.join)
+            self._step_thread = None
         self._fetch_threads.shutdown(wait=True)
 
     async def load_adapter(self, adapter: AdapterHandle) -> None:
@@ -87,8 +97,7 @@ class AsyncEngine:
             await self.load_adapter(adapter)
         queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
         self._streams[request_id] = queue
-        self._pending_adds.append((request_id, list(prompt_token_ids), params, adapter))
-        self._wakeup.set()
+        self._submit(adds=[(request_id, list(prompt_token_ids), params, adapter)])
         finished = False
         try:
             while not finished:
@@ -100,35 +109,52 @@ class AsyncEngine:
         finally:
             self._streams.pop(request_id, None)
             if not finished:  # the caller went away (disconnect, cancel): free its blocks and slot
-                self._pending_aborts.append(request_id)
-                self._wakeup.set()
+                self._submit(aborts=[request_id])
 
-    async def _run_loop(self) -> None:
-        loop = asyncio.get_running_loop()
+    def _submit(self, adds: Iterable[PendingAdd] = (), aborts: Iterable[str] = ()) -> None:
+        """Queue work for the step thread and wake it (called on the loop)."""
+        with self._work:
+            self._pending_adds.extend(adds)
+            self._pending_aborts.extend(aborts)
+            self._work.notify()
+
+    def _step_forever(self) -> None:
+        """The step thread: wait for work, apply queued adds/aborts, step, hand the outputs over; again."""
         while True:
-            if not self._pending_adds and not self._pending_aborts and not self.engine.has_unfinished():
-                await self._wakeup.wait()
-            self._wakeup.clear()
-            adds, self._pending_adds = self._pending_adds, []
-            aborts, self._pending_aborts = self._pending_aborts, []
+            with self._work:
+                while not (self._stopping or self._pending_adds or self._pending_aborts or self.engine.has_unfinished()):
+                    self._work.wait()
+                if self._stopping:
+                    return
+                adds, self._pending_adds = self._pending_adds, []
+                aborts, self._pending_aborts = self._pending_aborts, []
             try:
-                outputs, failures = await loop.run_in_executor(self._step_thread, self._step, adds, aborts)
+                outputs, failures = self._step(adds, aborts)
             except Exception as exc:  # a bug in a step must not kill the server: fail the running requests
                 logger.exception("engine step failed")
-                for request_id, queue in list(self._streams.items()):
-                    queue.put_nowait(RuntimeError(f"engine step failed: {exc}"))
-                    self._pending_aborts.append(request_id)
+                self._loop.call_soon_threadsafe(self._fail_all, RuntimeError(f"engine step failed: {exc}"))
                 continue
-            for request_id, error in failures:
-                queue = self._streams.get(request_id)
-                if queue is not None:
-                    queue.put_nowait(error)
-            for output in outputs:
-                queue = self._streams.get(output.request_id)
-                if queue is not None:
-                    queue.put_nowait(output)
+            if outputs or failures:
+                self._loop.call_soon_threadsafe(self._dispatch, outputs, failures)
 
-    def _step(self, adds, aborts) -> tuple[list[RequestOutput], list[tuple[str, Exception]]]:
+    def _dispatch(self, outputs: list[RequestOutput], failures: list[tuple[str, Exception]]) -> None:
+        """On the loop: each output or error to its request's stream (gone if the client left)."""
+        for request_id, error in failures:
+            queue = self._streams.get(request_id)
+            if queue is not None:
+                queue.put_nowait(error)
+        for output in outputs:
+            queue = self._streams.get(output.request_id)
+            if queue is not None:
+                queue.put_nowait(output)
+
+    def _fail_all(self, error: Exception) -> None:
+        """On the loop: fail every open stream and abort its request (a failed step may have left them half-done)."""
+        for request_id, queue in list(self._streams.items()):
+            queue.put_nowait(error)
+        self._submit(aborts=list(self._streams))
+
+    def _step(self, adds: list[PendingAdd], aborts: list[str]) -> tuple[list[RequestOutput], list[tuple[str, Exception]]]:
         """Runs on the step thread: apply queued adds/aborts, then one engine step."""
         failures: list[tuple[str, Exception]] = []
         for request_id in aborts:

@@ -124,7 +124,13 @@ def paged_attention(
 
 
 def _decode_attention(query, k_cache, v_cache, meta, rows, scale, out, k_scale, v_scale) -> None:
-    """All one-token requests at once: pad their sequences to the longest and mask."""
+    """All one-token requests at once: their sequences gathered and padded to the longest, masked.
+
+    One SDPA call over [requests, KV heads, group, D] queries: each KV head's query group acts as
+    that head's "query length", so K/V are never repeated per query head, and SDPA's fused CPU
+    kernel does the products and the softmax (an einsum here cost several times more: it copies
+    K into a matmul layout and materializes the scores in separate passes).
+    """
     num_heads, kv_heads = query.shape[1], k_cache.shape[2]
     group = num_heads // kv_heads
     block_size = k_cache.shape[1]
@@ -133,15 +139,13 @@ def _decode_attention(query, k_cache, v_cache, meta, rows, scale, out, k_scale, 
     max_blocks = -(-max_len // block_size)
     rows_t = torch.tensor(rows)
     tables = meta.block_tables[rows_t, :max_blocks].long()  # [n, max_blocks]
-    k = dequantize_kv(k_cache[tables].flatten(1, 2)[:, :max_len], k_scale, query.dtype)  # [n, max_len, KVH, D]
-    v = dequantize_kv(v_cache[tables].flatten(1, 2)[:, :max_len], v_scale, query.dtype)
+    # [n, KVH, max_len, D] views of the gathered blocks
+    k = dequantize_kv(k_cache[tables].flatten(1, 2)[:, :max_len], k_scale, query.dtype).transpose(1, 2)
+    v = dequantize_kv(v_cache[tables].flatten(1, 2)[:, :max_len], v_scale, query.dtype).transpose(1, 2)
     q_rows = torch.tensor([meta.query_start_loc_host[b] for b in rows])
     q = query[q_rows].view(len(rows), kv_heads, group, -1).to(k.dtype)  # [n, KVH, G, D]
-    scores = torch.einsum("nkgd,nlkd->nkgl", q, k) * scale
-    valid = torch.arange(max_len).unsqueeze(0) < lens.unsqueeze(1)  # [n, max_len]
-    scores = scores.masked_fill(~valid[:, None, None, :], float("-inf"))
-    probs = torch.softmax(scores.float(), dim=-1).to(v.dtype)
-    o = torch.einsum("nkgl,nlkd->nkgd", probs, v)
+    valid = torch.arange(max_len).unsqueeze(0) < lens.unsqueeze(1)  # [n, max_len]; every row has a True
+    o = F.scaled_dot_product_attention(q, k, v, attn_mask=valid[:, None, None, :], scale=scale)  # [n, KVH, G, D]
     out[q_rows] = o.reshape(len(rows), num_heads, -1).to(out.dtype)
 
 

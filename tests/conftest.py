@@ -65,3 +65,16 @@ def tiny_llama_dir(tmp_path_factory) -> Path:
     index = {"metadata": {"total_size": sum(t.numel() * t.element_size() for t in state.values())}, "weight_map": weight_map}
     (directory / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
     return directory
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tiny_llama_dir, model_dir, tmp_path_factory) -> Path:
+    """The tiny random Llama checkpoint plus the bundled tokenizer files: a complete, fast checkpoint dir.
+    Read-only, like tiny_llama_dir."""
+    import shutil
+
+    directory = tmp_path_factory.mktemp("tiny_checkpoint") / "tiny"
+    shutil.copytree(tiny_llama_dir, directory)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(model_dir / name, directory / name)
+    return directory

@@ -1,8 +1,6 @@
 """LLMEngine.from_model and engine/random_model.py: serving a model built in memory, without a tokenizer."""
 from __future__ import annotations
 
-import shutil
-from pathlib import Path
 
 import pytest
 import torch
@@ -30,16 +28,6 @@ def generate(engine: LLMEngine, prompt: list[int], params: SamplingParams = GREE
             tokens += output.token_ids
             text += output.text_delta
     return tokens, text
-
-
-@pytest.fixture
-def tiny_checkpoint(tiny_llama_dir, model_dir, tmp_path) -> Path:
-    """The tiny random Llama checkpoint plus the bundled tokenizer files: a complete, fast checkpoint dir."""
-    directory = tmp_path / "tiny"
-    shutil.copytree(tiny_llama_dir, directory)
-    for name in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copy(model_dir / name, directory / name)
-    return directory
 
 
 def test_from_model_serves_what_the_checkpoint_engine_serves(tiny_checkpoint) -> None:

@@ -1,0 +1,103 @@
+"""The served benchmark's adapters and requests.
+
+Adapters differ the way customers' do: ranks from 4 to 64 and different target-module subsets
+(all seven, attention only, MLP only, a couple of projections). Requests are chat prompts with
+mixed output budgets, some of them behind one long shared system prompt.
+"""
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+ATTENTION = ["q_proj", "k_proj", "v_proj", "o_proj"]
+MLP = ["gate_proj", "up_proj", "down_proj"]
+MODULE_SUBSETS = [ATTENTION + MLP, ATTENTION, MLP, ["q_proj", "v_proj"], ["o_proj", "down_proj"],
+                  ["q_proj", "k_proj", "v_proj", "gate_proj"]]
+RANKS = [4, 8, 16, 32, 48, 64, 12, 24]
+
+TOPICS = [
+    "the history of the printing press", "how vaccines train the immune system", "why the sky is blue",
+    "the rules of chess for a beginner", "how to brew a good cup of coffee", "the water cycle",
+    "what a compiler does", "how bees communicate", "the causes of the French revolution",
+    "how solar panels make electricity", "the difference between weather and climate",
+    "how to plan a vegetable garden", "why cats purr", "how airplanes stay in the air",
+    "how a bill becomes a law", "what makes bread rise", "how the heart pumps blood",
+]
+STYLES = ["in simple words", "with one example", "briefly, in two sentences", "for a ten year old",
+          "as a numbered list", "with an analogy"]
+SHORT_SYSTEM = "You are a concise, friendly assistant."
+# The long shared prefix a support deployment puts before every conversation (~300 tokens).
+LONG_SYSTEM = (
+    "You are the customer-support assistant of Northwind Outdoor Gear. Follow these rules in every answer. "
+    "Greet the customer once, politely, and never repeat the greeting. Answer only questions about our "
+    "products, orders, shipping, returns and warranties, or general outdoor knowledge that helps a customer "
+    "choose equipment. Orders ship within two business days from our warehouses in Denver and Rotterdam; "
+    "standard shipping takes three to seven days, express shipping one to two days. Returns are accepted "
+    "within sixty days for unused items in their original packaging; worn items may be returned within "
+    "thirty days if they are defective. Tents, sleeping bags and backpacks carry a five-year warranty against "
+    "manufacturing defects; footwear carries two years; electronics such as headlamps and GPS units carry one "
+    "year. Never promise refunds, discounts or delivery dates beyond these rules; offer to connect the "
+    "customer with a human agent instead. Do not ask for payment details. Keep answers short, use plain "
+    "language, and when a question is unclear, ask one clarifying question. When you recommend equipment, "
+    "consider the season, the altitude, the number of people and the customer's experience. Always remind "
+    "customers to check local weather and trail conditions before a trip."
+)
+
+
+@dataclass(frozen=True)
+class AdapterSpec:
+    name: str
+    rank: int
+    modules: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    messages: tuple[tuple[str, str], ...]  # (role, content)
+    max_tokens: int
+    adapter: str | None  # None: the base model
+
+    def message_dicts(self) -> list[dict[str, str]]:
+        return [{"role": role, "content": content} for role, content in self.messages]
+
+
+def adapter_specs(count: int) -> list[AdapterSpec]:
+    """`count` adapters cycling through the ranks and module subsets (co-prime cycle lengths mix them)."""
+    return [AdapterSpec(f"tenant{i}-lora", RANKS[i % len(RANKS)], tuple(MODULE_SUBSETS[i % len(MODULE_SUBSETS)]))
+            for i in range(count)]
+
+
+def write_adapters(model_dir: Path, root: Path, specs: list[AdapterSpec]) -> None:
+    """Real PEFT adapters (tests/lora_factory.py) in root/<name>/, as `serve --adapter-dir` reads them."""
+    from lora_factory import make_peft_adapter
+
+    for i, spec in enumerate(specs):
+        if not (root / spec.name / "adapter_config.json").exists():
+            make_peft_adapter(model_dir, root / spec.name, rank=spec.rank, alpha=2 * spec.rank,
+                              target_modules=list(spec.modules), seed=500 + i, init_scale=0.02)
+
+
+def question(rng: random.Random) -> str:
+    return f"Please explain {rng.choice(TOPICS)} {rng.choice(STYLES)}."
+
+
+def uniform_requests(count: int, adapters: list[str | None], max_tokens: int, seed: int) -> list[ChatRequest]:
+    """`count` short chats, request i on adapters[i % len(adapters)], all with the same budget."""
+    rng = random.Random(seed)
+    return [ChatRequest((("system", SHORT_SYSTEM), ("user", question(rng))), max_tokens, adapters[i % len(adapters)])
+            for i in range(count)]
+
+
+def mixed_requests(count: int, adapters: list[str], seed: int) -> list[ChatRequest]:
+    """The realistic mix: budgets from 16 to 256 tokens, a third behind the long shared system prompt,
+    adapters drawn with a skew (a few popular ones, a tail)."""
+    rng = random.Random(seed)
+    weights = [1.0 / (k + 1) for k in range(len(adapters))]
+    requests = []
+    for i in range(count):
+        system = LONG_SYSTEM if i % 3 == 0 else SHORT_SYSTEM
+        budget = rng.choice([16, 32, 64, 128, 256])
+        adapter = rng.choices(adapters, weights)[0]
+        requests.append(ChatRequest((("system", system), ("user", question(rng))), budget, adapter))
+    return requests

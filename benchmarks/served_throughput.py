@@ -1,0 +1,108 @@
+"""Served throughput: `loraloom serve` over HTTP, as users run it, in one run.
+
+Prints:
+1. adapters / base at batch 1, 8 and 32: the same chats sent concurrently with distinct adapters
+   (ranks 4-64, different module subsets, all on one server) and on the base model, alternated;
+2. a realistic mixed workload (40 concurrent chats over 8 adapters, budgets 16-256 tokens, a third
+   behind a long shared system prompt) against HF transformers + PEFT's static batch (useful
+   tokens only) and against the engine driven directly in this process (no HTTP);
+3. the machine's ceiling: a plain HF forward decoding at each batch size.
+
+    python benchmarks/served_throughput.py [--quick] [--skip-peer] [--rounds 2]
+
+Not a test: figures go to BENCHMARKS.md with the machine's load.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE), str(HERE.parent / "tests")]
+
+from served.peers import engine_direct, hf_peft_static_batch, plain_forward_ceiling  # noqa: E402
+from served.server import running_server, send_batch  # noqa: E402
+from served.workload import adapter_specs, mixed_requests, uniform_requests, write_adapters  # noqa: E402
+
+from loraloom.engine.bundled import import_bundled  # noqa: E402
+from loraloom.engine.config import EngineConfig  # noqa: E402
+
+BATCHES = (1, 8, 32)
+MIXED_REQUESTS, MIXED_ADAPTERS = 40, 8
+
+
+def ratio_rows(server, names: list[str], batches, new_tokens: int, rounds: int) -> list[tuple[int, float, float]]:
+    """(batch, adapters tok/s, base tok/s): each round sends the batch on distinct adapters, then on the
+    base model, the same prompts and budgets (ignore_eos, so both generate the same number of tokens)."""
+    rows = []
+    for batch in batches:
+        with_adapters = uniform_requests(batch, names[:batch], new_tokens, seed=batch)
+        on_base = uniform_requests(batch, [None], new_tokens, seed=batch)
+        send_batch(server, with_adapters[:1], ignore_eos=True)  # warm: adapters' first loads are not measured
+        totals = {"adapters": [0.0, 0], "base": [0.0, 0]}
+        for _ in range(rounds):
+            for label, requests in (("adapters", with_adapters), ("base", on_base)):
+                result = send_batch(server, requests, ignore_eos=True)
+                totals[label][0] += result.seconds
+                totals[label][1] += result.completion_tokens
+        rows.append((batch, totals["adapters"][1] / totals["adapters"][0], totals["base"][1] / totals["base"][0]))
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="batches 1 and 8, 16 new tokens, one round")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--new-tokens", type=int, default=48)
+    parser.add_argument("--skip-peer", action="store_true", help="leave out HF+PEFT and the plain-forward ceiling")
+    parser.add_argument("--adapter-cache", type=Path, default=None,
+                        help="directory to keep the generated adapters in between runs")
+    args = parser.parse_args()
+    batches = (1, 8) if args.quick else BATCHES
+    rounds, new_tokens = (1, 16) if args.quick else (args.rounds, args.new_tokens)
+    model_dir = import_bundled()
+    specs = adapter_specs(max(batches))
+    print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f} at start")
+    print("adapters: " + ", ".join(f"{s.name} r{s.rank} {'+'.join(m.removesuffix('_proj') for m in s.modules)}"
+                                   for s in specs[:MIXED_ADAPTERS]) + f", ... ({len(specs)} in all)")
+    with tempfile.TemporaryDirectory() as tmp:
+        adapter_root = args.adapter_cache or Path(tmp) / "adapters"
+        write_adapters(model_dir, adapter_root, specs)
+        names = [spec.name for spec in specs]
+        config = EngineConfig(max_loras=len(specs), max_lora_rank=max(spec.rank for spec in specs))
+        serve_args = ["--adapter-dir", str(adapter_root), "--max-loras", str(config.max_loras),
+                      "--max-lora-rank", str(config.max_lora_rank)]
+        mixed = mixed_requests(MIXED_REQUESTS, names[:MIXED_ADAPTERS], seed=7)
+        with running_server(Path(tmp) / "data", serve_args, Path(tmp) / "serve.log") as server:
+            print(f"\n1. served adapters / base, same chats, {new_tokens} new tokens each, {rounds} round(s)")
+            for batch, adapters, base in ratio_rows(server, names, batches, new_tokens, rounds):
+                print(f"   batch {batch:>2}: adapters {adapters:6.1f} tok/s, base {base:6.1f} tok/s, "
+                      f"ratio {adapters / base:.2f} (target >= 0.90)")
+            send_batch(server, mixed[:MIXED_ADAPTERS])  # warm the mixed workload's adapters
+            served = send_batch(server, mixed)
+        print(f"\n2. mixed workload: {len(mixed)} chats, {MIXED_ADAPTERS} adapters, budgets 16-256, a third "
+              "behind a long shared system prompt")
+        print(f"   loraloom served (HTTP): {served.completion_tokens} tokens in {served.seconds:.1f} s = "
+              f"{served.tokens_per_s:.1f} tok/s")
+        direct_s, direct_tokens = engine_direct(model_dir, config, adapter_root, mixed)
+        direct = direct_tokens / direct_s
+        print(f"   loraloom engine direct: {direct_tokens} tokens in {direct_s:.1f} s = {direct:.1f} tok/s; "
+              f"served / direct {served.tokens_per_s / direct:.2f} (target >= 0.90)")
+        if not args.skip_peer:
+            peer_s, peer_tokens, peer_texts = hf_peft_static_batch(model_dir, adapter_root, mixed)
+            peer = peer_tokens / peer_s
+            same = sum(a == b for a, b in zip(served.texts, peer_texts))
+            print(f"   HF+PEFT static batch:   {peer_tokens} useful tokens in {peer_s:.1f} s = {peer:.1f} tok/s; "
+                  f"served / peer {served.tokens_per_s / peer:.2f}x (target >= 3x); "
+                  f"{same}/{len(mixed)} answers identical")
+            print("\n3. ceiling: plain HF forward decode, no adapter")
+            for batch in batches:
+                print(f"   batch {batch:>2}: {plain_forward_ceiling(model_dir, batch):6.1f} tok/s")
+    print(f"\nload average {os.getloadavg()[0]:.2f} at end")
+
+
+if __name__ == "__main__":
+    main()
