@@ -113,8 +113,9 @@ class LLMEngine:
             max_rank=config.max_lora_rank,
             dtype=getattr(torch, config.dtype),
             device=device,
+            backend=kernels,
         )
-        attach_lora(model, lora_pool, kernels)
+        attach_lora(model, lora_pool)
         # Before the memory plan, whose profiling step would otherwise be the first to use the scales,
         # and before decode graphs are captured (they read the scales by address).
         self.kv_scales_source = prepare_kv_scales(model, config, tokenizer)

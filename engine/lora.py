@@ -2,12 +2,12 @@
 
 Which adapter key sits in which slot is decided by the scheduler's slot table;
 the pool only copies validated weights (engine/lora_weights.py) into a given
-slot index. Every slot has room for every targetable module at the server's max
-rank, so one batched LoRA call per wrapped linear serves all adapters of a step,
-and the Llama forward (engine/model.py) stays LoRA-free. Beside the weights the
-pool keeps each slot's rank per module (SliceRanks, 0 where the adapter does not
-target the module), so the kernels compute each adapter at its own rank on its
-own modules only.
+slot index, in the layout the kernel backend wants (kernels/lora_stacks.py), built
+once per load. Every slot has room for every targetable module at the server's max
+rank, so one add_lora call per wrapped linear serves all adapters of a step, and
+the Llama forward (engine/model.py) stays LoRA-free. The stacks know each slot's
+rank per module (0 where the adapter does not target it), so the kernels compute
+each adapter at its own rank on its own modules only.
 """
 from __future__ import annotations
 
@@ -21,7 +21,8 @@ from loraloom.engine.config import ModelConfig
 from loraloom.engine.layers import Linear
 from loraloom.engine.lora_weights import AdapterLoadError, AdapterWeights, load_adapter_weights, lora_module_shapes
 from loraloom.kernels.backend import REFERENCE_BACKEND, KernelBackend
-from loraloom.kernels.metadata import SGMVMetadata, SliceRanks
+from loraloom.kernels.lora_stacks import LoRAStack
+from loraloom.kernels.metadata import SGMVMetadata
 from loraloom.kernels.sgmv_plan import SGMVLayout, SGMVPlan, metadata_views, plan_sgmv, segment_capacity, tile_capacity
 
 __all__ = [
@@ -48,13 +49,11 @@ PACKED_MODULES: dict[str, tuple[str, ...]] = {
     "mlp.gate_up_proj": ("gate_proj", "up_proj"),
     "mlp.down_proj": ("down_proj",),
 }
-# Each PEFT module -> the wrapped Linear it is packed into, and its slice index there.
-_PACKED_PATH = {module: path for path, modules in PACKED_MODULES.items() for module in modules}
-_SLICE_INDEX = {module: modules.index(module) for modules in PACKED_MODULES.values() for module in modules}
 
 
 class LoRASlotPool:
-    """Preallocated per-slot LoRA stacks: for each layer and module, lora_a [S, R, in] and lora_b [S, out, R]."""
+    """Adapter slots: per decoder layer and wrapped linear, one stack (kernels/lora_stacks.py) in
+    the layout the kernel backend's add_lora wants, filled when an adapter is loaded into a slot."""
 
     def __init__(
         self,
@@ -63,6 +62,7 @@ class LoRASlotPool:
         max_rank: int,
         dtype: torch.dtype,
         device: torch.device | str,
+        backend: KernelBackend = REFERENCE_BACKEND,
     ) -> None:
         if num_slots < 1 or max_rank < 1:
             raise ValueError(f"lora pool: num_slots ({num_slots}) and max_rank ({max_rank}) must be >= 1; "
@@ -70,57 +70,45 @@ class LoRASlotPool:
         self.num_slots = num_slots
         self.max_rank = max_rank
         self.num_layers = model_config.num_layers
+        self.backend = backend
         shapes = lora_module_shapes(model_config)
-        # Zero rank padding and untargeted modules contribute exactly nothing, so they need no masking.
-        self.lora_a: list[dict[str, torch.Tensor]] = [
-            {name: torch.zeros(num_slots, max_rank, shape.in_features, dtype=dtype, device=device)
-             for name, shape in shapes.items()}
-            for _ in range(self.num_layers)
-        ]
-        self.lora_b: list[dict[str, torch.Tensor]] = [
-            {name: torch.zeros(num_slots, shape.out_features, max_rank, dtype=dtype, device=device)
-             for name, shape in shapes.items()}
-            for _ in range(self.num_layers)
-        ]
-        self.slot_ranks_host: list[int] = [0] * num_slots  # 0 = empty slot
-        # Per layer and wrapped linear: each slot's rank in each of its slices (modules).
-        self.slice_ranks: list[dict[str, SliceRanks]] = [
-            {path: SliceRanks(device=torch.zeros(len(modules), num_slots, dtype=torch.int32, device=device),
-                              host=[[0] * num_slots for _ in modules])
+        self.stacks: list[dict[str, LoRAStack]] = [
+            {path: backend.lora_stack.allocate(num_slots, max_rank, shapes[modules[0]].in_features,
+                                               [shapes[name].out_features for name in modules], dtype, device)
              for path, modules in PACKED_MODULES.items()}
             for _ in range(self.num_layers)
         ]
+        self.slot_ranks_host: list[int] = [0] * num_slots  # 0 = empty slot
+
+    def tensors(self) -> list[torch.Tensor]:
+        """Every weight tensor of every stack (for memory plans and tests)."""
+        return [tensor for layer in self.stacks for stack in layer.values() for tensor in stack.tensors()]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(tensor.nbytes for tensor in self.tensors())
 
     def load(self, slot: int, weights: AdapterWeights) -> None:
-        """Copy an adapter into `slot`, replacing whatever was there."""
+        """Copy an adapter into `slot`, replacing whatever was there (modules it does not target get rank 0)."""
         self._check_slot(slot)
         if weights.rank > self.max_rank:
             raise ValueError(f"lora pool: adapter rank {weights.rank} exceeds the pool's max_rank {self.max_rank}")
-        self.clear(slot)
-        for (layer, name), module in weights.modules.items():
-            rank = module.lora_a.shape[0]
-            self.lora_a[layer][name][slot, :rank].copy_(module.lora_a)  # [r, in]
-            self.lora_b[layer][name][slot, :, :rank].copy_(module.lora_b)  # [out, r]
-            self._set_module_rank(layer, name, slot, rank)
+        for layer, stacks in enumerate(self.stacks):
+            for path, stack in stacks.items():
+                slices = []
+                for name in PACKED_MODULES[path]:
+                    module = weights.modules.get((layer, name))
+                    slices.append(None if module is None else (module.lora_a, module.lora_b))  # [r, in], [out, r]
+                stack.load(slot, slices)
         self.slot_ranks_host[slot] = weights.rank
 
     def clear(self, slot: int) -> None:
-        """Empty a slot: zero weights (a new adapter of lower rank leaves no stale columns) and rank 0 everywhere."""
+        """Empty a slot: zero weights and rank 0 everywhere."""
         self._check_slot(slot)
-        for stacks in (*self.lora_a, *self.lora_b):
+        for stacks in self.stacks:
             for stack in stacks.values():
-                stack[slot].zero_()
-        for layer_ranks in self.slice_ranks:
-            for ranks in layer_ranks.values():
-                ranks.device[:, slot] = 0
-                for slice_ranks in ranks.host:
-                    slice_ranks[slot] = 0
+                stack.clear(slot)
         self.slot_ranks_host[slot] = 0
-
-    def _set_module_rank(self, layer: int, module: str, slot: int, rank: int) -> None:
-        ranks, index = self.slice_ranks[layer][_PACKED_PATH[module]], _SLICE_INDEX[module]
-        ranks.device[index, slot] = rank
-        ranks.host[index][slot] = rank
 
     def _check_slot(self, slot: int) -> None:
         if not 0 <= slot < self.num_slots:
@@ -130,27 +118,11 @@ class LoRASlotPool:
 class LoRALinear(nn.Module):
     """base(x) plus, for each token of an adapter slot, that slot's B @ A @ x per output slice."""
 
-    def __init__(
-        self,
-        base: Linear,
-        lora_a: list[torch.Tensor],  # per slice: [S, R, in] (views of the pool's stacks)
-        lora_b: list[torch.Tensor],  # per slice: [S, out_slice, R]
-        ranks: SliceRanks,  # each slot's rank per slice, kept current by the pool
-        backend: KernelBackend,
-    ) -> None:
+    def __init__(self, base: Linear, stack: LoRAStack, backend: KernelBackend) -> None:
         super().__init__()
-        if len(lora_a) != len(base.slice_sizes) or len(lora_b) != len(base.slice_sizes):
-            raise ValueError(f"LoRALinear: got {len(lora_a)} lora_a / {len(lora_b)} lora_b stacks for a Linear "
-                             f"with slices {base.slice_sizes}; pass one per slice")
-        for index, (a, b, size) in enumerate(zip(lora_a, lora_b, base.slice_sizes)):
-            if a.shape[2] != base.in_features or b.shape[1] != size:
-                raise ValueError(f"LoRALinear: slice {index} stacks have shapes {list(a.shape)} / {list(b.shape)}, "
-                                 f"expected [S, R, {base.in_features}] / [S, {size}, R]")
         self.base = base
-        # Plain lists, not buffers: the pool owns these tensors and loads adapters into them in place.
-        self.lora_a = lora_a
-        self.lora_b = lora_b
-        self.ranks = ranks
+        # Not a buffer: the pool owns the stack and loads adapters into it in place.
+        self.stack = stack
         self.backend = backend
         offsets = [0]
         for size in base.slice_sizes:
@@ -165,31 +137,24 @@ class LoRALinear(nn.Module):
         out = self.base(x, None)  # [T, out]
         if lora is None or lora.num_segments == 0:
             return out  # a base-only step: no LoRA work at all
-        self.backend.add_lora(x, self.lora_a, self.lora_b, self.ranks, lora, out, self.slice_offsets)
+        self.backend.add_lora(x, self.stack, lora, out, self.slice_offsets)
         return out
 
 
-def attach_lora(model: nn.Module, pool: LoRASlotPool, backend: KernelBackend = REFERENCE_BACKEND) -> None:
+def attach_lora(model: nn.Module, pool: LoRASlotPool) -> None:
     """Replace the four projections of every decoder layer by LoRALinear wrappers over the pool's stacks."""
     if len(model.layers) != pool.num_layers:
         raise ValueError(f"attach_lora: the model has {len(model.layers)} layers but the pool was built for "
                          f"{pool.num_layers}; build the pool from the model's ModelConfig")
     for index, layer in enumerate(model.layers):
-        for path, modules in PACKED_MODULES.items():
+        for path in PACKED_MODULES:
             block_name, linear_name = path.split(".")
             block = getattr(layer, block_name)
             base = getattr(block, linear_name)
             if not isinstance(base, Linear):
                 raise TypeError(f"attach_lora: layers[{index}].{path} is a {type(base).__name__}, not a base Linear; "
                                 "attach LoRA once, to a freshly loaded model")
-            wrapped = LoRALinear(
-                base,
-                [pool.lora_a[index][name] for name in modules],
-                [pool.lora_b[index][name] for name in modules],
-                pool.slice_ranks[index][path],
-                backend,
-            )
-            setattr(block, linear_name, wrapped)
+            setattr(block, linear_name, LoRALinear(base, pool.stacks[index][path], pool.backend))
 
 
 def build_sgmv_metadata(

@@ -85,10 +85,6 @@ def module_bytes(module: nn.Module) -> int:
     return sum(storages.values())
 
 
-def lora_pool_bytes(pool: LoRASlotPool) -> int:
-    return sum(t.nbytes for stacks in (*pool.lora_a, *pool.lora_b) for t in stacks.values())
-
-
 def kv_blocks_for_budget(
     *,
     total_bytes: int,
@@ -140,7 +136,7 @@ def plan_memory(
         num_blocks = DEFAULT_NUM_KV_BLOCKS if config.num_kv_blocks is None else config.num_kv_blocks
     plan = MemoryPlan(
         weights_bytes=module_bytes(model),
-        lora_slots_bytes=lora_pool_bytes(lora_pool),
+        lora_slots_bytes=lora_pool.nbytes,
         activation_peak_bytes=activation_peak,
         non_torch_bytes=non_torch,
         kv_cache_bytes=num_blocks * block_bytes,

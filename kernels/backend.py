@@ -12,7 +12,8 @@ from typing import Callable
 import torch
 
 from loraloom.kernels import reference
-from loraloom.kernels.metadata import AttentionMetadata, SGMVMetadata, SliceRanks
+from loraloom.kernels.lora_stacks import LoRAStack, PackedStack, SliceStack
+from loraloom.kernels.metadata import AttentionMetadata, SGMVMetadata
 
 # K/V writers and attention take (k_scale, v_scale) last: [1] fp32 tensors for an FP8 cache, None
 # for a cache in the activation dtype (kernels/kv_quant.py).
@@ -20,9 +21,9 @@ Scale = torch.Tensor | None
 WriteKVCache = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, Scale, Scale], None]
 PagedAttention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, AttentionMetadata, float, Scale, Scale],
                           torch.Tensor]
-# add_lora(x, lora_a, lora_b, ranks, meta, out, slice_offsets): every adapter token's LoRA added to out.
-AddLoRA = Callable[[torch.Tensor, list[torch.Tensor], list[torch.Tensor], SliceRanks, SGMVMetadata, torch.Tensor,
-                    list[int]], None]
+# add_lora(x, stack, meta, out, slice_offsets): every adapter token's LoRA added to out, from the
+# weights in the backend's own stack layout (lora_stack, kernels/lora_stacks.py).
+AddLoRA = Callable[[torch.Tensor, LoRAStack, SGMVMetadata, torch.Tensor, list[int]], None]
 RotaryWriteKVCache = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
                                torch.Tensor, torch.Tensor, Scale, Scale], None]
 RMSNorm = Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]
@@ -37,6 +38,7 @@ class KernelBackend:
     write_kv_cache: WriteKVCache
     rotary_write_kv_cache: RotaryWriteKVCache
     paged_attention: PagedAttention
+    lora_stack: type[SliceStack] | type[PackedStack]  # the slot pool's weight layout that add_lora reads
     add_lora: AddLoRA
     rms_norm: RMSNorm
     fused_add_rms_norm: FusedAddRMSNorm
@@ -47,6 +49,7 @@ REFERENCE_BACKEND = KernelBackend(
     write_kv_cache=reference.write_kv_cache,
     rotary_write_kv_cache=reference.rotary_write_kv_cache,
     paged_attention=reference.paged_attention,
+    lora_stack=PackedStack,
     add_lora=reference.add_lora,
     rms_norm=reference.rms_norm,
     fused_add_rms_norm=reference.fused_add_rms_norm,
@@ -73,6 +76,7 @@ def get_backend(device: torch.device | str) -> KernelBackend:
         write_kv_cache=paged_attention.write_kv_cache,
         rotary_write_kv_cache=rotary.rotary_write_kv_cache,
         paged_attention=paged_attention.paged_attention,
+        lora_stack=SliceStack,
         add_lora=sgmv.add_lora,
         rms_norm=norm.rms_norm,
         fused_add_rms_norm=norm.fused_add_rms_norm,

@@ -9,7 +9,8 @@ import torch
 import torch.nn.functional as F
 
 from loraloom.kernels.kv_quant import check_kv_scales, dequantize_kv, quantize_kv
-from loraloom.kernels.metadata import AttentionMetadata, SGMVMetadata, SliceRanks
+from loraloom.kernels.lora_stacks import PackedStack
+from loraloom.kernels.metadata import AttentionMetadata, SGMVMetadata
 
 
 def write_kv_cache(
@@ -164,19 +165,13 @@ def fused_add_rms_norm(x: torch.Tensor, residual: torch.Tensor, weight: torch.Te
     return rms_norm(new_residual, weight, eps), new_residual
 
 
-def _slice_rank(meta: SGMVMetadata, slice_ranks: list[list[int]] | None, slice_index: int, slot: int) -> int:
-    """The rank slot `slot` has in slice `slice_index`: per slice when given, else the slot's (its largest)."""
-    return meta.slot_ranks_host[slot] if slice_ranks is None else slice_ranks[slice_index][slot]
-
-
 def sgmv_shrink(
     x: torch.Tensor,  # [T, in_features]
     lora_a: list[torch.Tensor],  # per slice: [S, max_rank, in_features]
     meta: SGMVMetadata,
     out: torch.Tensor,  # [num_slices, T, max_rank]; rows of base tokens are left untouched
-    slice_ranks: list[list[int]] | None = None,  # [num_slices][S]; None: every slice has the slot's rank
 ) -> None:
-    """for each segment a (slot s), token t in it, slice i with rank r (slice_ranks[i][s]) > 0:
+    """for each segment a (slot s, rank r), token t in it, slice i:
     out[i, t, :r] = x[t] @ lora_a[i][s, :r].T
     Padding segments (length 0, slot -1) and padding tiles do nothing."""
     for start, length, slot in zip(meta.segment_starts_host, meta.segment_lens_host, meta.active_slots_host):
@@ -184,10 +179,9 @@ def sgmv_shrink(
             continue
         rows = meta.sorted_token_ids[start:start + length].long()
         xs = x[rows]
+        rank = meta.slot_ranks_host[slot]
         for i, a in enumerate(lora_a):
-            rank = _slice_rank(meta, slice_ranks, i, slot)
-            if rank:
-                out[i, rows, :rank] = xs @ a[slot, :rank].T
+            out[i, rows, :rank] = xs @ a[slot, :rank].T
 
 
 def sgmv_expand(
@@ -196,62 +190,62 @@ def sgmv_expand(
     meta: SGMVMetadata,
     base_out: torch.Tensor,  # [T, sum(out_features_i)], updated in place
     slice_offsets: list[int],  # [num_slices + 1] column offsets of each slice in base_out
-    slice_ranks: list[list[int]] | None = None,  # [num_slices][S]; None: every slice has the slot's rank
 ) -> None:
-    """for each segment a (slot s), token t in it, slice i with rank r (slice_ranks[i][s]) > 0:
+    """for each segment a (slot s, rank r), token t in it, slice i:
     base_out[t, off_i:off_{i+1}] += y[i, t, :r] @ lora_b[i][s, :, :r].T
     Padding segments (length 0, slot -1) and padding tiles do nothing."""
     for start, length, slot in zip(meta.segment_starts_host, meta.segment_lens_host, meta.active_slots_host):
         if length == 0:
             continue
         rows = meta.sorted_token_ids[start:start + length].long()
+        rank = meta.slot_ranks_host[slot]
         for i, b in enumerate(lora_b):
-            rank = _slice_rank(meta, slice_ranks, i, slot)
-            if rank:
-                lo, hi = slice_offsets[i], slice_offsets[i + 1]
-                base_out[rows, lo:hi] += y[i, rows, :rank] @ b[slot, :, :rank].T
+            lo, hi = slice_offsets[i], slice_offsets[i + 1]
+            base_out[rows, lo:hi] += y[i, rows, :rank] @ b[slot, :, :rank].T
 
 
 def add_lora(
     x: torch.Tensor,  # [T, in_features]
-    lora_a: list[torch.Tensor],  # per slice: [S, max_rank, in_features]
-    lora_b: list[torch.Tensor],  # per slice: [S, out_features_i, max_rank], lora scaling folded in
-    ranks: SliceRanks,
+    stack: PackedStack,  # every slot's weights, packed at its own ranks (kernels/lora_stacks.py)
     meta: SGMVMetadata,
     out: torch.Tensor,  # [T, sum(out_features_i)]: the base layer's output, updated in place
     slice_offsets: list[int],  # [num_slices + 1] column offsets of each slice in out
 ) -> None:
-    """LoRA of every adapter token added to the base output: shrink and expand per segment.
+    """LoRA of every adapter token added to the base output: one shrink and one expand per
+    targeted slice, per segment.
 
-    for each segment a (slot s), token t in it, slice i with rank r = ranks.host[i][s] > 0:
-        out[t, off_i:off_{i+1}] += (x[t] @ lora_a[i][s, :r].T) @ lora_b[i][s, :, :r].T
+    for each segment a (slot s), token t in it, slice i that s targets with rank r:
+        out[t, off_i:off_{i+1}] += (x[t] @ A_i[s, :r].T) @ B_i[s, :, :r].T
 
     The work is each segment's tokens times its adapter's own rank in each module it targets: no
     slot, rank padding or untargeted module is computed, and rows outside every segment (base
     tokens, other adapters' tokens) are never written, so they get exactly nothing whatever any
-    slot holds. A segment whose rows are one contiguous run (meta.segment_rows_host, the usual case:
-    the scheduler groups each adapter's requests) works on views and adds in place; otherwise its
+    slot holds. The shrink is one matmul over the slot's packed A (all targeted slices at once);
+    a segment whose rows are one contiguous run (meta.segment_rows_host, the usual case: the
+    scheduler groups each adapter's requests) works on views and adds in place, otherwise its
     rows are gathered and the result scattered back.
     """
+    columns = None  # per slice: its columns of out, made once per call
     for start, length, slot, first_row in zip(meta.segment_starts_host, meta.segment_lens_host,
                                               meta.active_slots_host, meta.segment_rows_host):
-        if length == 0:
-            continue
+        views = stack.slots[slot]
+        if length == 0 or views is None:
+            continue  # the adapter targets none of this linear's modules
+        if columns is None:
+            columns = [out[:, lo:hi] for lo, hi in zip(slice_offsets, slice_offsets[1:])]
         if first_row >= 0:
-            rows = slice(first_row, first_row + length)
+            rows = None
+            xs = x.narrow(0, first_row, length)
         else:
             rows = meta.sorted_token_ids[start:start + length].long()
-        xs = x[rows]  # [n, in]: a view for a contiguous segment
-        for i, (a, b) in enumerate(zip(lora_a, lora_b)):
-            rank = ranks.host[i][slot]
-            if rank == 0:
-                continue  # the adapter does not target this module
-            target = out[:, slice_offsets[i]:slice_offsets[i + 1]]  # [T, out_i] view
-            shrunk = xs @ a[slot, :rank].T  # [n, rank]
-            if first_row >= 0:
-                target[rows].addmm_(shrunk, b[slot, :, :rank].T)
+            xs = x[rows]
+        shrunk = torch.mm(xs, views.a_t)  # [n, total rank]
+        parts = shrunk.split(views.split, dim=1) if len(views.split) > 1 else (shrunk,)
+        for (index, b_t), part in zip(views.expands, parts):
+            if rows is None:
+                columns[index].narrow(0, first_row, length).addmm_(part, b_t)
             else:
-                target.index_add_(0, rows, shrunk @ b[slot, :, :rank].T)
+                columns[index].index_add_(0, rows, torch.mm(part, b_t))
 
 
 def fp8_scaled_mm(

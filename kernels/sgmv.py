@@ -33,7 +33,8 @@ import torch
 import triton
 import triton.language as tl
 
-from loraloom.kernels.metadata import SGMVMetadata, SliceRanks
+from loraloom.kernels.lora_stacks import SliceStack
+from loraloom.kernels.metadata import SGMVMetadata
 
 MAX_SLICES = 3  # q, k, v: the widest fused projection in a Llama layer
 
@@ -416,16 +417,15 @@ def sgmv_expand(
 
 def add_lora(
     x: torch.Tensor,  # [T, in_features]
-    lora_a: list[torch.Tensor],  # per slice: [S, max_rank, in_features]
-    lora_b: list[torch.Tensor],  # per slice: [S, out_features_i, max_rank], lora scaling folded in
-    ranks: SliceRanks,
+    stack: SliceStack,  # per slice A [S, R, in], B [S, out_i, R] (lora scaling folded in), ranks [slices, S]
     meta: SGMVMetadata,
     out: torch.Tensor,  # [T, sum(out_features_i)]: the base layer's output, updated in place
     slice_offsets: list[int],  # [num_slices + 1]
 ) -> None:
     """kernels/reference.py add_lora's contract: shrink into a zeroed [num_slices, T, max_rank]
     buffer, then expand into out; slices an adapter does not target launch programs that exit at once."""
+    lora_a = stack.lora_a
     # Zeroed, not empty: a kernel may read the rank padding, and 0 * NaN would poison the sum.
     shrunk = torch.zeros(len(lora_a), x.shape[0], lora_a[0].shape[1], dtype=lora_a[0].dtype, device=x.device)
-    sgmv_shrink(x, lora_a, meta, shrunk, ranks.device)
-    sgmv_expand(shrunk, lora_b, meta, out, slice_offsets, ranks.device)
+    sgmv_shrink(x, lora_a, meta, shrunk, stack.ranks.device)
+    sgmv_expand(shrunk, stack.lora_b, meta, out, slice_offsets, stack.ranks.device)

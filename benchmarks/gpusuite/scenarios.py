@@ -301,7 +301,8 @@ def cold_load_rows(engine: LLMEngine, setup: Setup) -> list[Row]:
         engine.abort_request(request_id)
 
     weights = engine.adapter_cache.get(cold)
-    pool = LoRASlotPool(setup.model_config, num_slots=1, max_rank=ADAPTER_RANK, dtype=setup.dtype, device=setup.device)
+    pool = LoRASlotPool(setup.model_config, num_slots=1, max_rank=ADAPTER_RANK, dtype=setup.dtype, device=setup.device,
+                        backend=get_backend(setup.device))
     slot_s = seconds_per_call(lambda: pool.load(0, weights), setup.device, 3)
     host_bytes = sum(m.lora_a.nbytes + m.lora_b.nbytes for m in weights.modules.values())
     h2d = setup.ceilings.host_to_device_bandwidth

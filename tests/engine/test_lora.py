@@ -20,6 +20,7 @@ from loraloom.engine.lora import (
     AdapterLoadError,
     LoRALinear,
     LoRASlotPool,
+    PACKED_MODULES,
     SGMVLayout,
     attach_lora,
     build_sgmv_metadata,
@@ -32,7 +33,8 @@ from loraloom.engine.lora import (
 from loraloom.engine.lora_weights import ADAPTER_WEIGHTS_FILE
 from loraloom.engine.model import allocate_kv_cache
 from loraloom.kernels.backend import REFERENCE_BACKEND
-from loraloom.kernels.metadata import AttentionMetadata, SliceRanks
+from loraloom.kernels.lora_stacks import PackedStack, SliceStack
+from loraloom.kernels.metadata import AttentionMetadata
 
 ALL_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
 
@@ -167,33 +169,71 @@ def test_accepts_bfloat16_weights(tiny_llama_dir, tiny_config, tmp_path):
 # ----------------------------------------------------------------------------- slot pool
 
 
-def test_pool_load_replaces_and_zero_fills(tiny_llama_dir, tiny_config, tmp_path):
+@pytest.mark.parametrize("stack_type", [PackedStack, SliceStack])
+def test_pool_load_replaces_and_zero_fills(tiny_llama_dir, tiny_config, tmp_path, stack_type):
     big = load_adapter_weights(
         tiny_adapter(tiny_llama_dir, tmp_path / "big", rank=8, target_modules=ALL_MODULES), tiny_config, max_rank=8)
     small = load_adapter_weights(tiny_adapter(tiny_llama_dir, tmp_path / "small", rank=2), tiny_config, max_rank=8)
-    pool = LoRASlotPool(model_config=tiny_config, num_slots=3, max_rank=8, dtype=torch.float32, device="cpu")
+    backend = dataclasses.replace(REFERENCE_BACKEND, lora_stack=stack_type)
+    pool = LoRASlotPool(model_config=tiny_config, num_slots=3, max_rank=8, dtype=torch.float32, device="cpu",
+                        backend=backend)
     pool.load(0, big)
     pool.load(2, big)
     pool.load(2, small)  # must leave nothing of `big` behind in slot 2
     assert pool.slot_ranks_host == [8, 0, 2]
     for layer in range(tiny_config.num_layers):
-        for name in ALL_MODULES:
-            a, b = pool.lora_a[layer][name], pool.lora_b[layer][name]
-            expected_a, expected_b = torch.zeros_like(a[2]), torch.zeros_like(b[2])
-            if (layer, name) in small.modules:
-                expected_a[:2] = small.modules[layer, name].lora_a
-                expected_b[:, :2] = small.modules[layer, name].lora_b
-            assert torch.equal(a[2], expected_a) and torch.equal(b[2], expected_b)
-            assert torch.equal(a[0], big.modules[layer, name].lora_a)
-            assert not a[1].any() and not b[1].any()
+        for path, modules in PACKED_MODULES.items():
+            stack = pool.stacks[layer][path]
+            for slot, adapter in ((0, big), (2, small)):
+                assert slot_weights(stack, slot) == [
+                    None if (layer, name) not in adapter.modules
+                    else (adapter.modules[layer, name].lora_a.tolist(), adapter.modules[layer, name].lora_b.tolist())
+                    for name in modules]
+            assert not any(tensor[1].any() for tensor in stack.tensors())
     pool.clear(0)
     assert pool.slot_ranks_host == [0, 0, 2]
-    assert not any(stack[0].any() for stacks in pool.lora_a + pool.lora_b for stack in stacks.values())
+    assert not any(tensor[0].any() for tensor in pool.tensors())
     with pytest.raises(IndexError, match="slot 3 is out of range"):
         pool.load(3, small)
 
 
+def slot_weights(stack, slot: int) -> list:
+    """What a stack holds for a slot, per slice: (A, B) at the slice's rank as lists, None if untargeted;
+    checks that everything past the rank is zero on the way."""
+    if isinstance(stack, SliceStack):
+        held = []
+        for i, (a, b) in enumerate(zip(stack.lora_a, stack.lora_b)):
+            rank = stack.ranks.host[i][slot]
+            assert int(stack.ranks.device[i, slot]) == rank
+            assert not a[slot, rank:].any() and not b[slot, :, rank:].any()
+            held.append((a[slot, :rank].tolist(), b[slot, :, :rank].tolist()) if rank else None)
+        return held
+    views = stack.slots[slot]
+    held = [None] * len(stack.lora_b_t)
+    row = 0
+    for (i, b_t), rank in zip(views.expands if views else [], views.split if views else []):
+        held[i] = (stack.lora_a[slot, row:row + rank].tolist(), b_t.T.tolist())
+        assert not stack.lora_b_t[i][slot, rank:].any()
+        row += rank
+    assert not stack.lora_a[slot, row:].any()
+    return held
+
+
 # ----------------------------------------------------------------------------- LoRALinear
+
+
+def filled_stack(stack_type, slice_ranks: list[list[int]], in_features: int, slice_sizes: tuple[int, ...],
+                 dtype: torch.dtype, gen: torch.Generator):
+    """A stack with random weights per [slice][slot] rank (0: slice not targeted); also returns the weights."""
+    num_slots, max_rank = len(slice_ranks[0]), 8
+    stack = stack_type.allocate(num_slots, max_rank, in_features, list(slice_sizes), dtype, "cpu")
+    weights = [[None if rank == 0 else (torch.randn(rank, in_features, generator=gen, dtype=dtype),
+                                        torch.randn(size, rank, generator=gen, dtype=dtype))
+                for size, rank in zip(slice_sizes, [ranks[slot] for ranks in slice_ranks])]
+               for slot in range(num_slots)]
+    for slot, slices in enumerate(weights):
+        stack.load(slot, slices)
+    return stack, weights
 
 
 @pytest.mark.parametrize("token_slots", [[1, -1, 0, 1, 0, -1, 1], [-1, -1, 0, 0, 1, 1, 1]],
@@ -201,18 +241,12 @@ def test_pool_load_replaces_and_zero_fills(tiny_llama_dir, tiny_config, tmp_path
 def test_lora_linear_matches_fp64_loop(token_slots):
     """Per-slice ranks: slot 0 targets slices 0 and 2 at different ranks, slot 1 all three, slot 2 nothing."""
     gen = torch.Generator().manual_seed(3)
-    in_features, slice_sizes, num_slots, max_rank = 24, (16, 8, 8), 3, 8
+    in_features, slice_sizes = 24, (16, 8, 8)
     slice_ranks = [[8, 3, 0], [0, 3, 0], [5, 1, 0]]  # [slice][slot]
     base = Linear(in_features, slice_sizes, torch.float64, "cpu")
     base.weight.data = torch.randn(sum(slice_sizes), in_features, generator=gen, dtype=torch.float64)
-    lora_a = [torch.zeros(num_slots, max_rank, in_features, dtype=torch.float64) for _ in slice_sizes]
-    lora_b = [torch.zeros(num_slots, size, max_rank, dtype=torch.float64) for size in slice_sizes]
-    for a, b, ranks in zip(lora_a, lora_b, slice_ranks):
-        for slot, rank in enumerate(ranks):
-            a[slot, :rank] = torch.randn(rank, in_features, generator=gen, dtype=torch.float64)
-            b[slot, :, :rank] = torch.randn(b.shape[1], rank, generator=gen, dtype=torch.float64)
-    ranks = SliceRanks(device=torch.tensor(slice_ranks, dtype=torch.int32), host=slice_ranks)
-    layer = LoRALinear(base, lora_a, lora_b, ranks, REFERENCE_BACKEND)
+    stack, weights = filled_stack(PackedStack, slice_ranks, in_features, slice_sizes, torch.float64, gen)
+    layer = LoRALinear(base, stack, REFERENCE_BACKEND)
     x = torch.randn(len(token_slots), in_features, generator=gen, dtype=torch.float64)
 
     out = layer(x, build_sgmv_metadata(token_slots, [8, 3, 0], "cpu"))
@@ -222,8 +256,9 @@ def test_lora_linear_matches_fp64_loop(token_slots):
         expected[t] = base.weight @ x[t]
         if slot >= 0:
             offset = 0
-            for a, b, size in zip(lora_a, lora_b, slice_sizes):
-                expected[t, offset:offset + size] += b[slot] @ (a[slot] @ x[t])
+            for pair, size in zip(weights[slot], slice_sizes):
+                if pair is not None:
+                    expected[t, offset:offset + size] += pair[1] @ (pair[0] @ x[t])
                 offset += size
     torch.testing.assert_close(out, expected, rtol=1e-12, atol=1e-12)
     assert torch.equal(layer(x, None), x @ base.weight.T)
@@ -235,15 +270,11 @@ def test_lora_linear_gives_base_tokens_exact_zeros_whatever_the_slots_hold():
     in_features, slice_sizes = 8, (4, 4)
     base = Linear(in_features, slice_sizes, torch.float32, "cpu")
     base.weight.data = torch.randn(sum(slice_sizes), in_features)
-    lora_a = [torch.zeros(2, 2, in_features) for _ in slice_sizes]
-    lora_b = [torch.zeros(2, size, 2) for size in slice_sizes]
-    for a, b in zip(lora_a, lora_b):
-        a[0].fill_(float("inf"))
-        b[0].fill_(float("nan"))
-        a[1] = torch.randn(2, in_features)
-        b[1] = torch.randn(b.shape[1], 2)
-    ranks = SliceRanks(device=torch.tensor([[2, 2], [2, 2]], dtype=torch.int32), host=[[2, 2], [2, 2]])
-    layer = LoRALinear(base, lora_a, lora_b, ranks, REFERENCE_BACKEND)
+    stack = PackedStack.allocate(2, 2, in_features, list(slice_sizes), torch.float32, "cpu")
+    stack.load(0, [(torch.full((2, in_features), float("inf")), torch.full((size, 2), float("nan")))
+                   for size in slice_sizes])
+    stack.load(1, [(torch.randn(2, in_features), torch.randn(size, 2)) for size in slice_sizes])
+    layer = LoRALinear(base, stack, REFERENCE_BACKEND)
     token_slots = [-1, 0, 1, -1, 1]
     x = torch.randn(len(token_slots), in_features)
 

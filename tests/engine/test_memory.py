@@ -87,4 +87,4 @@ def test_profile_step_runs_the_largest_step_and_leaves_the_pool_empty(max_num_se
     assert calls == [8]  # called once, with the max-rank profiling adapter loaded in slot 0
     assert len(sampled.token_ids) == min(max_num_seqs, max_num_batched_tokens)
     assert pool.slot_ranks_host == [0, 0]
-    assert all(not stack.any() for stacks in (*pool.lora_a, *pool.lora_b) for stack in stacks.values())
+    assert all(not tensor.any() for tensor in pool.tensors())

@@ -1,10 +1,12 @@
-"""add_lora, the op LoRALinear calls: the CPU path (kernels/reference.py) and the Triton path
-(interpreted here) against the LoRA delta written from its definition in fp64.
+"""add_lora, the op LoRALinear calls: the CPU path (kernels/reference.py over a PackedStack) and
+the Triton path (interpreted here, over a SliceStack) against the LoRA delta written from its
+definition in fp64.
 
-Each slot has its own rank per slice (SliceRanks), 0 where its adapter does not target the
-module. Weights are NaN past every slot's rank in every slice, and everywhere in a slice the slot
-does not target, so reading any weight an adapter does not own poisons the result; the base
-output starts from random values, so rows and columns that must stay untouched are checked too.
+Each slot has its own rank per slice, 0 where its adapter does not target the module. The stacks
+are loaded as the slot pool loads them, then poisoned: NaN past every slot's rank in every slice
+and everywhere in a slice the slot does not target, so reading any weight an adapter does not own
+poisons the result. The base output starts from random values, so rows and columns that must
+stay untouched are checked too.
 """
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import pytest
 import torch
 
 from loraloom.kernels import reference, sgmv
+from loraloom.kernels.lora_stacks import PackedStack, SliceStack
 from loraloom.kernels.metadata import SliceRanks
 from sgmv_cases import sgmv_metadata
 
@@ -32,18 +35,43 @@ def make_ranks(host: list[list[int]]) -> SliceRanks:
 
 
 def make_weights(host: list[list[int]], dtype: torch.dtype, generator: torch.Generator):
-    """Per slice A [S, R, in] and B [S, out_i, R], NaN wherever a slot's rank in that slice ends."""
+    """Per slice A [S, R, in] and B [S, out_i, R] at MAX_RANK, random (the kernels must read only [:rank])."""
     slots = len(host[0])
-    lora_a, lora_b = [], []
-    for i, out_features in enumerate(OUT_FEATURES[:len(host)]):
-        a = torch.randn(slots, MAX_RANK, IN_FEATURES, generator=generator) / IN_FEATURES ** 0.5
-        b = torch.randn(slots, out_features, MAX_RANK, generator=generator) / 8
-        for slot, rank in enumerate(host[i]):
-            a[slot, rank:] = float("nan")
-            b[slot, :, rank:] = float("nan")
-        lora_a.append(a.to(dtype))
-        lora_b.append(b.to(dtype))
+    lora_a = [(torch.randn(slots, MAX_RANK, IN_FEATURES, generator=generator) / IN_FEATURES ** 0.5).to(dtype)
+              for _ in host]
+    lora_b = [(torch.randn(slots, out_features, MAX_RANK, generator=generator) / 8).to(dtype)
+              for out_features in OUT_FEATURES[:len(host)]]
     return lora_a, lora_b
+
+
+def stack_type(implementation: str):
+    return SliceStack if implementation == "triton" else PackedStack
+
+
+def load_slots(stack, host: list[list[int]], lora_a, lora_b) -> None:
+    """Load every slot at its per-slice ranks, as the slot pool does (rank 0: the slice is not targeted)."""
+    for slot in range(len(host[0])):
+        stack.load(slot, [(a[slot, :ranks[slot]], b[slot, :, :ranks[slot]]) if ranks[slot] else None
+                          for a, b, ranks in zip(lora_a, lora_b, host)])
+
+
+def poison_unowned(stack, host: list[list[int]]) -> None:
+    """NaN in every element no slot owns (rank padding, untargeted slices), found by loading a twin
+    stack with all-ones weights at the same ranks."""
+    ones_a = [torch.ones(len(host[0]), MAX_RANK, IN_FEATURES) for _ in host]
+    ones_b = [torch.ones(len(host[0]), out_features, MAX_RANK) for out_features in OUT_FEATURES[:len(host)]]
+    twin = type(stack).allocate(len(host[0]), MAX_RANK, IN_FEATURES, OUT_FEATURES[:len(host)], torch.float32, "cpu")
+    load_slots(twin, host, ones_a, ones_b)
+    for tensor, owned in zip(stack.tensors(), twin.tensors()):
+        tensor.masked_fill_(owned == 0, float("nan"))
+
+
+def loaded_stack(implementation: str, host: list[list[int]], lora_a, lora_b):
+    stack = stack_type(implementation).allocate(len(host[0]), MAX_RANK, IN_FEATURES, OUT_FEATURES[:len(host)],
+                                                lora_a[0].dtype, "cpu")
+    load_slots(stack, host, lora_a, lora_b)
+    poison_unowned(stack, host)
+    return stack
 
 
 def expected_output(x, lora_a, lora_b, host, token_slots, base_out) -> torch.Tensor:
@@ -93,7 +121,9 @@ def test_add_lora_matches_definition(step: str, implementation: str, dtype: torc
     base_out = torch.randn(len(token_slots), OFFSETS[-1], generator=generator).to(dtype)
     expected = expected_output(x, lora_a, lora_b, ALL_SLICES, token_slots, base_out)
 
-    IMPLEMENTATIONS[implementation](x, lora_a, lora_b, make_ranks(ALL_SLICES), meta, base_out, OFFSETS)
+    stack = loaded_stack(implementation, ALL_SLICES, lora_a, lora_b)
+
+    IMPLEMENTATIONS[implementation](x, stack, meta, base_out, OFFSETS)
 
     torch.testing.assert_close(base_out.double(), expected, **TOLERANCES[dtype])
     untouched = [row for row, slot in enumerate(token_slots) if slot < 0 or slot == 4]
@@ -102,23 +132,23 @@ def test_add_lora_matches_definition(step: str, implementation: str, dtype: torc
 
 @pytest.mark.parametrize("implementation", list(IMPLEMENTATIONS))
 def test_reloaded_slot_uses_its_new_rank_only(implementation: str) -> None:
-    """A slot that held a rank-64 adapter now holds a rank-3 one whose stack still has the old
-    weights past rank 3 (the pool zeroes them, but the kernels must not rely on it)."""
+    """Slot 0 held a rank-64 adapter on all slices and is reloaded with a rank-3 one on the first
+    slice only: nothing of the old adapter may remain (no stale columns, no stale slices)."""
     generator = torch.Generator().manual_seed(2)
-    old = [[64, 8]] * 3
-    new = [[3, 8]] * 3
-    lora_a, lora_b = make_weights(old, torch.float32, generator)
-    fresh_a, fresh_b = make_weights(new, torch.float32, generator)
-    for i in range(3):  # the new adapter's first 3 ranks over the old one's 64
-        lora_a[i][0, :3] = fresh_a[i][0, :3]
-        lora_b[i][0, :, :3] = fresh_b[i][0, :, :3]
+    old, new = [[64, 8]] * 3, [[3, 8], [0, 8], [0, 8]]
+    old_a, old_b = make_weights(old, torch.float32, generator)
+    new_a, new_b = make_weights(new, torch.float32, generator)
+    stack = stack_type(implementation).allocate(2, MAX_RANK, IN_FEATURES, OUT_FEATURES, torch.float32, "cpu")
+    load_slots(stack, old, old_a, old_b)
+    load_slots(stack, new, new_a, new_b)
+    poison_unowned(stack, new)
     token_slots = [0, 0, 1, 0, -1]
     meta = sgmv_metadata(token_slots, [3, 8])
     x = torch.randn(len(token_slots), IN_FEATURES, generator=generator)
     base_out = torch.randn(len(token_slots), OFFSETS[-1], generator=generator)
-    expected = expected_output(x, lora_a, lora_b, new, token_slots, base_out)
+    expected = expected_output(x, new_a, new_b, new, token_slots, base_out)
 
-    IMPLEMENTATIONS[implementation](x, lora_a, lora_b, make_ranks(new), meta, base_out, OFFSETS)
+    IMPLEMENTATIONS[implementation](x, stack, meta, base_out, OFFSETS)
 
     torch.testing.assert_close(base_out.double(), expected, **TOLERANCES[torch.float32])
 
@@ -128,6 +158,10 @@ def test_triton_launchers_take_slice_ranks_and_skip_untargeted_slices() -> None:
     generator = torch.Generator().manual_seed(4)
     host = [[8, 0], [0, 0], [5, 16]]
     lora_a, lora_b = make_weights(host, torch.float32, generator)
+    for a, b, ranks in zip(lora_a, lora_b, host):  # poison what the slots do not own
+        for slot, rank in enumerate(ranks):
+            a[slot, rank:] = float("nan")
+            b[slot, :, rank:] = float("nan")
     token_slots = [1, 0, 0, 1]
     meta = sgmv_metadata(token_slots, [8, 16])
     x = torch.randn(4, IN_FEATURES, generator=generator)
