@@ -20,11 +20,10 @@ from typing import NamedTuple
 import torch
 from safetensors import SafetensorError, safe_open
 
+# AdapterLoadError and ADAPTER_CONFIG_FILE are also imported from here by the engine and the platform.
 from loraloom.engine.adapter_errors import AdapterLoadError
 from loraloom.engine.config import ModelConfig
 from loraloom.engine.peft_config import ADAPTER_CONFIG_FILE, ModuleLoRA, PeftLoRAConfig, read_peft_config
-
-__all__ = ["ADAPTER_CONFIG_FILE", "AdapterLoadError"]  # re-exported: callers import both from here
 
 ADAPTER_WEIGHTS_FILE = "adapter_model.safetensors"
 # Pickle checkpoints that PEFT or torch may have written; never unpickled (ARCHITECTURE.md).
@@ -119,8 +118,9 @@ def load_adapter_weights(directory: Path, model_config: ModelConfig, max_rank: i
 
 
 def inspect_adapter(directory: Path, model_config: ModelConfig, max_rank: int) -> AdapterSummary:
-    """Every check load_adapter_weights makes (NaN/Inf included), then a summary instead of the weights:
-    what an upload is validated with before anything is registered."""
+    """Every check load_adapter_weights makes (the config's fields, NaN/Inf, the bounds on the scaled
+    weights), then a summary instead of the weights: what an upload is validated with before anything
+    is registered."""
     weights, peft_config, dtypes = _load(Path(directory), model_config, max_rank)
     return AdapterSummary(
         rank=weights.rank,
@@ -140,7 +140,9 @@ def base_model_matches(declared: str | None, served_model_name: str) -> bool:
     return declared.replace("\\", "/").rstrip("/").rsplit("/", 1)[-1].lower() == served_model_name.lower()
 
 
-def _load(directory: Path, model_config: ModelConfig, max_rank: int) -> tuple[AdapterWeights, PeftLoRAConfig, set[str]]:
+def _load(
+    directory: Path, model_config: ModelConfig, max_rank: int
+) -> tuple[AdapterWeights, PeftLoRAConfig, set[str]]:
     """(scaled weights, adapter_config.json, safetensors dtypes of the LoRA tensors)."""
     peft_config = read_peft_config(directory)
     weights_path = _weights_path(directory)
