@@ -4,10 +4,13 @@ Everything is checked before a single tensor is used, so a bad upload fails at
 load time with a message naming the module and the shapes, instead of a shape
 error in the middle of a step or a silently skipped module (LESSONS.md:
 modules_to_save, embedding/lm_head weights, ranks above the max, another base).
+adapter_config.json is read and checked by engine/peft_config.py. The weights
+are checked as the engine will use them, after the scaling is folded in: one
+tenant's adapter that is finite only before scaling would put Inf/NaN into a
+shared GPU slot (issue 12).
 """
 from __future__ import annotations
 
-import json
 import math
 import re
 from dataclasses import dataclass
@@ -17,9 +20,11 @@ from typing import NamedTuple
 import torch
 from safetensors import SafetensorError, safe_open
 
+# AdapterLoadError and ADAPTER_CONFIG_FILE are also imported from here by the engine and the platform.
+from loraloom.engine.adapter_errors import AdapterLoadError
 from loraloom.engine.config import ModelConfig
+from loraloom.engine.peft_config import ADAPTER_CONFIG_FILE, ModuleLoRA, PeftLoRAConfig, read_peft_config
 
-ADAPTER_CONFIG_FILE = "adapter_config.json"
 ADAPTER_WEIGHTS_FILE = "adapter_model.safetensors"
 # Pickle checkpoints that PEFT or torch may have written; never unpickled (ARCHITECTURE.md).
 PICKLE_WEIGHTS_FILES = ("adapter_model.bin", "adapter_model.pt", "adapter_model.pth")
@@ -40,9 +45,23 @@ LORA_MODULE_PARENTS = {
 _TENSOR_NAME = re.compile(r"base_model\.model\.(model\.layers\.(\d+)\.(\w+)\.(\w+))\.lora_([AB])(?:\.\w+)?\.weight")
 _BASE_ONLY_MODULES = ("embed_tokens", "lm_head")
 
+# Bounds on what an adapter adds to a base weight, checked on lora_A and on lora_B with the scaling folded
+# in: exactly what the engine multiplies activations by. A trained LoRA is a small correction. PEFT starts
+# from A ~ U(+-1/sqrt(in)) and B = 0 and training moves them in small steps, so entries stay well below 1,
+# and the delta B @ A has a Frobenius norm at most of the order of the base weight's own (tens for Llama
+# projections). 1e4 is orders of magnitude above all of that, so no real adapter reaches it, while it refuses
+# what only corruption or malice produces: float32 entries near 3e38, an alpha of 1e308, a delta that would
+# swamp the base output and overflow half-precision activations.
+MAX_LORA_ENTRY = 1e4  # |entry| of lora_A and of scaled lora_B
+MAX_DELTA_NORM = 1e4  # Frobenius norm of scaled lora_B @ lora_A
 
-class AdapterLoadError(ValueError):
-    """The adapter files are unusable with this base model or this server; the message says why."""
+
+class ModulePlan(NamedTuple):
+    """One module whose tensor headers passed every check: what to read and how to scale it."""
+
+    hf_name: str  # e.g. "model.layers.3.self_attn.q_proj"
+    tensor_names: dict[str, str]  # "A" | "B" -> tensor name in the safetensors file
+    lora: ModuleLoRA
 
 
 class ModuleShape(NamedTuple):
@@ -99,16 +118,16 @@ def load_adapter_weights(directory: Path, model_config: ModelConfig, max_rank: i
 
 
 def inspect_adapter(directory: Path, model_config: ModelConfig, max_rank: int) -> AdapterSummary:
-    """Every check load_adapter_weights makes (NaN/Inf included), then a summary instead of the weights:
-    what an upload is validated with before anything is registered."""
+    """Every check load_adapter_weights makes (the config's fields, NaN/Inf, the bounds on the scaled
+    weights), then a summary instead of the weights: what an upload is validated with before anything
+    is registered."""
     weights, peft_config, dtypes = _load(Path(directory), model_config, max_rank)
-    base_model = peft_config.get("base_model_name_or_path")
     return AdapterSummary(
         rank=weights.rank,
-        alpha=float(peft_config["lora_alpha"]),
+        alpha=peft_config.lora_alpha,
         target_modules=tuple(sorted(weights.target_modules)),
         dtype=str(ACCEPTED_DTYPES[next(iter(dtypes))]).removeprefix("torch.") if len(dtypes) == 1 else "mixed",
-        base_model=base_model if isinstance(base_model, str) and base_model else None,
+        base_model=peft_config.base_model,
     )
 
 
@@ -121,50 +140,22 @@ def base_model_matches(declared: str | None, served_model_name: str) -> bool:
     return declared.replace("\\", "/").rstrip("/").rsplit("/", 1)[-1].lower() == served_model_name.lower()
 
 
-def _load(directory: Path, model_config: ModelConfig, max_rank: int) -> tuple[AdapterWeights, dict, set[str]]:
+def _load(
+    directory: Path, model_config: ModelConfig, max_rank: int
+) -> tuple[AdapterWeights, PeftLoRAConfig, set[str]]:
     """(scaled weights, adapter_config.json, safetensors dtypes of the LoRA tensors)."""
-    peft_config = _read_peft_config(directory)
+    peft_config = read_peft_config(directory)
     weights_path = _weights_path(directory)
     try:
         with safe_open(str(weights_path), framework="pt") as tensors:
             headers = {name: _header(tensors, name) for name in tensors.keys()}
             # Validate shapes and dtypes from the header alone: nothing is read until all of it is sound.
             plan = _validate_headers(headers, peft_config, model_config, max_rank)
-            modules = {key: _scaled_module(tensors, names, scaling) for key, (names, scaling) in plan.items()}
+            modules = {key: _scaled_module(tensors, module) for key, module in plan.items()}
     except SafetensorError as error:
         raise AdapterLoadError(f"adapter: {weights_path} is not a valid safetensors file ({error})") from error
     weights = AdapterWeights(rank=max(a.lora_a.shape[0] for a in modules.values()), modules=modules)
     return weights, peft_config, {dtype for _, dtype in headers.values()}
-
-
-def _read_peft_config(directory: Path) -> dict:
-    path = directory / ADAPTER_CONFIG_FILE
-    if not path.is_file():
-        raise AdapterLoadError(f"adapter: {path} not found; a PEFT adapter directory holds {ADAPTER_CONFIG_FILE}")
-    try:
-        config = json.loads(path.read_text())
-    except json.JSONDecodeError as error:
-        raise AdapterLoadError(f"adapter: {ADAPTER_CONFIG_FILE} is not valid JSON ({error})") from error
-    if not isinstance(config, dict):
-        raise AdapterLoadError(f"adapter: {ADAPTER_CONFIG_FILE} must hold a JSON object")
-    if config.get("peft_type", "LORA") != "LORA":
-        raise AdapterLoadError(f"adapter: peft_type is {config['peft_type']!r}; only LoRA adapters ('LORA') are served")
-    if config.get("modules_to_save"):
-        raise AdapterLoadError(
-            f"adapter: modules_to_save {config['modules_to_save']} is not supported: loraloom serves one shared base, "
-            "so an adapter may carry only LoRA weights; retrain without modules_to_save"
-        )
-    if config.get("use_dora"):
-        raise AdapterLoadError("adapter: use_dora is set; DoRA adapters are not supported, retrain with use_dora=False")
-    if config.get("bias", "none") != "none" or config.get("lora_bias"):
-        raise AdapterLoadError(
-            "adapter: LoRA bias terms are not supported; retrain with bias='none' and lora_bias=False"
-        )
-    for field in ("r", "lora_alpha"):
-        if not isinstance(config.get(field), (int, float)) or config[field] <= 0:
-            raise AdapterLoadError(f"adapter: {ADAPTER_CONFIG_FILE} field {field!r} must be a positive number, "
-                                   f"got {config.get(field)!r}")
-    return config
 
 
 def _weights_path(directory: Path) -> Path:
@@ -188,11 +179,11 @@ def _header(tensors, name: str) -> tuple[tuple[int, ...], str]:
 
 def _validate_headers(
     headers: dict[str, tuple[tuple[int, ...], str]],
-    peft_config: dict,
+    peft_config: PeftLoRAConfig,
     model_config: ModelConfig,
     max_rank: int,
-) -> dict[tuple[int, str], tuple[dict[str, str], float]]:
-    """Check every tensor name, dtype and shape; return (layer, module) -> ({"A"|"B": tensor name}, scaling)."""
+) -> dict[tuple[int, str], ModulePlan]:
+    """Check every tensor name, dtype and shape; return what to read for each (layer, module)."""
     shapes = lora_module_shapes(model_config)
     found: dict[tuple[int, str], dict[str, str]] = {}
     hf_names: dict[tuple[int, str], str] = {}
@@ -226,17 +217,18 @@ def _validate_headers(
     if not found:
         raise AdapterLoadError(f"adapter: {ADAPTER_WEIGHTS_FILE} holds no LoRA tensors")
 
-    plan: dict[tuple[int, str], tuple[dict[str, str], float]] = {}
+    plan: dict[tuple[int, str], ModulePlan] = {}
     for key, names in found.items():
         hf_name, module = hf_names[key], key[1]
         missing = {"A", "B"} - names.keys()
         if missing:
             raise AdapterLoadError(f"adapter: module {hf_name} has no lora_{missing.pop()} tensor; "
                                    "each module needs both lora_A and lora_B")
-        rank, alpha = _module_rank_alpha(peft_config, hf_name)
+        lora = peft_config.module_lora(hf_name)
+        rank = lora.rank
         if rank > max_rank:
             raise AdapterLoadError(f"adapter: module {hf_name} has rank {rank}, above the server's max LoRA rank "
-                                   f"{max_rank}; retrain with r <= {max_rank}")
+                                   f"{max_rank}; retrain with r <= {max_rank}", param=lora.rank_field)
         base = shapes[module]
         expected = {"A": (rank, base.in_features), "B": (base.out_features, rank)}
         for side in ("A", "B"):
@@ -247,33 +239,47 @@ def _validate_headers(
                     f"(rank {rank}, base weight [out={base.out_features}, in={base.in_features}]); "
                     "the adapter was trained for another base model or its config's r does not match its weights"
                 )
-        scaling = alpha / math.sqrt(rank) if peft_config.get("use_rslora") else alpha / rank
-        plan[key] = (names, scaling)
+        plan[key] = ModulePlan(hf_name, names, lora)
     return plan
 
 
-def _module_rank_alpha(peft_config: dict, hf_name: str) -> tuple[int, float]:
-    """PEFT's per-module rank and alpha: the first rank_pattern/alpha_pattern key that matches the
-    module's name as a dotted suffix wins, else the global r / lora_alpha."""
-    def lookup(patterns: dict | None, default: float) -> float:
-        for pattern, value in (patterns or {}).items():
-            if re.match(rf"(.*\.)?({pattern})$", hf_name):
-                return value
-        return default
-
-    rank = lookup(peft_config.get("rank_pattern"), peft_config["r"])
-    alpha = lookup(peft_config.get("alpha_pattern"), peft_config["lora_alpha"])
-    if not isinstance(rank, int) or rank <= 0:
-        raise AdapterLoadError(f"adapter: module {hf_name} has rank {rank!r} in {ADAPTER_CONFIG_FILE}; "
-                               "ranks must be positive integers")
-    return rank, float(alpha)
-
-
-def _scaled_module(tensors, names: dict[str, str], scaling: float) -> LoRAModuleWeights:
+def _scaled_module(tensors, plan: ModulePlan) -> LoRAModuleWeights:
+    """Read one module's tensors, check them, and fold the scaling into lora_B. Bounds the weights break on
+    their own are the weights' fault; bounds broken only once scaled are the alpha's, and name its field."""
+    names, lora, module = plan.tensor_names, plan.lora, plan.hf_name
     lora_a = tensors.get_tensor(names["A"]).float()  # [r, in]
     lora_b = tensors.get_tensor(names["B"]).float()  # [out, r]
     for side, tensor in (("A", lora_a), ("B", lora_b)):
         if not torch.isfinite(tensor).all():
             raise AdapterLoadError(f"adapter: tensor {names[side]!r} contains NaN or Inf values; the adapter is "
                                    "corrupt or its training diverged")
-    return LoRAModuleWeights(lora_a=lora_a.contiguous(), lora_b=(lora_b * scaling).contiguous())
+        peak = tensor.abs().max().item()
+        if peak > MAX_LORA_ENTRY:
+            raise AdapterLoadError(f"adapter: tensor {names[side]!r} has an entry of magnitude {peak:.3g}, above "
+                                   f"the bound of {MAX_LORA_ENTRY:g} that trained LoRA weights stay far below; the "
+                                   "adapter is corrupt or its training diverged")
+    delta = _delta_norm(lora_a, lora_b)
+    if delta > MAX_DELTA_NORM:
+        raise AdapterLoadError(f"adapter: module {module}: its delta lora_B @ lora_A has norm {delta:.3g}, above "
+                               f"the bound of {MAX_DELTA_NORM:g} that trained adapters stay far below; the adapter "
+                               "is corrupt or its training diverged")
+    scaled_b = lora_b * lora.scaling  # in float32, as served: 0 x an alpha/r past float32's range is NaN
+    if not (torch.isfinite(scaled_b).all() and scaled_b.abs().max().item() <= MAX_LORA_ENTRY
+            and delta * lora.scaling <= MAX_DELTA_NORM):
+        scaling_rule = "alpha/sqrt(r)" if lora.rslora else "alpha/r"
+        raise AdapterLoadError(
+            f"adapter: module {module}: {lora.alpha_field} gives it alpha {lora.alpha:g}, so lora_B is scaled by "
+            f"{scaling_rule} = {lora.scaling:.3g} (r = {lora.rank}), and its effective weights (entries up to "
+            f"{scaled_b.abs().max().item():.3g}, a delta of norm {delta * lora.scaling:.3g}) are not finite or "
+            f"exceed the bound of {MAX_LORA_ENTRY:g} that trained adapters stay far below; set {lora.alpha_field} "
+            "to the alpha the adapter was trained with",
+            param=lora.alpha_field,
+        )
+    return LoRAModuleWeights(lora_a=lora_a.contiguous(), lora_b=scaled_b.contiguous())
+
+
+def _delta_norm(lora_a: torch.Tensor, lora_b: torch.Tensor) -> float:
+    """Frobenius norm of lora_B @ lora_A without forming the [out, in] product: ||BA||^2 = <B^T B, A A^T>,
+    two [r, r] matrices. In float64, where entries bounded by MAX_LORA_ENTRY cannot overflow."""
+    a, b = lora_a.double(), lora_b.double()
+    return math.sqrt(max(0.0, ((b.T @ b) * (a @ a.T)).sum().item()))

@@ -75,7 +75,7 @@ class RegistryRoute(APIRoute):
             except RegistryConflictError as error:
                 raise APIError(409, str(error), code="conflict") from None
             except UploadRejectedError as error:
-                raise APIError(400, str(error), param="files", code="invalid_adapter") from None
+                raise APIError(400, str(error), param=error.param, code="invalid_adapter") from None
             except ValueError as error:  # "field: ..." from name, alias and storage-key checks
                 raise field_error(error, {}) from None
 

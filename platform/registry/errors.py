@@ -11,4 +11,9 @@ class RegistryConflictError(Exception):
 
 
 class UploadRejectedError(ValueError):
-    """The uploaded files are refused before anything is registered (400); the message says why."""
+    """The uploaded files are refused before anything is registered (400); the message says why, and
+    `param` names the field at fault: "files", or an adapter_config.json field such as "lora_alpha"."""
+
+    def __init__(self, message: str, *, param: str = "files") -> None:
+        super().__init__(message)
+        self.param = param

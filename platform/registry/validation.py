@@ -25,14 +25,16 @@ class ServedBase:
 
 
 def validate_adapter_dir(directory: Path, *, base: ServedBase, allow_base_mismatch: bool) -> AdapterSummary:
-    """Everything the engine would check when loading (names, shapes, rank, dtype, NaN/Inf,
-    modules_to_save, embeddings), and the declared base model unless the caller overrides it."""
+    """Everything the engine would check when loading (names, shapes, rank, dtype, NaN/Inf, bounds on the
+    scaled weights, every adapter_config.json field, modules_to_save, embeddings), and the declared base
+    model unless the caller overrides it. The error's `param` names the config field at fault, if one is."""
     try:
         summary = inspect_adapter(directory, base.config, base.max_lora_rank)
     except AdapterLoadError as error:
         # The engine names files by their path; here that is a server-side staging directory,
         # which means nothing to the uploader and should not be shown to them.
-        raise UploadRejectedError(str(error).replace(f"{directory}{os.sep}", "")) from error
+        message = str(error).replace(f"{directory}{os.sep}", "")
+        raise UploadRejectedError(message, param=error.param or "files") from error
     if not allow_base_mismatch and not base_model_matches(summary.base_model, base.name):
         raise UploadRejectedError(
             f"adapter: adapter_config.json names base model {summary.base_model!r}, but this server serves "

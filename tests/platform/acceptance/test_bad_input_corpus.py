@@ -3,6 +3,7 @@ database (every table but audit and usage) and the blob store are exactly as the
 from __future__ import annotations
 
 import json
+import math
 import pickle
 import tarfile
 import tempfile
@@ -53,6 +54,7 @@ class Case:
     json: Any = None
     content: bytes | None = None
     headers: dict[str, str] = field(default_factory=dict)
+    param: str | None = None  # when set, the error's `param` must be exactly this
 
 
 def part(filename: str, payload: bytes, field_name: str = "files") -> tuple[str, tuple[str, bytes, str]]:
@@ -60,8 +62,15 @@ def part(filename: str, payload: bytes, field_name: str = "files") -> tuple[str,
 
 
 def upload(*parts: tuple[str, tuple[str, bytes, str]], status: int = 400, message: str, name: str = NEW,
-           data: dict[str, str] | None = None) -> Case:
-    return Case("POST", f"/v1/adapters/{name}/versions", status, message, files=list(parts), data=data or {})
+           data: dict[str, str] | None = None, param: str | None = None) -> Case:
+    return Case("POST", f"/v1/adapters/{name}/versions", status, message, files=list(parts), data=data or {},
+                param=param)
+
+
+def bad_config(adapter: Adapter, param: str, config: bytes | None = None, **changes: Any) -> Case:
+    """An upload whose adapter_config.json (`config`, or the valid one with `changes`) is refused naming `param`."""
+    return upload(*two_files(adapter, config=adapter.config_bytes(**changes) if config is None else config),
+                  message=param, param=param)
 
 
 def two_files(adapter: Adapter, *, config: bytes | None = None, weights: bytes | None = None) -> list:
@@ -124,6 +133,27 @@ CASES: dict[str, Callable[[Adapter], Case]] = {
     "config not JSON": lambda a: upload(*two_files(a, config=b"{r: 4"), message="adapter_config.json is not valid JSON"),
     "empty config": lambda a: upload(*two_files(a, config=b""), message="adapter_config.json is not valid JSON"),
     "not a LoRA config": lambda a: upload(*two_files(a, config=a.config_bytes(peft_type="IA3")), message="peft_type is 'IA3'"),
+    # ---- issue 12: finite only before scaling, patterns run as regexes, loosely typed fields
+    "lora_alpha Infinity": lambda a: bad_config(a, "lora_alpha", lora_alpha=math.inf),
+    "lora_alpha NaN": lambda a: bad_config(a, "lora_alpha", lora_alpha=math.nan),
+    "lora_alpha 1e308": lambda a: bad_config(a, "lora_alpha", lora_alpha=1e308),
+    "lora_alpha a string": lambda a: bad_config(a, "lora_alpha", lora_alpha="8"),
+    "alpha_pattern NaN": lambda a: bad_config(a, "alpha_pattern", alpha_pattern={"q_proj": math.nan}),
+    "alpha_pattern huge": lambda a: bad_config(a, "alpha_pattern", alpha_pattern={"self_attn.v_proj": 1e20}),
+    "alpha_pattern value a list": lambda a: bad_config(a, "alpha_pattern", alpha_pattern={"q_proj": [16]}),
+    "alpha_pattern value abc": lambda a: bad_config(a, "alpha_pattern", alpha_pattern={"q_proj": "abc"}),
+    "rank_pattern a list": lambda a: bad_config(a, "rank_pattern", rank_pattern=["q_proj", 8]),
+    "rank_pattern key (": lambda a: bad_config(a, "rank_pattern", rank_pattern={"(": 8}),
+    "rank_pattern regex key": lambda a: bad_config(a, "rank_pattern", rank_pattern={"q_proj|v_proj": 8}),
+    "config not UTF-8": lambda a: bad_config(a, CONFIG, config=a.config_bytes()[:-1] + b', "note": "caf\xe9"}'),
+    "config nested deep": lambda a: bad_config(a, CONFIG, config=b'{"r": 4, "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"),
+    "float32 weights near 3e38": lambda a: upload(*two_files(a, weights=a.weights_with(set_value(V_B, 3e38))),
+                                                  message="above the bound", param="files"),
+    "fp16 weights, huge alpha": lambda a: upload(
+        *two_files(a, config=a.config_bytes(lora_alpha=1e7),
+                   weights=a.weights_with(lambda t: t.update({k: v.half() for k, v in t.items()}))),
+        message="lora_alpha", param="lora_alpha",
+    ),
     # ---- the set of files
     "weights file missing": lambda a: upload(part(CONFIG, a.config_bytes()), message=f"{WEIGHTS} is missing"),
     "config file missing": lambda a: upload(part(WEIGHTS, a.weights), message=f"{CONFIG} is missing"),
@@ -222,5 +252,6 @@ def test_bad_input_is_a_4xx_naming_the_problem_and_changes_nothing(live, adapter
     assert response.status_code == case.status, response.text
     error = response.json()["error"]
     assert case.message in error["message"], error
+    assert case.param is None or error["param"] == case.param, error
     assert tempfile.gettempdir() not in error["message"]  # no server-side staging paths
     assert live.state() == before
