@@ -32,6 +32,7 @@ test-slow: setup
 	$(PY) -m pytest -q -m slow tests
 
 bench: setup
+	$(PY) benchmarks/served_throughput.py
 	$(PY) benchmarks/cpu_throughput.py
 
 clean:
