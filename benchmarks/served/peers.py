@@ -90,8 +90,9 @@ def plain_forward_ceiling(model_dir: Path, batch: int, new_tokens: int = 32) -> 
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
     input_ids = torch.randint(100, 1000, (batch, 16), generator=torch.Generator().manual_seed(0))
+    inputs = dict(input_ids=input_ids, attention_mask=torch.ones_like(input_ids), do_sample=False)
     with torch.inference_mode():
-        model.generate(input_ids=input_ids, max_new_tokens=2, min_new_tokens=2, do_sample=False)  # warm-up
+        model.generate(**inputs, max_new_tokens=2, min_new_tokens=2)  # warm-up
         start = time.perf_counter()
-        model.generate(input_ids=input_ids, max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False)
+        model.generate(**inputs, max_new_tokens=new_tokens, min_new_tokens=new_tokens)
     return batch * new_tokens / (time.perf_counter() - start)
