@@ -1,5 +1,6 @@
-"""CLI commands that talk to a loraloom server over HTTP: `loraloom keys ...` and `loraloom adapters ...`
-(`files` and `jobs` are in cli_training.py).
+"""What the CLI commands that talk to a loraloom server over HTTP share (keys.py, adapters.py,
+training.py): the client, the call that turns error responses into messages, pagination,
+tables and upload progress.
 
 The server is LORALOOM_BASE_URL (default http://127.0.0.1:8000) and the key LORALOOM_API_KEY
 (never taken on the command line, where shell history and `ps` would keep it). Results go
@@ -11,9 +12,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Iterator, Sequence
-from contextlib import ExitStack
-from pathlib import Path
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, BinaryIO
 from urllib.parse import quote
 
@@ -23,7 +22,6 @@ from tqdm import tqdm
 DEFAULT_BASE_URL = "http://127.0.0.1:8000"
 BASE_URL_VARIABLE = "LORALOOM_BASE_URL"
 API_KEY_VARIABLE = "LORALOOM_API_KEY"
-ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
 PAGE_SIZE = 100
 # Connecting and sending are quick; the server validates an uploaded adapter before it answers.
 TIMEOUT = httpx.Timeout(60.0, read=600.0)
@@ -78,31 +76,6 @@ def print_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
         print("  ".join(value.ljust(width) for value, width in zip(row, widths)).rstrip())
 
 
-# ------------------------------------------------------------------ keys
-def keys_create(client: httpx.Client, args: argparse.Namespace) -> None:
-    body = {"name": args.name, "role": args.role, "tenant": args.tenant, "expires_at": args.expires_at}
-    created = call(client, "POST", "/v1/keys", json={k: v for k, v in body.items() if v is not None})
-    print(f"created {created['role']} key {created['prefix']}... (id {created['id']}); it is shown only now",
-          file=sys.stderr)
-    print(created["key"])
-
-
-def keys_list(client: httpx.Client, args: argparse.Namespace) -> None:
-    params = {} if args.tenant is None else {"tenant": args.tenant}
-    keys = call(client, "GET", "/v1/keys", params=params)["data"]
-    print_table(
-        ["ID", "PREFIX", "NAME", "ROLE", "CREATED", "LAST USED", "REVOKED"],
-        [[k["id"], k["prefix"], k["name"], k["role"], k["created_at"], k["last_used_at"], k["revoked_at"]]
-         for k in keys],
-    )
-
-
-def keys_revoke(client: httpx.Client, args: argparse.Namespace) -> None:
-    revoked = call(client, "DELETE", f"/v1/keys/{segment(args.key_id)}")
-    print(f"revoked {revoked['prefix']}... ({revoked['id']}) at {revoked['revoked_at']}")
-
-
-# ------------------------------------------------------------------ adapters
 class ProgressReader:
     """A file that advances a progress bar as it is read. httpx sizes the upload from
     fileno() (so the request has a Content-Length) and reads it in chunks."""
@@ -128,43 +101,6 @@ class ProgressReader:
         return chunk
 
 
-def upload_paths(path: Path) -> list[Path]:
-    """A PEFT adapter directory's two files, or the archive file itself."""
-    if path.is_file():
-        return [path]
-    if not path.is_dir():
-        raise CommandError(f"{path}: no such file or directory")
-    missing = [name for name in ADAPTER_FILES if not (path / name).is_file()]
-    if missing:
-        raise CommandError(
-            f"{path}: missing {', '.join(missing)}; push a PEFT adapter directory "
-            f"({' + '.join(ADAPTER_FILES)}) or a .tar.gz/.zip of one"
-        )
-    return [path / name for name in ADAPTER_FILES]
-
-
-def adapters_push(client: httpx.Client, args: argparse.Namespace) -> None:
-    paths = upload_paths(args.path)
-    total = sum(path.stat().st_size for path in paths)
-    with ExitStack() as stack:
-        bar = stack.enter_context(
-            tqdm(total=total, unit="B", unit_scale=True, unit_divisor=1024, desc=f"push {args.name}", file=sys.stderr)
-        )
-        files = [
-            ("files", (path.name, ProgressReader(stack.enter_context(path.open("rb")), bar), "application/octet-stream"))
-            for path in paths
-        ]
-        version = call(client, "POST", f"/v1/adapters/{segment(args.name)}/versions", files=files)
-    print(f"{args.name}@{version['version']}")
-    if args.alias is not None:
-        move_alias(client, args.name, args.alias, version["version"])
-
-
-def move_alias(client: httpx.Client, name: str, alias: str, version: int) -> None:
-    moved = call(client, "PUT", f"/v1/adapters/{segment(name)}/aliases/{segment(alias)}", json={"version": version})
-    print(f"{name}:{moved['alias']} -> {name}@{moved['version']}", file=sys.stderr)
-
-
 def pages(client: httpx.Client, path: str, cursor_of: str) -> Iterator[dict[str, Any]]:
     """Every item of a paginated list; `cursor_of` is the item field passed back as `after`."""
     params: dict[str, Any] = {"limit": PAGE_SIZE}
@@ -176,60 +112,14 @@ def pages(client: httpx.Client, path: str, cursor_of: str) -> Iterator[dict[str,
         params["after"] = page["data"][-1][cursor_of]
 
 
-def adapters_list(client: httpx.Client, args: argparse.Namespace) -> None:
-    print_table(
-        ["NAME", "ALIASES", "UPDATED"],
-        [
-            [a["name"], " ".join(f"{alias}={v}" for alias, v in sorted(a["aliases"].items())), a["updated_at"]]
-            for a in pages(client, "/v1/adapters", "name")
-        ],
-    )
+Command = Callable[[httpx.Client, argparse.Namespace], None]
 
 
-def adapters_versions(client: httpx.Client, args: argparse.Namespace) -> None:
-    print_table(
-        ["VERSION", "STATUS", "RANK", "ALPHA", "ALIASES", "CREATED"],
-        [
-            [v["version"], v["status"], v["rank"], v["alpha"], " ".join(v["aliases"]), v["created_at"]]
-            for v in pages(client, f"/v1/adapters/{segment(args.name)}/versions", "version")
-        ],
-    )
-
-
-def adapters_promote(client: httpx.Client, args: argparse.Namespace) -> None:
-    move_alias(client, args.name, args.alias, args.version)
-
-
-def adapters_rm(client: httpx.Client, args: argparse.Namespace) -> None:
-    name, separator, number = args.reference.partition("@")
-    if not separator:
-        path, params = f"/v1/adapters/{segment(name)}", {}
-    elif number.isdigit():
-        path, params = f"/v1/adapters/{segment(name)}/versions/{number}", {"force": str(args.force).lower()}
-    else:
-        raise CommandError(f"{args.reference!r}: expected NAME or NAME@VERSION, e.g. support-bot@3")
-    deleted = call(client, "DELETE", path, params=params)
-    print(f"deleted {deleted['id']}", file=sys.stderr)
-
-
-COMMANDS = {
-    ("keys", "create"): keys_create,
-    ("keys", "list"): keys_list,
-    ("keys", "revoke"): keys_revoke,
-    ("adapters", "push"): adapters_push,
-    ("adapters", "list"): adapters_list,
-    ("adapters", "versions"): adapters_versions,
-    ("adapters", "promote"): adapters_promote,
-    ("adapters", "rm"): adapters_rm,
-}
-
-
-def run_client_command(args: argparse.Namespace) -> None:
-    from loraloom.platform.cli_training import TRAINING_COMMANDS
-
+def run_command(commands: dict[tuple[str, str], Command], args: argparse.Namespace) -> None:
+    """Run the command `args` names with a client for LORALOOM_BASE_URL; a CommandError ends it with status 1."""
     subcommand = getattr(args, f"{args.command}_command")
     try:
         with client_from_environment() as client:
-            {**COMMANDS, **TRAINING_COMMANDS}[(args.command, subcommand)](client, args)
+            commands[(args.command, subcommand)](client, args)
     except CommandError as error:
         sys.exit(f"loraloom {args.command} {subcommand}: {error}")

@@ -13,7 +13,8 @@ from typing import Any
 import httpx
 from tqdm import tqdm
 
-from loraloom.platform.cli_client import CommandError, ProgressReader, call, pages, print_table, segment
+from loraloom.platform.cli.http_client import Command, CommandError, ProgressReader, call, pages, print_table, segment
+from loraloom.platform.cli.options import positive_int
 
 FOLLOW_POLL_S = 1.0
 FINISHED = ("succeeded", "failed", "cancelled")
@@ -21,7 +22,7 @@ HYPERPARAMETER_FLAGS = ("n_epochs", "batch_size", "learning_rate", "lora_r", "lo
                         "max_seq_len")
 
 
-def add_training_commands(commands: argparse._SubParsersAction, positive_int: Any) -> None:
+def add_commands(commands: argparse._SubParsersAction) -> None:
     files = commands.add_parser("files", help="training files (server: LORALOOM_BASE_URL, LORALOOM_API_KEY)")
     file_commands = files.add_subparsers(dest="files_command", required=True)
     upload = file_commands.add_parser("upload", help="upload a JSONL dataset; prints its file id")
@@ -173,7 +174,7 @@ def _show(bar: tqdm, event: dict[str, Any]) -> None:
         bar.write(f"[{event['level']}] {event['message']}", file=sys.stderr)
 
 
-TRAINING_COMMANDS = {
+COMMANDS: dict[tuple[str, str], Command] = {
     ("files", "upload"): files_upload,
     ("files", "list"): files_list,
     ("files", "rm"): files_rm,

@@ -17,7 +17,8 @@ from lora_factory import make_peft_adapter
 
 from loraloom.engine.bundled import bundled_model_dir
 from loraloom.engine.config import EngineConfig
-from loraloom.platform.cli import build_parser, engine_config, main
+from loraloom.platform.cli.main import build_parser, main
+from loraloom.platform.cli.serve import engine_config
 
 LORALOOM = Path(sys.executable).parent / "loraloom"  # the installed console script
 

@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from loraloom.platform.cli import build_parser, engine_config, main
+from loraloom.platform.cli.main import build_parser, main
+from loraloom.platform.cli.serve import engine_config
 
 
 def test_quantization_flag_maps_onto_engine_config():
