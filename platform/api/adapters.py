@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session
 
 from loraloom.engine.async_engine import AsyncEngine
 from loraloom.engine.lora import AdapterLoadError
-from loraloom.platform.api.dependencies import EngineDep, LookupDep, SessionDep
+from loraloom.platform.api.deps import CallerDep, DeveloperDep, EngineDep, LookupDep, SessionDep
 from loraloom.platform.api.errors import APIError, field_error
 from loraloom.platform.api.schemas import (
     DEFAULT_PAGE_SIZE,
@@ -31,7 +31,6 @@ from loraloom.platform.api.schemas import (
     PageObject,
     StrictBody,
 )
-from loraloom.platform.auth import CallerDep, DeveloperDep
 from loraloom.platform.db.models import Adapter, AdapterVersion, Alias
 from loraloom.platform.registry.aliases import alias_history, find_alias, move_alias, remove_alias
 from loraloom.platform.registry.errors import RegistryConflictError, RegistryNotFoundError, UploadRejectedError

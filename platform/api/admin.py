@@ -12,11 +12,12 @@ from typing import Literal
 from fastapi import APIRouter
 from pydantic import AwareDatetime, BaseModel, Field
 
-from loraloom.platform.accounts import TenantExistsError, create_tenant, issue_key, list_keys, list_tenants, revoke_key
-from loraloom.platform.api.dependencies import SessionDep
+from loraloom.platform.accounts.keys import issue_key, list_keys, revoke_key
+from loraloom.platform.accounts.tenants import TenantExistsError, create_tenant, list_tenants
+from loraloom.platform.api.auth import tenant_in_scope
+from loraloom.platform.api.deps import AdminDep, DeveloperDep, SessionDep, TenantQuery
 from loraloom.platform.api.errors import ERROR_RESPONSES, APIError, field_error
 from loraloom.platform.api.schemas import ListObject, StrictBody
-from loraloom.platform.auth import AdminDep, DeveloperDep, TenantQuery, tenant_in_scope
 from loraloom.platform.db.models import ApiKey, ApiKeyRole, Tenant
 
 router = APIRouter(tags=["admin"], responses=ERROR_RESPONSES)

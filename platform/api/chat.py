@@ -8,7 +8,7 @@ from starlette.concurrency import run_in_threadpool
 
 from loraloom.engine.outputs import RequestOutput, TokenLogprob
 from loraloom.engine.tokenizer import ChatTemplateError
-from loraloom.platform.api.dependencies import EngineDep, LookupDep
+from loraloom.platform.api.deps import CallerDep, ChatUsageMeterDep, EngineDep, LookupDep
 from loraloom.platform.api.errors import ERROR_RESPONSES, field_error
 from loraloom.platform.api.generation import (
     SSE_DONE,
@@ -33,8 +33,6 @@ from loraloom.platform.api.schemas import (
     ChatTokenLogprob,
     TopLogprob,
 )
-from loraloom.platform.auth import CallerDep
-from loraloom.platform.usage import ChatUsageMeterDep
 
 router = APIRouter(tags=["chat"])
 

@@ -8,7 +8,7 @@ from starlette.concurrency import run_in_threadpool
 
 from loraloom.engine.outputs import RequestOutput, TokenLogprob
 from loraloom.engine.tokenizer import Tokenizer
-from loraloom.platform.api.dependencies import EngineDep, LookupDep
+from loraloom.platform.api.deps import CallerDep, CompletionUsageMeterDep, EngineDep, LookupDep
 from loraloom.platform.api.errors import ERROR_RESPONSES
 from loraloom.platform.api.generation import (
     SSE_DONE,
@@ -27,8 +27,6 @@ from loraloom.platform.api.schemas import (
     CompletionRequest,
     PromptInput,
 )
-from loraloom.platform.auth import CallerDep
-from loraloom.platform.usage import CompletionUsageMeterDep
 
 router = APIRouter(tags=["completions"])
 

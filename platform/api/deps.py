@@ -1,14 +1,27 @@
-"""What route handlers receive: the engine, the adapter lookup and the database the app was created with."""
+"""Everything a route handler receives, as `Annotated` dependencies: the engine, the adapter
+lookup, the database and settings the app was created with, and the caller (`authenticate`
+answers 401 for a bad key, the role dependencies 403):
+
+    caller: CallerDep       # any valid key
+    caller: DeveloperDep    # an admin or developer key
+    caller: AdminDep        # an admin key
+"""
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from typing import Annotated
 
-from fastapi import Depends, Request
+from fastapi import Depends, Query, Request, params
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session, sessionmaker
+from starlette.concurrency import run_in_threadpool
 
 from loraloom.engine.async_engine import AsyncEngine
+from loraloom.platform.accounts.keys import ROLES, Caller, KeyUse
 from loraloom.platform.adapter_lookup import AdapterLookup
+from loraloom.platform.api.auth import LAST_USED_RESOLUTION, bearer_token, check_role, check_usable, find_key
+from loraloom.platform.db.models import ApiKeyRole, utcnow
+from loraloom.platform.metering.usage import UsageMeter
 from loraloom.platform.settings import Settings
 
 
@@ -40,3 +53,63 @@ LookupDep = Annotated[AdapterLookup, Depends(get_lookup)]
 SessionFactoryDep = Annotated[sessionmaker[Session], Depends(get_session_factory)]
 SessionDep = Annotated[Session, Depends(get_session)]
 SettingsDep = Annotated[Settings, Depends(get_settings)]
+
+
+# ------------------------------------------------------------------ the caller
+# Declared for the OpenAPI document (the "Authorize" button); the header is parsed by
+# bearer_token, so that a missing header and a malformed one get different messages.
+_openapi_bearer = HTTPBearer(auto_error=False, description="An API key: `Authorization: Bearer ll-...`")
+
+
+async def authenticate(
+    request: Request,
+    session_factory: SessionFactoryDep,
+    _documented: Annotated[HTTPAuthorizationCredentials | None, Depends(_openapi_bearer)],
+) -> Caller:
+    token = bearer_token(request.headers.get("authorization"))
+    # One indexed lookup by hash, in a worker thread: the event loop never waits on the database.
+    key = await run_in_threadpool(find_key, session_factory, token)
+    now = utcnow()
+    key = check_usable(key, now)
+    if key.last_used_at is None or now - key.last_used_at >= LAST_USED_RESOLUTION:
+        request.app.state.key_use_writer.submit(KeyUse(api_key_id=key.id, used_at=now))
+    caller = Caller(tenant_id=key.tenant_id, api_key_id=key.id, role=key.role.value)
+    request.state.caller = caller  # for the audit middleware, which runs outside the route
+    return caller
+
+
+CallerDep = Annotated[Caller, Depends(authenticate)]
+
+
+def require_role(*roles: str) -> Callable[[Caller], Awaitable[Caller]]:
+    """A dependency that lets through keys with one of `roles` and answers 403 to the rest."""
+    unknown = [role for role in roles if role not in ROLES]
+    if not roles or unknown:
+        raise ValueError(f"require_role: roles must be some of {ROLES}, got {roles}")
+
+    async def check_caller_role(caller: CallerDep) -> Caller:
+        return check_role(caller, roles)
+
+    return check_caller_role
+
+
+AdminDep = Annotated[Caller, Depends(require_role(ApiKeyRole.admin.value))]
+DeveloperDep = Annotated[Caller, Depends(require_role(ApiKeyRole.admin.value, ApiKeyRole.developer.value))]
+
+TenantQuery = Annotated[
+    str | None, Query(description="A tenant's name; admin keys only. Default: the calling key's tenant.")
+]
+
+
+# ------------------------------------------------------------------ usage metering
+def usage_meter(endpoint: str) -> params.Depends:
+    """A dependency giving a fresh UsageMeter for `endpoint`, started when the request arrives."""
+
+    def start_meter(request: Request, caller: CallerDep) -> UsageMeter:
+        return UsageMeter(writer=request.app.state.usage_writer, caller=caller, endpoint=endpoint)
+
+    return Depends(start_meter)
+
+
+ChatUsageMeterDep = Annotated[UsageMeter, usage_meter("chat.completions")]
+CompletionUsageMeterDep = Annotated[UsageMeter, usage_meter("completions")]

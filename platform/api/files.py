@@ -12,10 +12,9 @@ from pydantic import BaseModel, Field
 from starlette.concurrency import iterate_in_threadpool
 
 from loraloom.platform.api.adapters import RegistryLookupDep
-from loraloom.platform.api.dependencies import EngineDep, SessionDep, SettingsDep
+from loraloom.platform.api.deps import CallerDep, DeveloperDep, EngineDep, SessionDep, SettingsDep
 from loraloom.platform.api.schemas import DEFAULT_PAGE_SIZE, ErrorResponse, IdPageObject, PageLimit, unix_seconds
 from loraloom.platform.api.training_errors import TrainingRoute
-from loraloom.platform.auth import CallerDep, DeveloperDep
 from loraloom.platform.db.models import TrainingFile
 from loraloom.platform.training.files import create_file, delete_file, find_file, list_files, open_file
 

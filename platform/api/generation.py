@@ -23,7 +23,7 @@ from loraloom.engine.request import SamplingParams
 from loraloom.platform.adapter_lookup import AdapterLookup, AdapterNotFoundError, InvalidAdapterError
 from loraloom.platform.api.errors import APIError, field_error
 from loraloom.platform.api.schemas import DEFAULT_MAX_TOKENS, GenerationRequest, PromptTokensDetails, Usage
-from loraloom.platform.usage import UsageMeter
+from loraloom.platform.metering.usage import UsageMeter
 
 SSE_DONE = "data: [DONE]\n\n"
 CLIENT_CLOSED_REQUEST = 499  # nginx's status for a client that left; nobody reads this response

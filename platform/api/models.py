@@ -4,9 +4,8 @@ from __future__ import annotations
 from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
 
-from loraloom.platform.api.dependencies import EngineDep, LookupDep
+from loraloom.platform.api.deps import CallerDep, EngineDep, LookupDep
 from loraloom.platform.api.schemas import ModelCard, ModelList
-from loraloom.platform.auth import CallerDep
 
 router = APIRouter(tags=["models"])
 

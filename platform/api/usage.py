@@ -7,10 +7,10 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Query
 from pydantic import BaseModel
 
-from loraloom.platform.api.dependencies import SessionDep
+from loraloom.platform.api.auth import tenant_in_scope
+from loraloom.platform.api.deps import DeveloperDep, SessionDep, TenantQuery
 from loraloom.platform.api.errors import ERROR_RESPONSES, APIError
-from loraloom.platform.auth import DeveloperDep, TenantQuery, tenant_in_scope
-from loraloom.platform.usage import UsageGroup, UsageTotals, aggregate_usage
+from loraloom.platform.metering.usage import UsageGroup, UsageTotals, aggregate_usage
 
 router = APIRouter(tags=["usage"], responses=ERROR_RESPONSES)
 

@@ -11,7 +11,8 @@ from alembic.script import ScriptDirectory
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import SQLAlchemyError
 
-from loraloom.platform.accounts import DEFAULT_TENANT, create_bootstrap_admin_key, create_key_for_tenant
+from loraloom.platform.accounts.keys import create_bootstrap_admin_key, create_key_for_tenant
+from loraloom.platform.accounts.tenants import DEFAULT_TENANT
 from loraloom.platform.db import create_db_engine, create_session_factory, database_revision, upgrade_database
 from loraloom.platform.db.migrate import MIGRATIONS_DIR
 from loraloom.platform.db.models import ApiKeyRole

@@ -134,7 +134,7 @@ def serve(args: argparse.Namespace) -> None:
     from loraloom.engine.async_engine import AsyncEngine
     from loraloom.engine.bundled import import_bundled
     from loraloom.platform.adapter_lookup import LocalAdapterLookup
-    from loraloom.platform.api import create_app
+    from loraloom.platform.api.app import create_app
     from loraloom.platform.cli.admin import prepare_database, shown_url
     from loraloom.platform.registry_lookup import adapter_fetcher_from_settings, registry_lookup_from_settings
     from loraloom.platform.storage import storage_from_settings

@@ -1,30 +1,27 @@
 """The audit log: one audit_log row for every mutating API call, whatever its outcome.
 
-One ASGI middleware covers every route, present and future: a POST, PUT, PATCH or DELETE
-under /v1/ that matched a route is recorded with who (the caller that `authenticate` put
-on the request state; none if authentication failed), what (method and route template,
-the resource and its id), when, and the status code. Rows go through a BatchWriter, so
-the call never waits for the audit insert.
+One ASGI middleware (api/middleware.py: AuditMiddleware) covers every route, present and
+future: a POST, PUT, PATCH or DELETE under /v1/ that matched a route is recorded with who
+(the caller that `authenticate` put on the request state; none if authentication failed),
+what (method and route template, the resource and its id), when, and the status code.
+Rows go through a BatchWriter, so the call never waits for the audit insert.
 """
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import insert
 from sqlalchemy.orm import Session, sessionmaker
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import Scope
 
-from loraloom.platform.auth import Caller
+from loraloom.platform.accounts.keys import Caller
 from loraloom.platform.db.models import AuditLogEntry, utcnow
 
 AUDITED_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 # Inference changes nothing: it is metered per request in usage_records instead.
 NOT_AUDITED_PATHS = frozenset({"/v1/chat/completions", "/v1/completions"})
 API_PREFIX = "/v1/"
-# A created resource's id is read from the JSON response; larger bodies are not kept for that.
-MAX_INSPECTED_BODY_BYTES = 64 * 1024
 MAX_ERROR_CHARS = 500
 
 
@@ -72,49 +69,6 @@ def audit_entry(scope: Scope, status_code: int, response_json: Any) -> dict[str,
         "details": details,
         "created_at": utcnow(),
     }
-
-
-class AuditMiddleware:
-    """Pure ASGI (like BodySizeLimit), so streaming and disconnect detection are untouched.
-    Submits to `app.state.audit_writer` of the FastAPI app serving the call."""
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if not is_audited(scope):
-            await self.app(scope, receive, send)
-            return
-        scope.setdefault("state", {})  # the dict request.state writes the caller into
-        status_code = 500  # if the app fails before answering, the client gets a 500
-        is_json = False
-        body = bytearray()
-
-        async def send_and_watch(message: Message) -> None:
-            nonlocal status_code, is_json
-            if message["type"] == "http.response.start":
-                status_code = message["status"]
-                content_type = dict(message.get("headers", [])).get(b"content-type", b"")
-                is_json = content_type.startswith(b"application/json")
-            elif message["type"] == "http.response.body" and is_json and len(body) <= MAX_INSPECTED_BODY_BYTES:
-                body.extend(message.get("body", b""))
-            await send(message)
-
-        try:
-            await self.app(scope, receive, send_and_watch)
-        finally:
-            entry = audit_entry(scope, status_code, _parse_json(body) if is_json else None)
-            if entry is not None:
-                scope["app"].state.audit_writer.submit(entry)
-
-
-def _parse_json(body: bytearray) -> Any:
-    if len(body) > MAX_INSPECTED_BODY_BYTES:
-        return None
-    try:
-        return json.loads(body)
-    except ValueError:
-        return None
 
 
 def write_audit_entries(session_factory: sessionmaker[Session], rows: Sequence[dict[str, Any]]) -> None:

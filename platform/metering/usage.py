@@ -1,6 +1,6 @@
 """Usage metering: one usage_records row per generation, written off the request path.
 
-A route takes a `UsageMeter` (ChatUsageMeterDep, CompletionUsageMeterDep) when the request arrives; the generation stream
+A route takes a `UsageMeter` (api/deps.py: ChatUsageMeterDep, CompletionUsageMeterDep) when the request arrives; the generation stream
 reports its outputs to it and finishes it once, with the outcome. The row goes to the app's
 usage BatchWriter, which inserts rows in batches. `aggregate_usage` sums the rows for
 GET /v1/usage.
@@ -13,17 +13,16 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Annotated, Any
+from typing import Any
 
-from fastapi import Depends, Request, params
 from sqlalchemy import ColumnElement, case, func, insert, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from loraloom.engine.adapters import AdapterHandle
 from loraloom.engine.outputs import RequestOutput
-from loraloom.platform.auth import Caller, CallerDep
-from loraloom.platform.batch_writer import BatchWriter
+from loraloom.platform.accounts.keys import Caller
 from loraloom.platform.db.models import ApiKey, UsageRecord, UsageStatus, utcnow
+from loraloom.platform.metering.batch_writer import BatchWriter
 
 BASE_ADAPTER = "base"  # how the base model (no adapter) appears in aggregates
 
@@ -90,19 +89,6 @@ class UsageMeter:
                 "created_at": utcnow(),
             }
         )
-
-
-def usage_meter(endpoint: str) -> params.Depends:
-    """A dependency giving a fresh UsageMeter for `endpoint`, started when the request arrives."""
-
-    def start_meter(request: Request, caller: CallerDep) -> UsageMeter:
-        return UsageMeter(writer=request.app.state.usage_writer, caller=caller, endpoint=endpoint)
-
-    return Depends(start_meter)
-
-
-ChatUsageMeterDep = Annotated[UsageMeter, usage_meter("chat.completions")]
-CompletionUsageMeterDep = Annotated[UsageMeter, usage_meter("completions")]
 
 
 def write_usage_records(session_factory: sessionmaker[Session], rows: Sequence[dict[str, Any]]) -> None:

@@ -6,8 +6,8 @@ import pytest
 from fastapi import FastAPI, Request
 from fastapi.testclient import TestClient
 
-from loraloom.platform.api.body_limit import BodySizeLimit
 from loraloom.platform.api.errors import field_error, install_error_handlers
+from loraloom.platform.api.middleware import BodySizeLimit
 
 BODY_LIMIT = 1000
 UPLOAD_LIMIT = 5000

@@ -22,7 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from loraloom.engine.async_engine import AsyncEngine
 from loraloom.engine.config import EngineConfig
 from loraloom.platform.adapter_lookup import LocalAdapterLookup
-from loraloom.platform.api import create_app
+from loraloom.platform.api.app import create_app
 
 NUM_KV_BLOCKS = 256
 MAX_NEW_TOKENS = 8

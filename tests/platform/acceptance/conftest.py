@@ -16,7 +16,7 @@ from sqlalchemy import Engine, func, select
 from loraloom.engine.async_engine import AsyncEngine
 from loraloom.engine.config import EngineConfig
 from loraloom.platform.adapter_lookup import LocalAdapterLookup
-from loraloom.platform.api import create_app
+from loraloom.platform.api.app import create_app
 from loraloom.platform.db import create_db_engine
 from loraloom.platform.db.models import AuditLogEntry, Base, UsageRecord
 from loraloom.platform.registry_lookup import adapter_fetcher_from_settings, registry_lookup_from_settings

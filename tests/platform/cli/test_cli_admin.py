@@ -17,7 +17,7 @@ from sqlalchemy import select
 from loraloom.engine.async_engine import AsyncEngine
 from loraloom.engine.config import EngineConfig
 from loraloom.platform.adapter_lookup import LocalAdapterLookup
-from loraloom.platform.api import create_app
+from loraloom.platform.api.app import create_app
 from loraloom.platform.cli.admin import prepare_database
 from loraloom.platform.db import create_db_engine, create_session_factory, database_revision
 from loraloom.platform.db.api_keys import hash_api_key

@@ -17,7 +17,7 @@ from lora_factory import make_peft_adapter
 from loraloom.engine.async_engine import AsyncEngine
 from loraloom.engine.config import EngineConfig
 from loraloom.platform.adapter_lookup import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE, LocalAdapterLookup
-from loraloom.platform.api import create_app
+from loraloom.platform.api.app import create_app
 from loraloom.platform.registry_lookup import adapter_fetcher_from_settings, registry_lookup_from_settings
 from loraloom.platform.storage import storage_from_settings
 

@@ -20,7 +20,7 @@ from safetensors.torch import load_file, save_file
 from loraloom.engine.async_engine import AsyncEngine
 from loraloom.engine.config import EngineConfig
 from loraloom.platform.adapter_lookup import LocalAdapterLookup
-from loraloom.platform.api import create_app
+from loraloom.platform.api.app import create_app
 from loraloom.platform.registry_lookup import adapter_fetcher_from_settings, registry_lookup_from_settings
 from loraloom.platform.storage import LocalBlobStore, content_key, storage_from_settings
 

@@ -24,7 +24,7 @@ from live_api import bearer, make_key, serve_in_thread
 from loraloom.engine.async_engine import AsyncEngine
 from loraloom.engine.config import EngineConfig
 from loraloom.platform.adapter_lookup import LocalAdapterLookup
-from loraloom.platform.api import create_app
+from loraloom.platform.api.app import create_app
 from loraloom.platform.db import upgrade_database
 from loraloom.platform.registry_lookup import adapter_fetcher_from_settings, registry_lookup_from_settings
 from loraloom.platform.settings import Settings

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 import pytest
 
-from loraloom.platform.batch_writer import BatchWriter
+from loraloom.platform.metering.batch_writer import BatchWriter
 
 LONG_INTERVAL_S = 3600.0  # never reached in a test: flushes come from size or close()
 

@@ -12,7 +12,7 @@ import pytest
 
 from loraloom.platform.db.api_keys import create_api_key
 from loraloom.platform.db.models import ApiKeyRole, Tenant, UsageRecord, UsageStatus
-from loraloom.platform.usage import BASE_ADAPTER, UsageGroup, aggregate_usage, write_usage_records
+from loraloom.platform.metering.usage import BASE_ADAPTER, UsageGroup, aggregate_usage, write_usage_records
 
 # Late in the UTC day: in any other time zone some of these fall on another local date.
 DAYS = [datetime(2026, 11, day, 23, 30, tzinfo=timezone.utc) for day in (20, 21, 22)]
