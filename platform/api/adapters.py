@@ -34,6 +34,7 @@ from loraloom.platform.api.schemas import (
 from loraloom.platform.db.models import Adapter, AdapterVersion, Alias
 from loraloom.platform.registry.aliases import alias_history, find_alias, move_alias, remove_alias
 from loraloom.platform.registry.errors import RegistryConflictError, RegistryNotFoundError, UploadRejectedError
+from loraloom.platform.registry.lookup import RegistryAdapterLookup
 from loraloom.platform.registry.resolution import ResolvedVersion
 from loraloom.platform.registry.staging import UploadedPart
 from loraloom.platform.registry.uploads import (
@@ -54,7 +55,6 @@ from loraloom.platform.registry.versions import (
     list_versions,
     version_aliases,
 )
-from loraloom.platform.registry_lookup import RegistryAdapterLookup
 
 logger = logging.getLogger(__name__)
 

@@ -18,10 +18,10 @@ from starlette.concurrency import run_in_threadpool
 
 from loraloom.engine.async_engine import AsyncEngine
 from loraloom.platform.accounts.keys import ROLES, Caller, KeyUse
-from loraloom.platform.adapter_lookup import AdapterLookup
 from loraloom.platform.api.auth import LAST_USED_RESOLUTION, bearer_token, check_role, check_usable, find_key
 from loraloom.platform.db.models import ApiKeyRole, utcnow
 from loraloom.platform.metering.usage import UsageMeter
+from loraloom.platform.registry.lookup import AdapterLookup
 from loraloom.platform.settings import Settings
 
 

@@ -15,7 +15,6 @@ from celery import Celery
 from fastapi import APIRouter, Depends, Query, Request
 from pydantic import BaseModel, Field
 
-from loraloom.platform.adapter_lookup import ALWAYS_BASE_NAMES
 from loraloom.platform.api.deps import CallerDep, DeveloperDep, EngineDep, SessionDep, SettingsDep
 from loraloom.platform.api.schemas import (
     DEFAULT_PAGE_SIZE,
@@ -28,6 +27,7 @@ from loraloom.platform.api.schemas import (
 )
 from loraloom.platform.api.training_errors import TrainingRoute
 from loraloom.platform.db.models import FineTuningCheckpoint, FineTuningJob, FineTuningJobEvent
+from loraloom.platform.registry.references import ALWAYS_BASE_NAMES
 from loraloom.platform.training.celery_app import send_run_job
 from loraloom.platform.training.hyperparameters import Hyperparameters
 from loraloom.platform.training.jobs import (

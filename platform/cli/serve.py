@@ -133,11 +133,13 @@ def serve(args: argparse.Namespace) -> None:
 
     from loraloom.engine.async_engine import AsyncEngine
     from loraloom.engine.bundled import import_bundled
-    from loraloom.platform.adapter_lookup import LocalAdapterLookup
     from loraloom.platform.api.app import create_app
     from loraloom.platform.cli.admin import prepare_database, shown_url
-    from loraloom.platform.registry_lookup import adapter_fetcher_from_settings, registry_lookup_from_settings
+    from loraloom.platform.registry.fetch import adapter_fetcher_from_settings
+    from loraloom.platform.registry.local import LocalAdapterLookup
+    from loraloom.platform.registry.lookup import registry_lookup_from_settings
     from loraloom.platform.storage import storage_from_settings
+    from loraloom.platform.training.jobs import find_checkpoint
 
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     settings = load_settings(args.broker_url)
@@ -152,7 +154,7 @@ def serve(args: argparse.Namespace) -> None:
         local = LocalAdapterLookup(
             base_names={engine.model_name}, adapters=dict(args.adapter), adapter_dir=args.adapter_dir
         )
-        lookup = registry_lookup_from_settings(settings, store, local)
+        lookup = registry_lookup_from_settings(settings, store, local, find_checkpoint=find_checkpoint)
     except (ValueError, FileNotFoundError) as error:  # bad model directory or adapter names: say which, no traceback
         sys.exit(f"loraloom serve: {error}")
     app = create_app(engine, lookup, settings)

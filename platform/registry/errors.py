@@ -1,4 +1,4 @@
-"""Registry failures, each answered by the API with one status code."""
+"""Registry and lookup failures, each answered by the API with one status code."""
 from __future__ import annotations
 
 
@@ -12,3 +12,15 @@ class RegistryConflictError(Exception):
 
 class UploadRejectedError(ValueError):
     """The uploaded files are refused before anything is registered (400); the message says why."""
+
+
+class AdapterNotFoundError(LookupError):
+    """A request names no adapter that exists (for its tenant): the API answers 404 with code model_not_found."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"The model or adapter {name!r} does not exist; GET /v1/models lists what is served")
+        self.name = name
+
+
+class InvalidAdapterError(ValueError):
+    """The adapter exists but its directory cannot be served as it is: the API answers 400."""

@@ -1,9 +1,7 @@
-"""How the gateway turns the name a client sends (`model` / `adapter_id`) into an AdapterHandle.
-
-`AdapterLookup` is the seam the adapter registry (database, versions, aliases,
-tenants) implements (platform/registry_lookup.py). `LocalAdapterLookup` serves
-adapters straight from directories: the `--adapter NAME=PATH` entries and the
-subdirectories of `--adapter-dir`, the same for every tenant.
+"""Server-local adapters: the `--adapter NAME=PATH` entries and the subdirectories of
+`--adapter-dir`, served straight from their directories, the same for every tenant.
+`LocalAdapterLookup` is an AdapterLookup (lookup.py) on its own (a server without a
+registry) and the fallback of the registry's lookup for bare names.
 
 The runtime key must change whenever the weights change (it is mixed into the
 prefix-cache block hashes), so it carries a hash of the weights file. Hashing
@@ -12,46 +10,19 @@ same-size file swapped in by rename within one timestamp tick.
 """
 from __future__ import annotations
 
-import hashlib
 import logging
 import threading
 import uuid
 from pathlib import Path
-from typing import Protocol
 
+from loraloom.engine.adapter_cache import file_sha256
 from loraloom.engine.adapters import AdapterHandle
+from loraloom.engine.lora_weights import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE
+from loraloom.platform.registry.errors import AdapterNotFoundError, InvalidAdapterError
+from loraloom.platform.registry.references import ALWAYS_BASE_NAMES
+from loraloom.platform.registry.resolution import KEY_HASH_CHARS
 
 logger = logging.getLogger(__name__)
-
-ADAPTER_CONFIG_FILE = "adapter_config.json"
-ADAPTER_WEIGHTS_FILE = "adapter_model.safetensors"
-# Names that always mean "no adapter" (ARCHITECTURE.md contract); "" is an omitted model.
-ALWAYS_BASE_NAMES = frozenset({"base", ""})
-KEY_HASH_CHARS = 16
-_HASH_CHUNK_BYTES = 1 << 20
-
-
-class AdapterNotFoundError(LookupError):
-    """No adapter of that name: the API answers 404 with code model_not_found."""
-
-    def __init__(self, name: str) -> None:
-        super().__init__(f"The model or adapter {name!r} does not exist; GET /v1/models lists what is served")
-        self.name = name
-
-
-class InvalidAdapterError(ValueError):
-    """The adapter exists but its directory cannot be served as it is: the API answers 400."""
-
-
-class AdapterLookup(Protocol):
-    def resolve(self, model: str, tenant_id: uuid.UUID | None = None) -> AdapterHandle | None:
-        """The adapter a request of `tenant_id` names; None for the base model. Raises AdapterNotFoundError
-        (also for another tenant's adapter). tenant_id None: server-wide adapters only."""
-        ...
-
-    def list_adapters(self, tenant_id: uuid.UUID | None = None) -> list[AdapterHandle]:
-        """Every adapter that `tenant_id` can be served now."""
-        ...
 
 
 class LocalAdapterLookup:
@@ -128,7 +99,7 @@ class LocalAdapterLookup:
             cached = self._hashes.get(weights)
             if cached is not None and cached[0] == version:
                 return cached[1]
-            sha256 = _file_sha256(weights)
+            sha256 = file_sha256(weights)
             self._hashes[weights] = (version, sha256)
             return sha256
 
@@ -137,10 +108,3 @@ def _is_plain_directory_name(name: str) -> bool:
     """A single path component: keeps a requested name from escaping the adapter directory."""
     return name not in (".", "..") and Path(name).name == name and "\\" not in name
 
-
-def _file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        while chunk := handle.read(_HASH_CHUNK_BYTES):
-            digest.update(chunk)
-    return digest.hexdigest()

@@ -1,37 +1,57 @@
-"""The gateway's AdapterLookup when a registry is configured: the caller's registry first,
-then the server-local adapters given to `serve` (--adapter, --adapter-dir), which every
+"""The one path from the name a client sends (`model` / `adapter_id`) to an AdapterHandle.
+
+`AdapterLookup` is what the API asks. With a registry configured (what `serve` builds) it is
+`RegistryAdapterLookup`: a fine-tuning checkpoint id, else the caller's registry (references.py
+parses the name, resolution.py answers it through a cache, so the request path does not
+query the database per request; the adapter routes invalidate it on every change), else the
+server-local adapters given to `serve` (local.py: --adapter, --adapter-dir), which every
 tenant may use.
 
-Resolution goes through a cache (platform/registry/resolution.py), so the request path
-does not query the database per request; the adapter routes invalidate it on every change.
+Checkpoints belong to training, which builds on the registry: the lookup is handed a
+`CheckpointFinder` rather than importing training.
 """
 from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
+from typing import Protocol
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session, selectinload, sessionmaker
 
 from loraloom.engine.adapters import AdapterHandle
-from loraloom.platform.adapter_lookup import AdapterNotFoundError, LocalAdapterLookup
 from loraloom.platform.db import create_db_engine, create_session_factory
-from loraloom.platform.db.models import Adapter, AdapterVersion, AdapterVersionStatus, Alias
-from loraloom.platform.registry.fetch import StorageAdapterFetcher, version_uri
+from loraloom.platform.db.models import Adapter, AdapterVersion, AdapterVersionStatus, Alias, FineTuningCheckpoint
+from loraloom.platform.registry.errors import AdapterNotFoundError
+from loraloom.platform.registry.fetch import version_uri
+from loraloom.platform.registry.local import LocalAdapterLookup
 from loraloom.platform.registry.references import LATEST_ALIAS, AdapterReference, parse_reference
-from loraloom.platform.registry.resolution import (
-    KEY_HASH_CHARS,
-    ResolutionCache,
-    ResolvedVersion,
-    resolve_reference,
-)
+from loraloom.platform.registry.resolution import KEY_HASH_CHARS, ResolutionCache, ResolvedVersion, resolve_reference
 from loraloom.platform.registry.staging import UploadLimits
 from loraloom.platform.settings import Settings
 from loraloom.platform.storage import BlobStore
-from loraloom.platform.training.jobs import find_checkpoint
 
-RESOLUTION_CACHE_ENTRIES = 100_000
-CHECKPOINT_ID_PREFIX = "ftckpt-"  # (tenant, reference) answers; a few hundred bytes each
+RESOLUTION_CACHE_ENTRIES = 100_000  # (tenant, reference) answers; a few hundred bytes each
+CHECKPOINT_ID_PREFIX = "ftckpt-"
+
+
+class AdapterLookup(Protocol):
+    def resolve(self, model: str, tenant_id: uuid.UUID | None = None) -> AdapterHandle | None:
+        """The adapter a request of `tenant_id` names; None for the base model. Raises AdapterNotFoundError
+        (also for another tenant's adapter). tenant_id None: server-wide adapters only."""
+        ...
+
+    def list_adapters(self, tenant_id: uuid.UUID | None = None) -> list[AdapterHandle]:
+        """Every adapter that `tenant_id` can be served now."""
+        ...
+
+
+class CheckpointFinder(Protocol):
+    """training.jobs.find_checkpoint: the tenant's checkpoint with this id, or None."""
+
+    def __call__(
+        self, session: Session, *, tenant_id: uuid.UUID, checkpoint_id: str
+    ) -> FineTuningCheckpoint | None: ...
 
 
 @dataclass(frozen=True)
@@ -46,9 +66,12 @@ class AdapterRegistry:
 
 
 class RegistryAdapterLookup:
-    def __init__(self, *, registry: AdapterRegistry, local: LocalAdapterLookup) -> None:
+    def __init__(
+        self, *, registry: AdapterRegistry, local: LocalAdapterLookup, find_checkpoint: CheckpointFinder
+    ) -> None:
         self.registry = registry
         self.local = local
+        self.find_checkpoint = find_checkpoint
 
     def resolve(self, model: str, tenant_id: uuid.UUID | None = None) -> AdapterHandle | None:
         if model in self.local.base_names:
@@ -74,7 +97,7 @@ class RegistryAdapterLookup:
     def _checkpoint(self, checkpoint_id: str, tenant_id: uuid.UUID) -> AdapterHandle:
         """A fine-tuning checkpoint (its id is the `fine_tuned_model_checkpoint` the API shows)."""
         with self.registry.session_factory() as session:
-            checkpoint = find_checkpoint(session, tenant_id=tenant_id, checkpoint_id=checkpoint_id)
+            checkpoint = self.find_checkpoint(session, tenant_id=tenant_id, checkpoint_id=checkpoint_id)
         if checkpoint is None:
             raise AdapterNotFoundError(checkpoint_id)
         return AdapterHandle(
@@ -111,15 +134,8 @@ class RegistryAdapterLookup:
         self.registry.resolutions.invalidate(tenant_id, adapter_name)
 
 
-def adapter_fetcher_from_settings(settings: Settings, store: BlobStore) -> StorageAdapterFetcher:
-    """The engine's fetcher for this server's registry (pass it to AsyncEngine.create)."""
-    return StorageAdapterFetcher(
-        store=store, cache_dir=settings.adapter_cache_dir, max_bytes=settings.adapter_cache_max_bytes
-    )
-
-
 def registry_lookup_from_settings(
-    settings: Settings, store: BlobStore, local: LocalAdapterLookup
+    settings: Settings, store: BlobStore, local: LocalAdapterLookup, *, find_checkpoint: CheckpointFinder
 ) -> RegistryAdapterLookup:
     """The gateway's lookup: the registry in settings.database_url, then `local`."""
     registry = AdapterRegistry(
@@ -129,4 +145,4 @@ def registry_lookup_from_settings(
         upload_limits=UploadLimits(max_total_bytes=settings.adapter_upload_max_bytes),
         presigned_expires_s=settings.presigned_url_expires_s,
     )
-    return RegistryAdapterLookup(registry=registry, local=local)
+    return RegistryAdapterLookup(registry=registry, local=local, find_checkpoint=find_checkpoint)

@@ -21,8 +21,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from loraloom.engine.async_engine import AsyncEngine
 from loraloom.engine.config import EngineConfig
-from loraloom.platform.adapter_lookup import LocalAdapterLookup
 from loraloom.platform.api.app import create_app
+from loraloom.platform.registry.local import LocalAdapterLookup
 
 NUM_KV_BLOCKS = 256
 MAX_NEW_TOKENS = 8

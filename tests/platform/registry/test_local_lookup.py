@@ -7,13 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from loraloom.platform.adapter_lookup import (
-    ADAPTER_CONFIG_FILE,
-    ADAPTER_WEIGHTS_FILE,
-    AdapterNotFoundError,
-    InvalidAdapterError,
-    LocalAdapterLookup,
-)
+from loraloom.engine.lora_weights import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE
+from loraloom.platform.registry.errors import AdapterNotFoundError, InvalidAdapterError
+from loraloom.platform.registry.local import LocalAdapterLookup
 
 BASE_NAME = "SmolLM2-135M-Instruct"
 
