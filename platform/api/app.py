@@ -16,11 +16,11 @@ from starlette.concurrency import run_in_threadpool
 from loraloom.engine.async_engine import AsyncEngine
 from loraloom.engine.lora import AdapterLoadError
 from loraloom.platform.accounts.keys import write_key_uses
-from loraloom.platform.api import adapters, admin, chat, completions, files, fine_tuning, models, operations, usage
 from loraloom.platform.api.deps import authenticate
 from loraloom.platform.api.errors import install_error_handlers
 from loraloom.platform.api.middleware import AuditMiddleware, BodySizeLimit
-from loraloom.platform.api.schemas import ErrorResponse
+from loraloom.platform.api.routes import adapters, admin, chat, completions, files, fine_tuning, models, operations, usage
+from loraloom.platform.api.schemas.common import ErrorResponse
 from loraloom.platform.db import create_db_engine, create_session_factory
 from loraloom.platform.metering.audit import write_audit_entries
 from loraloom.platform.metering.batch_writer import BatchWriter

@@ -11,7 +11,7 @@ from datetime import datetime, timedelta
 from sqlalchemy.orm import Session, sessionmaker
 
 from loraloom.platform.accounts.keys import Caller
-from loraloom.platform.accounts.tenants import TenantNotFoundError, find_tenant
+from loraloom.platform.accounts.tenants import find_tenant
 from loraloom.platform.api.errors import APIError
 from loraloom.platform.db.api_keys import find_api_key
 from loraloom.platform.db.models import ApiKey, ApiKeyRole, Tenant
@@ -91,7 +91,4 @@ def tenant_in_scope(session: Session, caller: Caller, name: str | None) -> Tenan
             param="tenant",
             code="insufficient_role",
         )
-    try:
-        return find_tenant(session, name=name)
-    except TenantNotFoundError as error:
-        raise APIError(404, str(error), param="tenant", code="tenant_not_found") from None
+    return find_tenant(session, name=name)  # none of that name: TenantNotFoundError, a 404 (errors.py)

@@ -1,5 +1,6 @@
 """Everything a route handler receives, as `Annotated` dependencies: the engine, the adapter
-lookup, the database and settings the app was created with, and the caller (`authenticate`
+lookup (and the registry behind it), the database and settings the app was created with, the
+training job sender, the usage meter, and the caller (`authenticate`
 answers 401 for a bad key, the role dependencies 403):
 
     caller: CallerDep       # any valid key
@@ -11,7 +12,8 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Annotated
 
-from fastapi import Depends, Query, Request, params
+from celery import Celery
+from fastapi import Depends, Request, params
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
@@ -19,10 +21,12 @@ from starlette.concurrency import run_in_threadpool
 from loraloom.engine.async_engine import AsyncEngine
 from loraloom.platform.accounts.keys import ROLES, Caller, KeyUse
 from loraloom.platform.api.auth import LAST_USED_RESOLUTION, bearer_token, check_role, check_usable, find_key
+from loraloom.platform.api.errors import APIError
 from loraloom.platform.db.models import ApiKeyRole, utcnow
 from loraloom.platform.metering.usage import UsageMeter
-from loraloom.platform.registry.lookup import AdapterLookup
+from loraloom.platform.registry.lookup import AdapterLookup, RegistryAdapterLookup
 from loraloom.platform.settings import Settings
+from loraloom.platform.training.celery_app import send_run_job
 
 
 def get_engine(request: Request) -> AsyncEngine:
@@ -53,6 +57,23 @@ LookupDep = Annotated[AdapterLookup, Depends(get_lookup)]
 SessionFactoryDep = Annotated[sessionmaker[Session], Depends(get_session_factory)]
 SessionDep = Annotated[Session, Depends(get_session)]
 SettingsDep = Annotated[Settings, Depends(get_settings)]
+
+
+def get_registry_lookup(lookup: LookupDep) -> RegistryAdapterLookup:
+    """The lookup, for the routes that need the registry behind it (adapters, files)."""
+    if not isinstance(lookup, RegistryAdapterLookup):
+        raise APIError(404, "This server has no adapter registry; it serves only the adapters given to it at start")
+    return lookup
+
+
+def get_job_sender(request: Request) -> Callable[[str], None]:
+    """Sends a created job to the training workers (the app's Celery app; a fake in tests)."""
+    app: Celery = request.app.state.training_app
+    return lambda job_id: send_run_job(app, job_id)
+
+
+RegistryLookupDep = Annotated[RegistryAdapterLookup, Depends(get_registry_lookup)]
+JobSenderDep = Annotated[Callable[[str], None], Depends(get_job_sender)]
 
 
 # ------------------------------------------------------------------ the caller
@@ -95,11 +116,6 @@ def require_role(*roles: str) -> Callable[[Caller], Awaitable[Caller]]:
 
 AdminDep = Annotated[Caller, Depends(require_role(ApiKeyRole.admin.value))]
 DeveloperDep = Annotated[Caller, Depends(require_role(ApiKeyRole.admin.value, ApiKeyRole.developer.value))]
-
-TenantQuery = Annotated[
-    str | None, Query(description="A tenant's name; admin keys only. Default: the calling key's tenant.")
-]
-
 
 # ------------------------------------------------------------------ usage metering
 def usage_meter(endpoint: str) -> params.Depends:

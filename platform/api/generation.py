@@ -21,7 +21,7 @@ from loraloom.engine.lora import AdapterLoadError
 from loraloom.engine.outputs import RequestOutput, TokenLogprob
 from loraloom.engine.request import SamplingParams
 from loraloom.platform.api.errors import APIError, field_error
-from loraloom.platform.api.schemas import DEFAULT_MAX_TOKENS, GenerationRequest, PromptTokensDetails, Usage
+from loraloom.platform.api.schemas.generation import DEFAULT_MAX_TOKENS, GenerationRequest, PromptTokensDetails, Usage
 from loraloom.platform.metering.usage import UsageMeter
 from loraloom.platform.registry.errors import AdapterNotFoundError, InvalidAdapterError
 from loraloom.platform.registry.lookup import AdapterLookup

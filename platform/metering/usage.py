@@ -1,9 +1,9 @@
 """Usage metering: one usage_records row per generation, written off the request path.
 
-A route takes a `UsageMeter` (api/deps.py: ChatUsageMeterDep, CompletionUsageMeterDep) when the request arrives; the generation stream
-reports its outputs to it and finishes it once, with the outcome. The row goes to the app's
-usage BatchWriter, which inserts rows in batches. `aggregate_usage` sums the rows for
-GET /v1/usage.
+A route takes a `UsageMeter` (api/deps.py: ChatUsageMeterDep, CompletionUsageMeterDep) when the
+request arrives; the generation stream reports its outputs to it and finishes it once, with the
+outcome. The row goes to the app's usage BatchWriter, which inserts rows in batches.
+`aggregate_usage` sums the rows for GET /v1/usage.
 """
 from __future__ import annotations
 

@@ -1,12 +1,15 @@
 """Error plumbing that needs no engine: OpenAI error shape for unexpected errors, field
-names in engine errors, and the body size cap (on a small app with real routes)."""
+names in engine errors, domain errors and the routes that read ValueErrors as field errors,
+and the body size cap (on a small app with real routes)."""
 from __future__ import annotations
 
 import pytest
-from fastapi import FastAPI, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.testclient import TestClient
 
-from loraloom.platform.api.errors import field_error, install_error_handlers
+from loraloom.platform.api.errors import FieldErrorRoute, field_error, install_error_handlers
+from loraloom.platform.registry.errors import RegistryNotFoundError, UploadRejectedError
+from loraloom.platform.training.errors import TrainingInputError
 from loraloom.platform.api.middleware import BodySizeLimit
 
 BODY_LIMIT = 1000
@@ -27,6 +30,30 @@ def client() -> TestClient:
     @app.get("/fail")
     async def fail() -> None:
         raise RuntimeError("secret internal detail")
+
+    @app.get("/stray-value-error")
+    async def stray_value_error() -> None:
+        raise ValueError("name: not a field error here")
+
+    @app.get("/registry-missing")
+    async def registry_missing() -> None:
+        raise RegistryNotFoundError("adapter 'bot' does not exist")
+
+    service = APIRouter(route_class=FieldErrorRoute)
+
+    @service.get("/service/value-error")
+    async def service_value_error() -> None:
+        raise ValueError("name: 'a b' is not a valid adapter name")
+
+    @service.get("/service/upload-rejected")
+    async def service_upload_rejected() -> None:
+        raise UploadRejectedError("adapter_model.safetensors is missing")
+
+    @service.get("/service/training-input")
+    async def service_training_input() -> None:
+        raise TrainingInputError(code="invalid_hyperparameters", message="n_epochs: must be >= 1", param="n_epochs")
+
+    app.include_router(service)
 
     # Starlette re-raises after answering (for the server's log); the client must still get the 500.
     return TestClient(app, raise_server_exceptions=False)
@@ -81,3 +108,23 @@ def test_field_error_names_the_clients_field():
 
     unnamed = field_error(ValueError("something went wrong: details"), {})
     assert unnamed.param is None and unnamed.message == "something went wrong: details"
+
+
+def test_domain_errors_get_their_status_and_code_on_any_route(client):
+    missing = client.get("/registry-missing")
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "not_found"
+
+
+def test_field_error_routes_read_a_plain_value_error_as_a_400_naming_the_field(client):
+    response = client.get("/service/value-error")
+    assert response.status_code == 400 and response.json()["error"]["param"] == "name"
+    # Elsewhere a stray ValueError is a bug: a 500 that says nothing of it.
+    stray = client.get("/stray-value-error")
+    assert stray.status_code == 500 and "name" not in stray.text
+
+
+def test_field_error_routes_leave_value_error_domain_errors_to_their_own_mapping(client):
+    rejected = client.get("/service/upload-rejected").json()["error"]
+    assert (rejected["param"], rejected["code"]) == ("files", "invalid_adapter")
+    training = client.get("/service/training-input").json()["error"]
+    assert (training["param"], training["code"]) == ("n_epochs", "invalid_hyperparameters")

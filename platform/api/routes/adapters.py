@@ -9,31 +9,33 @@ version from the engine before its blobs are removed.
 from __future__ import annotations
 
 import logging
-import uuid
-from collections.abc import Callable, Coroutine
-from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated
 
-from fastapi import APIRouter, BackgroundTasks, Depends, File, Form, Query, Request, Response, UploadFile
-from fastapi.routing import APIRoute
-from pydantic import BaseModel, Field
+from fastapi import APIRouter, BackgroundTasks, File, Form, Query, UploadFile
 from sqlalchemy.orm import Session
 
 from loraloom.engine.async_engine import AsyncEngine
 from loraloom.engine.lora import AdapterLoadError
-from loraloom.platform.api.deps import CallerDep, DeveloperDep, EngineDep, LookupDep, SessionDep
-from loraloom.platform.api.errors import APIError, field_error
-from loraloom.platform.api.schemas import (
-    DEFAULT_PAGE_SIZE,
-    ErrorResponse,
-    ListObject,
-    PageLimit,
-    PageObject,
-    StrictBody,
+from loraloom.platform.api.deps import CallerDep, DeveloperDep, EngineDep, RegistryLookupDep, SessionDep
+from loraloom.platform.api.errors import FieldErrorRoute
+from loraloom.platform.api.schemas.adapters import (
+    AdapterList,
+    AdapterObject,
+    AliasHistoryEntry,
+    AliasHistoryList,
+    AliasMoveBody,
+    AliasObject,
+    Deleted,
+    PresignedFileObject,
+    UploadCompleteBody,
+    UploadObject,
+    UploadRequestBody,
+    VersionList,
+    VersionObject,
 )
-from loraloom.platform.db.models import Adapter, AdapterVersion, Alias
+from loraloom.platform.api.schemas.common import DEFAULT_PAGE_SIZE, ErrorResponse, PageLimit
+from loraloom.platform.db.models import AdapterVersion
 from loraloom.platform.registry.aliases import alias_history, find_alias, move_alias, remove_alias
-from loraloom.platform.registry.errors import RegistryConflictError, RegistryNotFoundError, UploadRejectedError
 from loraloom.platform.registry.lookup import RegistryAdapterLookup
 from loraloom.platform.registry.resolution import ResolvedVersion
 from loraloom.platform.registry.staging import UploadedPart
@@ -59,203 +61,15 @@ from loraloom.platform.registry.versions import (
 logger = logging.getLogger(__name__)
 
 
-
-class RegistryRoute(APIRoute):
-    """Turns the registry services' exceptions into API errors, in one place for every route."""
-
-    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
-        handler = super().get_route_handler()
-
-        async def handle(request: Request) -> Response:
-            try:
-                return await handler(request)
-            except RegistryNotFoundError as error:
-                raise APIError(404, str(error), code="not_found") from None
-            except RegistryConflictError as error:
-                raise APIError(409, str(error), code="conflict") from None
-            except UploadRejectedError as error:
-                raise APIError(400, str(error), param="files", code="invalid_adapter") from None
-            except ValueError as error:  # "field: ..." from name, alias and storage-key checks
-                raise field_error(error, {}) from None
-
-        return handle
-
-
 router = APIRouter(
     tags=["adapters"],
-    route_class=RegistryRoute,
+    route_class=FieldErrorRoute,
     responses={status: {"model": ErrorResponse} for status in (400, 404, 409, 413, 500)},
 )
 
 
-# ------------------------------------------------------------------ dependencies
-def get_registry_lookup(lookup: LookupDep) -> RegistryAdapterLookup:
-    if not isinstance(lookup, RegistryAdapterLookup):
-        raise APIError(404, "This server has no adapter registry; it serves only the adapters given to it at start")
-    return lookup
-
-
-RegistryLookupDep = Annotated[RegistryAdapterLookup, Depends(get_registry_lookup)]
-
-
 def served_base(engine: AsyncEngine) -> ServedBase:
     return ServedBase(name=engine.model_name, config=engine.model_config, max_lora_rank=engine.config.max_lora_rank)
-
-
-# ------------------------------------------------------------------ bodies
-class VersionFile(BaseModel):
-    filename: str
-    sha256: str
-    size_bytes: int
-
-
-class VersionObject(BaseModel):
-    object: Literal["adapter.version"] = "adapter.version"
-    id: uuid.UUID
-    adapter: str
-    version: int
-    status: str
-    base_model: str
-    rank: int
-    alpha: float
-    target_modules: list[str]
-    dtype: str
-    source: str
-    training_job_id: str | None
-    files: list[VersionFile]
-    aliases: list[str] = Field(description="The aliases pointing at this version now.")
-    created_at: datetime
-    created_by_key_id: uuid.UUID | None
-
-    @classmethod
-    def of(cls, version: AdapterVersion, adapter_name: str, aliases: list[str]) -> VersionObject:
-        return cls(
-            id=version.id,
-            adapter=adapter_name,
-            version=version.number,
-            status=version.status.value,
-            base_model=version.base_model,
-            rank=version.rank,
-            alpha=version.alpha,
-            target_modules=list(version.target_modules),
-            dtype=version.dtype,
-            source=version.source.value,
-            training_job_id=version.training_job_id,
-            files=[VersionFile(filename=f.filename, sha256=f.sha256, size_bytes=f.size_bytes) for f in version.files],
-            aliases=sorted(aliases),
-            created_at=version.created_at,
-            created_by_key_id=version.created_by_key_id,
-        )
-
-
-class VersionList(PageObject[VersionObject]):
-    pass
-
-
-class AdapterObject(BaseModel):
-    object: Literal["adapter"] = "adapter"
-    id: uuid.UUID
-    name: str
-    description: str
-    tags: list[str]
-    aliases: dict[str, int] = Field(description="Alias -> version number, `latest` included.")
-    created_at: datetime
-    updated_at: datetime
-
-    @classmethod
-    def of(cls, adapter: Adapter) -> AdapterObject:
-        return cls(
-            id=adapter.id,
-            name=adapter.name,
-            description=adapter.description,
-            tags=list(adapter.tags),
-            aliases={alias.name: alias.version.number for alias in adapter.aliases},
-            created_at=adapter.created_at,
-            updated_at=adapter.updated_at,
-        )
-
-
-class AdapterList(PageObject[AdapterObject]):
-    last_id: str | None = Field(description="The last adapter's name: pass it as `after` for the next page.")
-
-    @classmethod
-    def cursors(cls, data: list[AdapterObject]) -> dict[str, Any]:
-        return {"last_id": data[-1].name if data else None}
-
-
-class Deleted(BaseModel):
-    id: str
-    object: str
-    deleted: Literal[True] = True
-
-
-class AliasMoveBody(StrictBody):
-    version: int = Field(ge=1, description="The version number the alias should point at.")
-
-
-class AliasObject(BaseModel):
-    object: Literal["adapter.alias"] = "adapter.alias"
-    adapter: str
-    alias: str
-    version: int
-    updated_at: datetime
-    updated_by_key_id: uuid.UUID | None
-
-    @classmethod
-    def of(cls, alias: Alias, adapter_name: str) -> AliasObject:
-        return cls(
-            adapter=adapter_name,
-            alias=alias.name,
-            version=alias.version.number,
-            updated_at=alias.updated_at,
-            updated_by_key_id=alias.updated_by_key_id,
-        )
-
-
-class AliasHistoryEntry(BaseModel):
-    object: Literal["adapter.alias.move"] = "adapter.alias.move"
-    from_version: int | None = Field(description="None: the alias was created by this move.")
-    to_version: int | None = Field(description="None: the alias was deleted by this move.")
-    changed_at: datetime
-    changed_by_key_id: uuid.UUID | None
-
-
-class AliasHistoryList(ListObject[AliasHistoryEntry]):
-    pass
-
-
-class PlannedFileBody(StrictBody):
-    filename: str
-    size_bytes: int = Field(ge=0)
-
-
-class UploadRequestBody(StrictBody):
-    files: list[PlannedFileBody] = Field(description="adapter_config.json and adapter_model.safetensors, with sizes.")
-
-
-class PresignedFileObject(BaseModel):
-    filename: str
-    upload_key: str = Field(description="Pass back to .../uploads/complete.")
-    url: str = Field(description="PUT the file's bytes here, with exactly `headers`.")
-    headers: dict[str, str]
-    expires_at: datetime
-
-
-class UploadObject(BaseModel):
-    object: Literal["adapter.upload"] = "adapter.upload"
-    files: list[PresignedFileObject]
-
-
-class UploadedFileBody(StrictBody):
-    filename: str
-    upload_key: str
-    sha256: str = Field(description="Hex digest of the bytes PUT to the URL; verified before registering.")
-    size_bytes: int = Field(ge=0)
-
-
-class UploadCompleteBody(StrictBody):
-    files: list[UploadedFileBody]
-    allow_base_mismatch: bool = False
 
 
 # ------------------------------------------------------------------ helpers

@@ -6,93 +6,32 @@ tenant's keys. A new key's plaintext is in the POST response and nowhere else, e
 from __future__ import annotations
 
 import uuid
-from datetime import datetime
-from typing import Literal
 
 from fastapi import APIRouter
-from pydantic import AwareDatetime, BaseModel, Field
 
 from loraloom.platform.accounts.keys import issue_key, list_keys, revoke_key
-from loraloom.platform.accounts.tenants import TenantExistsError, create_tenant, list_tenants
+from loraloom.platform.accounts.tenants import create_tenant, list_tenants
 from loraloom.platform.api.auth import tenant_in_scope
-from loraloom.platform.api.deps import AdminDep, DeveloperDep, SessionDep, TenantQuery
-from loraloom.platform.api.errors import ERROR_RESPONSES, APIError, field_error
-from loraloom.platform.api.schemas import ListObject, StrictBody
-from loraloom.platform.db.models import ApiKey, ApiKeyRole, Tenant
+from loraloom.platform.api.deps import AdminDep, DeveloperDep, SessionDep
+from loraloom.platform.api.errors import ERROR_RESPONSES, APIError, FieldErrorRoute
+from loraloom.platform.api.schemas.admin import (
+    CreatedKey,
+    KeyCreate,
+    KeyList,
+    KeyObject,
+    TenantCreate,
+    TenantList,
+    TenantObject,
+)
+from loraloom.platform.api.schemas.common import TenantQuery
 
-router = APIRouter(tags=["admin"], responses=ERROR_RESPONSES)
-
-class TenantCreate(StrictBody):
-    name: str = Field(description="1-64 lowercase letters, digits, '-' or '_'.")
-
-
-class TenantObject(BaseModel):
-    id: uuid.UUID
-    object: Literal["tenant"] = "tenant"
-    name: str
-    created_at: datetime
-
-    @classmethod
-    def of(cls, tenant: Tenant) -> TenantObject:
-        return cls(id=tenant.id, name=tenant.name, created_at=tenant.created_at)
-
-
-class TenantList(ListObject[TenantObject]):
-    pass
-
-
-class KeyCreate(StrictBody):
-    name: str = Field(min_length=1, max_length=128, description="What the key is for, e.g. 'ci' or 'support-bot'.")
-    role: ApiKeyRole = Field(description="admin: everything; developer: adapters and training; inference: only that.")
-    tenant: str | None = Field(default=None, description="The tenant's name. Default: the calling key's tenant.")
-    expires_at: AwareDatetime | None = Field(default=None, description="Never expires when omitted.")
-
-
-class KeyObject(BaseModel):
-    """An API key as listed: the visible prefix, never the key."""
-
-    id: uuid.UUID
-    object: Literal["api_key"] = "api_key"
-    name: str
-    prefix: str
-    role: ApiKeyRole
-    tenant_id: uuid.UUID
-    created_at: datetime
-    expires_at: datetime | None
-    revoked_at: datetime | None
-    last_used_at: datetime | None
-
-    @classmethod
-    def of(cls, key: ApiKey) -> KeyObject:
-        return cls(
-            id=key.id,
-            name=key.name,
-            prefix=key.prefix,
-            role=key.role,
-            tenant_id=key.tenant_id,
-            created_at=key.created_at,
-            expires_at=key.expires_at,
-            revoked_at=key.revoked_at,
-            last_used_at=key.last_used_at,
-        )
-
-
-class CreatedKey(KeyObject):
-    key: str = Field(description="The API key. Shown this once: store it now, it cannot be read back.")
-
-
-class KeyList(ListObject[KeyObject]):
-    pass
+# A bad name or expiry is a ValueError("field: ...") from the services: FieldErrorRoute makes it a 400.
+router = APIRouter(tags=["admin"], route_class=FieldErrorRoute, responses=ERROR_RESPONSES)
 
 
 @router.post("/v1/tenants", status_code=201, response_model=TenantObject)
 def create_tenant_route(body: TenantCreate, session: SessionDep, caller: AdminDep) -> TenantObject:
-    try:
-        tenant = create_tenant(session, name=body.name)
-    except TenantExistsError as error:
-        raise APIError(409, str(error), param="name", code="tenant_exists") from None
-    except ValueError as error:
-        raise field_error(error, {}) from None
+    tenant = create_tenant(session, name=body.name)  # a name in use: TenantExistsError, a 409 (errors.py)
     session.commit()
     return TenantObject.of(tenant)
 
@@ -105,10 +44,7 @@ def list_tenants_route(session: SessionDep, caller: AdminDep) -> TenantList:
 @router.post("/v1/keys", status_code=201, response_model=CreatedKey)
 def create_key_route(body: KeyCreate, session: SessionDep, caller: AdminDep) -> CreatedKey:
     tenant = tenant_in_scope(session, caller, body.tenant)
-    try:
-        key, plaintext = issue_key(session, tenant=tenant, name=body.name, role=body.role, expires_at=body.expires_at)
-    except ValueError as error:
-        raise field_error(error, {}) from None
+    key, plaintext = issue_key(session, tenant=tenant, name=body.name, role=body.role, expires_at=body.expires_at)
     session.commit()
     return CreatedKey(**KeyObject.of(key).model_dump(), key=plaintext)
 

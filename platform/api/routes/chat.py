@@ -21,7 +21,7 @@ from loraloom.platform.api.generation import (
     token_bytes,
     usage,
 )
-from loraloom.platform.api.schemas import (
+from loraloom.platform.api.schemas.chat import (
     AssistantMessage,
     ChatChoice,
     ChatChoiceLogprobs,
@@ -31,8 +31,8 @@ from loraloom.platform.api.schemas import (
     ChatCompletionResponse,
     ChatDelta,
     ChatTokenLogprob,
-    TopLogprob,
 )
+from loraloom.platform.api.schemas.generation import TopLogprob
 
 router = APIRouter(tags=["chat"])
 

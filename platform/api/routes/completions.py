@@ -20,7 +20,7 @@ from loraloom.platform.api.generation import (
     respond,
     usage,
 )
-from loraloom.platform.api.schemas import (
+from loraloom.platform.api.schemas.completions import (
     Completion,
     CompletionChoice,
     CompletionLogprobs,

@@ -3,59 +3,26 @@ base's tokenizer and context length before anything is stored; a refused file ge
 whose `error.details.report` lists line numbers and reasons."""
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated
 from urllib.parse import quote
 
 from fastapi import APIRouter, File, Form, Query, UploadFile
 from fastapi.responses import StreamingResponse
-from pydantic import BaseModel, Field
 from starlette.concurrency import iterate_in_threadpool
 
-from loraloom.platform.api.adapters import RegistryLookupDep
-from loraloom.platform.api.deps import CallerDep, DeveloperDep, EngineDep, SessionDep, SettingsDep
-from loraloom.platform.api.schemas import DEFAULT_PAGE_SIZE, ErrorResponse, IdPageObject, PageLimit, unix_seconds
-from loraloom.platform.api.training_errors import TrainingRoute
-from loraloom.platform.db.models import TrainingFile
+from loraloom.platform.api.deps import CallerDep, DeveloperDep, EngineDep, RegistryLookupDep, SessionDep, SettingsDep
+from loraloom.platform.api.errors import FieldErrorRoute
+from loraloom.platform.api.schemas.common import DEFAULT_PAGE_SIZE, ErrorResponse, PageLimit
+from loraloom.platform.api.schemas.files import FileDeleted, FileList, FileObject
 from loraloom.platform.training.files import create_file, delete_file, find_file, list_files, open_file
 
 CONTENT_CHUNK_BYTES = 1024 * 1024
 
 router = APIRouter(
     tags=["files"],
-    route_class=TrainingRoute,
+    route_class=FieldErrorRoute,
     responses={status: {"model": ErrorResponse} for status in (400, 404, 409, 413, 500)},
 )
-
-
-class FileObject(BaseModel):
-    object: Literal["file"] = "file"
-    id: str
-    bytes: int
-    created_at: int = Field(description="Unix seconds.")
-    filename: str
-    purpose: str
-    status: Literal["processed"] = Field(default="processed", description="Files are validated at upload.")
-    status_details: None = None
-    format: str = Field(description="chat, instruction or text.")
-    line_count: int = Field(description="Examples in the file.")
-    token_count: int = Field(description="Tokens of all examples with the served base's tokenizer.")
-
-    @classmethod
-    def of(cls, row: TrainingFile) -> FileObject:
-        return cls(
-            id=row.id, bytes=row.size_bytes, created_at=unix_seconds(row.created_at), filename=row.filename,
-            purpose=row.purpose, format=row.format, line_count=row.line_count, token_count=row.token_count,
-        )
-
-
-class FileList(IdPageObject[FileObject]):
-    pass
-
-
-class FileDeleted(BaseModel):
-    id: str
-    object: Literal["file"] = "file"
-    deleted: Literal[True] = True
 
 
 @router.post("/v1/files", response_model=FileObject)

@@ -8,33 +8,27 @@ time_limit_exceeded), which retrying may fix.
 """
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
-from celery import Celery
-from fastapi import APIRouter, Depends, Query, Request
-from pydantic import BaseModel, Field
+from fastapi import APIRouter, Query
 
-from loraloom.platform.api.deps import CallerDep, DeveloperDep, EngineDep, SessionDep, SettingsDep
-from loraloom.platform.api.schemas import (
-    DEFAULT_PAGE_SIZE,
-    ErrorResponse,
-    IdPageObject,
-    PageLimit,
-    PageObject,
-    StrictBody,
-    unix_seconds,
+from loraloom.platform.api.deps import CallerDep, DeveloperDep, EngineDep, JobSenderDep, SessionDep, SettingsDep
+from loraloom.platform.api.errors import FieldErrorRoute
+from loraloom.platform.api.schemas.common import DEFAULT_PAGE_SIZE, ErrorResponse, PageLimit
+from loraloom.platform.api.schemas.fine_tuning import (
+    CheckpointList,
+    CheckpointObject,
+    EventList,
+    EventObject,
+    JobCreateBody,
+    JobList,
+    JobObject,
 )
-from loraloom.platform.api.training_errors import TrainingRoute
-from loraloom.platform.db.models import FineTuningCheckpoint, FineTuningJob, FineTuningJobEvent
 from loraloom.platform.registry.references import ALWAYS_BASE_NAMES
-from loraloom.platform.training.celery_app import send_run_job
-from loraloom.platform.training.hyperparameters import Hyperparameters
 from loraloom.platform.training.jobs import (
     ServedModel,
     cancel_job,
     create_job,
-    event_id,
     find_job,
     list_checkpoints,
     list_events,
@@ -44,110 +38,9 @@ from loraloom.platform.training.jobs import (
 
 router = APIRouter(
     tags=["fine-tuning"],
-    route_class=TrainingRoute,
+    route_class=FieldErrorRoute,
     responses={status: {"model": ErrorResponse} for status in (400, 404, 409, 500)},
 )
-
-
-def get_job_sender(request: Request) -> Callable[[str], None]:
-    app: Celery = request.app.state.training_app
-    return lambda job_id: send_run_job(app, job_id)
-
-
-JobSenderDep = Annotated[Callable[[str], None], Depends(get_job_sender)]
-
-
-class JobCreateBody(StrictBody):
-    model: str = Field(description="The base model: the one this server serves.")
-    training_file: str = Field(description="A file id from POST /v1/files (purpose fine-tune).")
-    validation_file: str | None = Field(default=None, description="A file id; its loss is reported as eval loss.")
-    suffix: str = Field(description="The adapter the result is registered under, as its next version.")
-    seed: int | None = Field(default=None, ge=0, le=2**31 - 1, description="Same seed, same data: same adapter.")
-    hyperparameters: Hyperparameters = Field(default_factory=Hyperparameters)
-
-
-class JobError(BaseModel):
-    code: str
-    message: str
-    param: str | None
-
-
-class JobObject(BaseModel):
-    object: Literal["fine_tuning.job"] = "fine_tuning.job"
-    id: str
-    created_at: int
-    finished_at: int | None
-    model: str
-    fine_tuned_model: str | None = Field(description="The trained adapter as a reference to serve: suffix@N.")
-    organization_id: str = Field(description="The tenant.")
-    status: str
-    hyperparameters: dict[str, Any]
-    training_file: str
-    validation_file: str | None
-    result_files: list[str] = Field(default_factory=list)
-    trained_tokens: int | None
-    error: JobError | None
-    seed: int
-    suffix: str
-    attempts: int = Field(description="Runs started so far (a run whose worker died is retried).")
-    max_attempts: int
-    metrics: dict[str, Any] | None = Field(description="The last step's metrics.")
-
-    @classmethod
-    def of(cls, job: FineTuningJob) -> JobObject:
-        error = None
-        if job.error_code is not None:
-            error = JobError(code=job.error_code, message=job.error_message or "", param=job.error_param)
-        return cls(
-            id=job.id, created_at=unix_seconds(job.created_at), finished_at=unix_seconds(job.finished_at),
-            model=job.model, fine_tuned_model=job.fine_tuned_model, organization_id=str(job.tenant_id),
-            status=job.status.value, hyperparameters=job.hyperparameters, training_file=job.training_file,
-            validation_file=job.validation_file, trained_tokens=job.trained_tokens, error=error, seed=job.seed,
-            suffix=job.suffix, attempts=job.attempts, max_attempts=job.max_attempts, metrics=job.metrics,
-        )
-
-
-class JobList(PageObject[JobObject]):
-    pass
-
-
-class EventObject(BaseModel):
-    object: Literal["fine_tuning.job.event"] = "fine_tuning.job.event"
-    id: str
-    created_at: int
-    level: str
-    message: str
-    type: str
-    data: dict[str, Any] | None
-
-    @classmethod
-    def of(cls, event: FineTuningJobEvent) -> EventObject:
-        return cls(id=event_id(event), created_at=unix_seconds(event.created_at), level=event.level,
-                   message=event.message, type=event.type, data=event.data)
-
-
-class EventList(PageObject[EventObject]):
-    pass
-
-
-class CheckpointObject(BaseModel):
-    object: Literal["fine_tuning.job.checkpoint"] = "fine_tuning.job.checkpoint"
-    id: str
-    created_at: int
-    fine_tuned_model_checkpoint: str = Field(description="Pass as `model` to chat with this checkpoint.")
-    fine_tuning_job_id: str
-    step_number: int
-    metrics: dict[str, Any]
-
-    @classmethod
-    def of(cls, checkpoint: FineTuningCheckpoint) -> CheckpointObject:
-        return cls(id=checkpoint.id, created_at=unix_seconds(checkpoint.created_at),
-                   fine_tuned_model_checkpoint=checkpoint.id, fine_tuning_job_id=checkpoint.job_id,
-                   step_number=checkpoint.step, metrics=checkpoint.metrics)
-
-
-class CheckpointList(IdPageObject[CheckpointObject]):
-    pass
 
 
 @router.post("/v1/fine_tuning/jobs", response_model=JobObject)

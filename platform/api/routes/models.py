@@ -5,7 +5,7 @@ from fastapi import APIRouter, Request
 from starlette.concurrency import run_in_threadpool
 
 from loraloom.platform.api.deps import CallerDep, EngineDep, LookupDep
-from loraloom.platform.api.schemas import ModelCard, ModelList
+from loraloom.platform.api.schemas.models import ModelCard, ModelList
 
 router = APIRouter(tags=["models"])
 

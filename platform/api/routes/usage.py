@@ -2,59 +2,18 @@
 from __future__ import annotations
 
 from datetime import datetime, timezone
-from typing import Annotated, Literal
+from typing import Annotated
 
 from fastapi import APIRouter, Query
-from pydantic import BaseModel
 
 from loraloom.platform.api.auth import tenant_in_scope
-from loraloom.platform.api.deps import DeveloperDep, SessionDep, TenantQuery
+from loraloom.platform.api.deps import DeveloperDep, SessionDep
 from loraloom.platform.api.errors import ERROR_RESPONSES, APIError
-from loraloom.platform.metering.usage import UsageGroup, UsageTotals, aggregate_usage
+from loraloom.platform.api.schemas.common import TenantQuery
+from loraloom.platform.api.schemas.usage import UsageBucket, UsageReport
+from loraloom.platform.metering.usage import UsageGroup, aggregate_usage
 
 router = APIRouter(tags=["usage"], responses=ERROR_RESPONSES)
-
-
-class UsageBucket(BaseModel):
-    adapter: str | None = None  # group_by=adapter: the runtime adapter key, "base" for no adapter
-    api_key_id: str | None = None  # group_by=key
-    api_key_prefix: str | None = None
-    day: str | None = None  # group_by=day: "YYYY-MM-DD" in UTC
-    requests: int
-    errors: int
-    aborted: int
-    prompt_tokens: int
-    completion_tokens: int
-    total_tokens: int
-    cached_tokens: int
-    mean_time_to_first_token_ms: float | None
-    mean_duration_ms: float
-
-    @classmethod
-    def of(cls, group_by: UsageGroup, totals: UsageTotals) -> UsageBucket:
-        group_field = {UsageGroup.adapter: "adapter", UsageGroup.key: "api_key_id", UsageGroup.day: "day"}[group_by]
-        return cls(
-            **{group_field: totals.group},
-            api_key_prefix=totals.api_key_prefix,
-            requests=totals.requests,
-            errors=totals.errors,
-            aborted=totals.aborted,
-            prompt_tokens=totals.prompt_tokens,
-            completion_tokens=totals.completion_tokens,
-            total_tokens=totals.prompt_tokens + totals.completion_tokens,
-            cached_tokens=totals.cached_tokens,
-            mean_time_to_first_token_ms=totals.mean_time_to_first_token_ms,
-            mean_duration_ms=totals.mean_duration_ms,
-        )
-
-
-class UsageReport(BaseModel):
-    object: Literal["list"] = "list"
-    tenant: str
-    group_by: UsageGroup
-    start: datetime | None
-    end: datetime | None
-    data: list[UsageBucket]
 
 
 def as_utc(moment: datetime | None) -> datetime | None:

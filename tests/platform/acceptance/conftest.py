@@ -85,7 +85,8 @@ def live(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         adapter_fetcher_from_settings(settings, store),
     )
     local = LocalAdapterLookup({engine.model_name}, {}, None)
-    app = create_app(engine, registry_lookup_from_settings(settings, store, local, find_checkpoint=find_checkpoint), settings)
+    lookup = registry_lookup_from_settings(settings, store, local, find_checkpoint=find_checkpoint)
+    app = create_app(engine, lookup, settings)
     database = create_db_engine(settings.database_url)
     try:
         with serve_in_thread(app) as url:

@@ -49,7 +49,8 @@ def server(model_dir, tmp_path_factory) -> Iterator[ClientServer]:
     store = storage_from_settings(settings)
     engine = AsyncEngine.create(model_dir, EngineConfig(num_kv_blocks=16), adapter_fetcher_from_settings(settings, store))
     local = LocalAdapterLookup({engine.model_name}, {}, None)
-    app = create_app(engine, registry_lookup_from_settings(settings, store, local, find_checkpoint=find_checkpoint), settings)
+    lookup = registry_lookup_from_settings(settings, store, local, find_checkpoint=find_checkpoint)
+    app = create_app(engine, lookup, settings)
     with serve_in_thread(app) as url:
         yield ClientServer(url=url, keys=keys, adapters=adapters)
 

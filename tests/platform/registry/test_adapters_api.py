@@ -52,7 +52,8 @@ def api(model_dir, peft_adapter, tmp_path_factory) -> Iterator[Api]:
     engine = AsyncEngine.create(model_dir, EngineConfig(num_kv_blocks=128), adapter_fetcher_from_settings(settings, store))
     local_copy = shutil.copytree(peft_adapter, tmp_path_factory.mktemp("local") / "local-copy")
     local = LocalAdapterLookup({engine.model_name}, {"local-copy": Path(local_copy)}, None)
-    app = create_app(engine, registry_lookup_from_settings(settings, store, local, find_checkpoint=find_checkpoint), settings)
+    lookup = registry_lookup_from_settings(settings, store, local, find_checkpoint=find_checkpoint)
+    app = create_app(engine, lookup, settings)
     with TestClient(app) as client:
         yield Api(client, engine, store, **{role: bearer(key) for role, key in keys.items()})
 
