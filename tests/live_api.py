@@ -17,7 +17,7 @@ from loraloom.platform.db import upgrade_database
 from loraloom.platform.db.models import ApiKeyRole
 from loraloom.platform.settings import Settings
 
-# Short, so tests see metered rows soon; batching is still exercised (see tests/platform/usage).
+# Short, so tests see metered rows soon; batching is still exercised (see tests/platform/metering).
 TEST_FLUSH_INTERVAL_MS = 20
 
 
