@@ -1,6 +1,6 @@
 """Import `loraloom.engine` and `loraloom.kernels` from this checkout whether or not it is pip-installed.
 
-The GPU machine gets a copy of the working tree and no `pip install -e .` (GPU.md), so the
+The GPU machine gets a copy of the working tree and no `pip install -e .` (BENCHMARKS.md), so the
 `loraloom.*` names that pyproject.toml maps onto engine/ and kernels/ do not exist there.
 This registers the two folders under those names, exactly as the package-dir mapping does.
 `loraloom.platform` is left out on purpose: it needs the web and database stack the GPU

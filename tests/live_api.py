@@ -12,12 +12,12 @@ from pathlib import Path
 import uvicorn
 from fastapi import FastAPI
 
-from loraloom.platform.cli_admin import admin_create_key
+from loraloom.platform.cli.admin import admin_create_key
 from loraloom.platform.db import upgrade_database
 from loraloom.platform.db.models import ApiKeyRole
 from loraloom.platform.settings import Settings
 
-# Short, so tests see metered rows soon; batching is still exercised (see tests/platform/usage).
+# Short, so tests see metered rows soon; batching is still exercised (see tests/platform/metering).
 TEST_FLUSH_INTERVAL_MS = 20
 
 

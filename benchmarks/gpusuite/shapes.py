@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 from loraloom.engine.config import ModelConfig
 
-# Llama-3.1-8B(-Instruct) config.json: the production target (ARCHITECTURE.md).
+# Llama-3.1-8B(-Instruct) config.json: the production target (docs/ARCHITECTURE.md).
 LLAMA_3_1_8B = ModelConfig(
     vocab_size=128256,
     hidden_size=4096,

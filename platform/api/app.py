@@ -15,19 +15,20 @@ from starlette.concurrency import run_in_threadpool
 
 from loraloom.engine.async_engine import AsyncEngine
 from loraloom.engine.lora import AdapterLoadError
-from loraloom.platform.adapter_lookup import AdapterLookup
-from loraloom.platform.api import adapters, admin, chat, completions, files, fine_tuning, models, operations, usage
-from loraloom.platform.api.body_limit import BodySizeLimit
+from loraloom.platform.accounts.keys import write_key_uses
+from loraloom.platform.api.deps import authenticate
 from loraloom.platform.api.errors import install_error_handlers
-from loraloom.platform.api.metrics import engine_metrics_registry
-from loraloom.platform.api.schemas import ErrorResponse
-from loraloom.platform.audit import AuditMiddleware, write_audit_entries
-from loraloom.platform.auth import authenticate, write_key_uses
-from loraloom.platform.batch_writer import BatchWriter
+from loraloom.platform.api.middleware import AuditMiddleware, BodySizeLimit
+from loraloom.platform.api.routes import adapters, admin, chat, completions, files, fine_tuning, models, operations, usage
+from loraloom.platform.api.schemas.common import ErrorResponse
 from loraloom.platform.db import create_db_engine, create_session_factory
+from loraloom.platform.metering.audit import write_audit_entries
+from loraloom.platform.metering.batch_writer import BatchWriter
+from loraloom.platform.metering.engine_metrics import engine_metrics_registry
+from loraloom.platform.metering.usage import write_usage_records
+from loraloom.platform.registry.lookup import AdapterLookup
 from loraloom.platform.settings import Settings
 from loraloom.platform.training.celery_app import create_celery_app
-from loraloom.platform.usage import write_usage_records
 
 logger = logging.getLogger(__name__)
 

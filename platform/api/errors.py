@@ -1,15 +1,26 @@
-"""Every error leaves the API in OpenAI's shape: {"error": {"message", "type", "param", "code"}}."""
+"""Every error leaves the API in OpenAI's shape: {"error": {"message", "type", "param", "code"}}.
+
+The services raise their own exceptions (registry/errors.py, training/errors.py, accounts/);
+DOMAIN_ERRORS maps each to its status and code, once for every route. Services also report a
+bad request field as a plain ValueError("field: ..."); the routers over those services take
+`FieldErrorRoute`, which answers such an error with 400 naming the field.
+"""
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from loraloom.platform.api.schemas import ErrorDetail, ErrorResponse
+from loraloom.platform.accounts.tenants import TenantExistsError, TenantNotFoundError
+from loraloom.platform.api.schemas.common import ErrorDetail, ErrorResponse
+from loraloom.platform.registry.errors import RegistryConflictError, RegistryNotFoundError, UploadRejectedError
+from loraloom.platform.training.datasets import DatasetReport, DatasetValidationError
+from loraloom.platform.training.errors import TrainingConflictError, TrainingInputError, TrainingNotFoundError
 
 INVALID_REQUEST = "invalid_request_error"
 SERVER_ERROR = "server_error"
@@ -93,6 +104,56 @@ def validation_error(error: RequestValidationError) -> APIError:
     return APIError(400, "; ".join(messages), param=param)
 
 
+def report_details(report: DatasetReport) -> dict[str, Any]:
+    """The validation report of a refused dataset: the first errors with line numbers, and counts per reason."""
+    return {
+        "format": None if report.format is None else report.format.value,
+        "num_lines": report.num_lines,
+        "num_errors": report.num_errors,
+        "error_counts": report.error_counts,
+        "errors": [
+            {"line": error.line, "reason": error.reason, "message": error.message, "param": error.param}
+            for error in report.errors
+        ],
+    }
+
+
+# One entry per domain error: what the API answers when a service raises it, on any route.
+DOMAIN_ERRORS: dict[type[Exception], Callable[[Any], APIError]] = {
+    RegistryNotFoundError: lambda error: APIError(404, str(error), code="not_found"),
+    RegistryConflictError: lambda error: APIError(409, str(error), code="conflict"),
+    UploadRejectedError: lambda error: APIError(400, str(error), param=error.param, code="invalid_adapter"),
+    TrainingNotFoundError: lambda error: APIError(404, str(error), code="not_found"),
+    TrainingConflictError: lambda error: APIError(409, str(error), code="conflict"),
+    TrainingInputError: lambda error: APIError(400, error.message, param=error.param, code=error.code),
+    DatasetValidationError: lambda error: APIError(
+        400, error.message, param=error.param, code=error.code, details={"report": report_details(error.report)}
+    ),
+    TenantExistsError: lambda error: APIError(409, str(error), param="name", code="tenant_exists"),
+    TenantNotFoundError: lambda error: APIError(404, str(error), param="tenant", code="tenant_not_found"),
+}
+_DOMAIN_ERROR_TYPES = tuple(DOMAIN_ERRORS)
+
+
+class FieldErrorRoute(APIRoute):
+    """For routers over services that report a bad request field as a plain ValueError("field: ..."):
+    such an error is a 400 naming the field. Domain errors (some are ValueErrors) pass on to
+    their DOMAIN_ERRORS handler; on other routes a stray ValueError stays a 500."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def handle(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except ValueError as error:
+                if isinstance(error, _DOMAIN_ERROR_TYPES):
+                    raise
+                raise field_error(error, {}) from None
+
+        return handle
+
+
 async def _api_error_handler(request: Request, error: APIError) -> JSONResponse:
     return error_response(error, headers=error.headers)
 
@@ -107,6 +168,12 @@ async def _http_error_handler(request: Request, error: StarletteHTTPException) -
     return error_response(api_error, headers=error.headers)
 
 
+async def _domain_error_handler(request: Request, error: Exception) -> JSONResponse:
+    # Starlette picks the handler of the most specific class in the error's MRO.
+    convert = next(DOMAIN_ERRORS[kind] for kind in type(error).__mro__ if kind in DOMAIN_ERRORS)
+    return error_response(convert(error))
+
+
 async def _unexpected_error_handler(request: Request, error: Exception) -> JSONResponse:
     # No traceback for the client. Starlette re-raises the error after this
     # response is sent, so the server (uvicorn) logs the traceback.
@@ -115,6 +182,8 @@ async def _unexpected_error_handler(request: Request, error: Exception) -> JSONR
 
 def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(APIError, _api_error_handler)
+    for domain_error in DOMAIN_ERRORS:
+        app.add_exception_handler(domain_error, _domain_error_handler)
     app.add_exception_handler(RequestValidationError, _validation_error_handler)
     app.add_exception_handler(StarletteHTTPException, _http_error_handler)
     app.add_exception_handler(Exception, _unexpected_error_handler)

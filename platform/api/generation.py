@@ -20,10 +20,11 @@ from loraloom.engine.async_engine import AsyncEngine
 from loraloom.engine.lora import AdapterLoadError
 from loraloom.engine.outputs import RequestOutput, TokenLogprob
 from loraloom.engine.request import SamplingParams
-from loraloom.platform.adapter_lookup import AdapterLookup, AdapterNotFoundError, InvalidAdapterError
 from loraloom.platform.api.errors import APIError, field_error
-from loraloom.platform.api.schemas import DEFAULT_MAX_TOKENS, GenerationRequest, PromptTokensDetails, Usage
-from loraloom.platform.usage import UsageMeter
+from loraloom.platform.api.schemas.generation import DEFAULT_MAX_TOKENS, GenerationRequest, PromptTokensDetails, Usage
+from loraloom.platform.metering.usage import UsageMeter
+from loraloom.platform.registry.errors import AdapterNotFoundError, InvalidAdapterError
+from loraloom.platform.registry.lookup import AdapterLookup
 
 SSE_DONE = "data: [DONE]\n\n"
 CLIENT_CLOSED_REQUEST = 499  # nginx's status for a client that left; nobody reads this response

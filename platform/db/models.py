@@ -372,7 +372,7 @@ class TrainingFile(Base):
 
 class FineTuningJob(Base):
     """A training run and everything the worker reports about it: the database, not Celery's
-    result backend, holds job state (LESSONS.md).
+    result backend, holds job state (results expire and are per broker; the API reads jobs here).
 
     A worker owns a job while `run_token` is the token it claimed it with: every write a
     worker makes is conditioned on it, so a run whose job was taken away (requeued after a

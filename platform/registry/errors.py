@@ -1,4 +1,4 @@
-"""Registry failures, each answered by the API with one status code."""
+"""Registry and lookup failures, each answered by the API with one status code."""
 from __future__ import annotations
 
 
@@ -17,3 +17,15 @@ class UploadRejectedError(ValueError):
     def __init__(self, message: str, *, param: str = "files") -> None:
         super().__init__(message)
         self.param = param
+
+
+class AdapterNotFoundError(LookupError):
+    """A request names no adapter that exists (for its tenant): the API answers 404 with code model_not_found."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"The model or adapter {name!r} does not exist; GET /v1/models lists what is served")
+        self.name = name
+
+
+class InvalidAdapterError(ValueError):
+    """The adapter exists but its directory cannot be served as it is: the API answers 400."""

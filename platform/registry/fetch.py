@@ -17,6 +17,7 @@ from pathlib import Path
 from loraloom.engine.adapter_cache import fetch_local_dir
 from loraloom.engine.adapters import AdapterHandle
 from loraloom.engine.lora_weights import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE, AdapterLoadError
+from loraloom.platform.settings import Settings
 from loraloom.platform.storage import BlobStore, content_key
 
 logger = logging.getLogger(__name__)
@@ -98,3 +99,10 @@ class StorageAdapterFetcher:
                     shutil.rmtree(entry, ignore_errors=True)
                     total -= sizes[entry]
                     logger.info("adapter cache: evicted %s", entry.name)
+
+
+def adapter_fetcher_from_settings(settings: Settings, store: BlobStore) -> StorageAdapterFetcher:
+    """The engine's fetcher for this server's registry (pass it to AsyncEngine.create)."""
+    return StorageAdapterFetcher(
+        store=store, cache_dir=settings.adapter_cache_dir, max_bytes=settings.adapter_cache_max_bytes
+    )

@@ -1,7 +1,7 @@
 """What a request may put in `model` / `adapter_id`, and which names the registry accepts.
 
 `support-bot` means `support-bot:latest`; `support-bot:prod` names a movable alias;
-`support-bot@3` names immutable version 3 (ARCHITECTURE.md). Adapter and alias names
+`support-bot@3` names immutable version 3 (docs/ARCHITECTURE.md). Adapter and alias names
 therefore never contain `:` or `@` (nor `/`, which would make keys and URLs ambiguous).
 """
 from __future__ import annotations
@@ -10,6 +10,8 @@ import re
 from dataclasses import dataclass
 
 LATEST_ALIAS = "latest"
+# Names that always mean "no adapter" (besides the served base's own name); "" is an omitted model.
+ALWAYS_BASE_NAMES = frozenset({"base", ""})
 ADAPTER_NAME_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")  # fits adapters.name (128)
 ALIAS_NAME_PATTERN = re.compile(r"[A-Za-z][A-Za-z0-9._-]{0,63}")  # fits aliases.name (64); a letter first, unlike N
 _REFERENCE = re.compile(r"(?P<name>[^:@]+)(?::(?P<alias>[^:@]+)|@(?P<version>[1-9][0-9]{0,8}))?")

@@ -1,7 +1,8 @@
 """Reference -> immutable version, for the request path, with a cache in front of the database.
 
 The runtime adapter key of a registry version is unique per tenant and immutable version
-(LESSONS.md: it is mixed into prefix-cache block hashes), and carries the weights' digest.
+(it is mixed into the prefix cache's block hashes, so two weights under one key would share
+cached KV), and carries the weights' digest.
 The cache holds answers (found or not) per (tenant, reference); every change to an
 adapter's versions or aliases invalidates that adapter's entries, and a TTL bounds how
 stale an entry can be when another gateway process made the change.
@@ -25,6 +26,7 @@ from loraloom.platform.registry.fetch import version_uri
 from loraloom.platform.registry.references import AdapterReference
 from loraloom.platform.storage import BlobStore
 
+# Runtime keys carry this many hex digits of the weights' sha256 (here, in local.py and for checkpoints).
 KEY_HASH_CHARS = 16
 
 

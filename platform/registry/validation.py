@@ -7,8 +7,8 @@ from pathlib import Path
 
 from loraloom.engine.config import ModelConfig
 from loraloom.engine.lora_weights import AdapterLoadError, AdapterSummary, base_model_matches, inspect_adapter
-from loraloom.platform.adapter_lookup import ALWAYS_BASE_NAMES
 from loraloom.platform.registry.errors import UploadRejectedError
+from loraloom.platform.registry.references import ALWAYS_BASE_NAMES
 
 
 @dataclass(frozen=True)

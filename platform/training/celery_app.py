@@ -1,4 +1,4 @@
-"""The Celery app of training jobs, configured for long GPU jobs (LESSONS.md).
+"""The Celery app of training jobs, configured for long GPU jobs (Celery's defaults suit short tasks).
 
 - Late acks and reject-on-worker-lost: a message is acknowledged only once its run is over,
   so a worker process that dies does not lose the job. A redelivered message is harmless:

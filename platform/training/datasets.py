@@ -5,7 +5,7 @@ Three formats, one per file, detected from the first line that names one:
   instruction  {"prompt": str, "completion": str}
   text         {"text": str}
 
-Every line is checked (users hate late, cryptic dataset errors: LESSONS.md), and
+Every line is checked (a bad line found hours into a job wastes the job), and
 the report lists the first MAX_REPORTED_ERRORS problems with line numbers plus a
 count per reason over the whole file. Examples are tokenized with the served
 base's own tokenizer and chat template, so lengths and loss masks are exactly

@@ -10,7 +10,7 @@ Per optimizer step: one batch, loss only on the examples' loss-mask tokens
 (datasets.py), AdamW with a short linear warmup then linear decay, gradient
 norm clipped to 1. Cancellation is cooperative: `should_cancel` is asked before
 every step, and a cancelled run saves a checkpoint of the steps it finished
-(LESSONS.md: revoke(terminate=True) is not a cancel mechanism).
+(Celery's revoke(terminate=True) kills the process mid-step and saves nothing).
 
 The final adapter is loaded back with the engine's own loader before it is
 returned, so a run that succeeds has produced an adapter the engine serves.
@@ -167,7 +167,7 @@ def train_lora(
 
     adapter_dir = output_dir / FINAL_ADAPTER_DIR
     model.save_pretrained(str(adapter_dir), safe_serialization=True)
-    # A job that succeeds must leave an adapter the engine can serve at once (LESSONS.md).
+    # A job that succeeds must leave an adapter the engine can serve at once: load it as the engine would.
     load_adapter_weights(adapter_dir, ModelConfig.from_dir(base_model_dir), max_rank=hyperparameters.lora_r)
     return result(TrainStatus.SUCCEEDED, adapter_dir=adapter_dir)
 

@@ -9,8 +9,8 @@ from live_api import make_key, migrated_settings, serve_in_thread
 
 from loraloom.engine.async_engine import AsyncEngine
 from loraloom.engine.config import EngineConfig
-from loraloom.platform.adapter_lookup import LocalAdapterLookup
-from loraloom.platform.api import create_app
+from loraloom.platform.api.app import create_app
+from loraloom.platform.registry.local import LocalAdapterLookup
 from loraloom.platform.settings import Settings
 
 

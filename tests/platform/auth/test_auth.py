@@ -13,9 +13,9 @@ from fastapi import APIRouter, Depends, FastAPI
 from live_api import bearer, make_key, wait_until
 from sqlalchemy import update
 
-from loraloom.platform.accounts import revoke_key
+from loraloom.platform.accounts.keys import KeyUse, revoke_key, write_key_uses
 from loraloom.platform.api.app import check_api_routes_authenticated
-from loraloom.platform.auth import KeyUse, authenticate, write_key_uses
+from loraloom.platform.api.deps import authenticate
 from loraloom.platform.db import create_db_engine, create_session_factory
 from loraloom.platform.db.api_keys import hash_api_key
 from loraloom.platform.db.models import ApiKey, utcnow

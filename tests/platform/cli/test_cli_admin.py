@@ -16,12 +16,12 @@ from sqlalchemy import select
 
 from loraloom.engine.async_engine import AsyncEngine
 from loraloom.engine.config import EngineConfig
-from loraloom.platform.adapter_lookup import LocalAdapterLookup
-from loraloom.platform.api import create_app
-from loraloom.platform.cli_admin import prepare_database
+from loraloom.platform.api.app import create_app
+from loraloom.platform.cli.admin import prepare_database
 from loraloom.platform.db import create_db_engine, create_session_factory, database_revision
 from loraloom.platform.db.api_keys import hash_api_key
 from loraloom.platform.db.models import ApiKey, ApiKeyRole, Tenant
+from loraloom.platform.registry.local import LocalAdapterLookup
 from loraloom.platform.settings import Settings
 
 LORALOOM = Path(sys.executable).parent / "loraloom"  # the installed console script

@@ -10,14 +10,16 @@ import pytest
 from registry_checks import upload_dir
 from sqlalchemy import event
 
-from loraloom.platform.adapter_lookup import AdapterNotFoundError, LocalAdapterLookup
 from loraloom.platform.registry.aliases import move_alias
+from loraloom.platform.registry.errors import AdapterNotFoundError
 from loraloom.platform.registry.fetch import version_uri
+from loraloom.platform.registry.local import LocalAdapterLookup
+from loraloom.platform.registry.lookup import AdapterRegistry, RegistryAdapterLookup
 from loraloom.platform.registry.references import parse_reference
 from loraloom.platform.registry.resolution import ResolutionCache
 from loraloom.platform.registry.staging import UploadLimits
 from loraloom.platform.registry.versions import delete_version
-from loraloom.platform.registry_lookup import AdapterRegistry, RegistryAdapterLookup
+from loraloom.platform.training.jobs import find_checkpoint
 
 
 class FakeClock:
@@ -48,7 +50,7 @@ def lookup(session_factory, file_store, served, clock, local_adapter) -> Registr
         presigned_expires_s=600,
     )
     local = LocalAdapterLookup({served.name}, {}, local_adapter.parent)
-    return RegistryAdapterLookup(registry=registry, local=local)
+    return RegistryAdapterLookup(registry=registry, local=local, find_checkpoint=find_checkpoint)
 
 
 @pytest.fixture

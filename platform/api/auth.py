@@ -1,0 +1,94 @@
+"""Who is calling: the checks behind `authenticate` (api/deps.py), which reads the
+`Authorization: Bearer <key>` of a request and looks the key up in api_keys.
+
+A missing, malformed, unknown, revoked or expired key is a 401 in OpenAI's error shape; the
+key itself is never logged nor echoed back, only its visible prefix appears in messages.
+"""
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from sqlalchemy.orm import Session, sessionmaker
+
+from loraloom.platform.accounts.keys import Caller
+from loraloom.platform.accounts.tenants import find_tenant
+from loraloom.platform.api.errors import APIError
+from loraloom.platform.db.api_keys import find_api_key
+from loraloom.platform.db.models import ApiKey, ApiKeyRole, Tenant
+
+# last_used_at is written at most this often per key: it says "in use lately", not an access log.
+LAST_USED_RESOLUTION = timedelta(minutes=1)
+BEARER_SCHEME = "bearer"
+
+
+def unauthorized(message: str, code: str) -> APIError:
+    return APIError(401, message, code=code, headers={"WWW-Authenticate": "Bearer"})
+
+
+def bearer_token(authorization: str | None) -> str:
+    """The key in an `Authorization: Bearer <key>` header value; 401 if missing or malformed."""
+    if authorization is None or not authorization.strip():
+        raise unauthorized(
+            "Missing API key: send it as `Authorization: Bearer <key>` (loraloom keys create, or the "
+            "admin key `loraloom serve` printed on first start)",
+            code="missing_api_key",
+        )
+    scheme, _, token = authorization.strip().partition(" ")
+    token = token.strip()
+    if scheme.lower() != BEARER_SCHEME or not token or " " in token:
+        raise unauthorized(
+            "Malformed Authorization header: expected `Authorization: Bearer <key>` with one key",
+            code="invalid_authorization_header",
+        )
+    return token
+
+
+def find_key(session_factory: sessionmaker[Session], token: str) -> ApiKey | None:
+    with session_factory() as session:
+        return find_api_key(session, token)
+
+
+def check_usable(key: ApiKey | None, now: datetime) -> ApiKey:
+    """The key if it may be used now; 401 naming why not otherwise."""
+    if key is None:
+        raise unauthorized("Incorrect API key provided: no such key exists", code="invalid_api_key")
+    if key.revoked_at is not None:
+        raise unauthorized(
+            f"The API key {key.prefix}... was revoked at {key.revoked_at.isoformat()}; use another key",
+            code="api_key_revoked",
+        )
+    if key.expires_at is not None and now >= key.expires_at:
+        raise unauthorized(
+            f"The API key {key.prefix}... expired at {key.expires_at.isoformat()}; use another key",
+            code="api_key_expired",
+        )
+    return key
+
+
+def check_role(caller: Caller, roles: tuple[str, ...]) -> Caller:
+    """The caller if its key has one of `roles`; 403 naming the role needed otherwise."""
+    if caller.role not in roles:
+        needed = " or ".join(repr(role) for role in roles)
+        raise APIError(
+            403,
+            f"This request needs an API key with role {needed}; this key's role is {caller.role!r}",
+            code="insufficient_role",
+        )
+    return caller
+
+
+def tenant_in_scope(session: Session, caller: Caller, name: str | None) -> Tenant:
+    """The tenant a request acts on: the caller's own, or (admin keys only) the one named."""
+    own = session.get(Tenant, caller.tenant_id)
+    if own is None:  # deleted while the key was in flight
+        raise unauthorized("This API key's tenant no longer exists", code="invalid_api_key")
+    if name is None or name == own.name:
+        return own
+    if caller.role != ApiKeyRole.admin.value:
+        raise APIError(
+            403,
+            f"tenant: only admin keys may act on another tenant ({name!r}); omit tenant for your own",
+            param="tenant",
+            code="insufficient_role",
+        )
+    return find_tenant(session, name=name)  # none of that name: TenantNotFoundError, a 404 (errors.py)

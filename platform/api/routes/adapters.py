@@ -1,0 +1,304 @@
+"""The adapter registry over HTTP: /v1/adapters, their versions, aliases and alias history.
+
+Everything is scoped to the caller's tenant; another tenant's adapter is a 404 exactly
+like a missing one. Reading needs any key, changing needs a developer or admin key.
+After a change the resolution cache of that adapter is invalidated; an alias move also
+prefetches its version into the engine's host cache, and a deletion unloads the
+version from the engine before its blobs are removed.
+"""
+from __future__ import annotations
+
+import logging
+from typing import Annotated
+
+from fastapi import APIRouter, BackgroundTasks, File, Form, Query, UploadFile
+from sqlalchemy.orm import Session
+
+from loraloom.engine.async_engine import AsyncEngine
+from loraloom.engine.lora import AdapterLoadError
+from loraloom.platform.api.deps import CallerDep, DeveloperDep, EngineDep, RegistryLookupDep, SessionDep
+from loraloom.platform.api.errors import FieldErrorRoute
+from loraloom.platform.api.schemas.adapters import (
+    AdapterList,
+    AdapterObject,
+    AliasHistoryEntry,
+    AliasHistoryList,
+    AliasMoveBody,
+    AliasObject,
+    Deleted,
+    PresignedFileObject,
+    UploadCompleteBody,
+    UploadObject,
+    UploadRequestBody,
+    VersionList,
+    VersionObject,
+)
+from loraloom.platform.api.schemas.common import DEFAULT_PAGE_SIZE, ErrorResponse, PageLimit
+from loraloom.platform.db.models import AdapterVersion
+from loraloom.platform.registry.aliases import alias_history, find_alias, move_alias, remove_alias
+from loraloom.platform.registry.lookup import RegistryAdapterLookup
+from loraloom.platform.registry.resolution import ResolvedVersion
+from loraloom.platform.registry.staging import UploadedPart
+from loraloom.platform.registry.uploads import (
+    PlannedFile,
+    UploadedFile,
+    complete_presigned_upload,
+    request_presigned_uploads,
+    upload_version,
+)
+from loraloom.platform.registry.validation import ServedBase
+from loraloom.platform.registry.versions import (
+    delete_adapter,
+    delete_unreferenced_blobs,
+    delete_version,
+    find_adapter,
+    find_version,
+    list_adapters,
+    list_versions,
+    version_aliases,
+)
+
+logger = logging.getLogger(__name__)
+
+
+router = APIRouter(
+    tags=["adapters"],
+    route_class=FieldErrorRoute,
+    responses={status: {"model": ErrorResponse} for status in (400, 404, 409, 413, 500)},
+)
+
+
+def served_base(engine: AsyncEngine) -> ServedBase:
+    return ServedBase(name=engine.model_name, config=engine.model_config, max_lora_rank=engine.config.max_lora_rank)
+
+
+# ------------------------------------------------------------------ helpers
+def _version_object(session: Session, version: AdapterVersion, adapter_name: str) -> VersionObject:
+    return VersionObject.of(version, adapter_name, version_aliases(session, version=version))
+
+
+async def _prefetch(engine: AsyncEngine, lookup: RegistryAdapterLookup, version: ResolvedVersion) -> None:
+    """Load a just-promoted version into the host cache, so its first request does not wait for storage."""
+    try:
+        await engine.load_adapter(version.handle(lookup.registry.store))
+    except AdapterLoadError as error:
+        logger.error("prefetch of %s failed: %s", version.key, error)
+
+
+def _forget(
+    session: Session, engine: AsyncEngine, lookup: RegistryAdapterLookup, versions: list[ResolvedVersion]
+) -> None:
+    """After deleted versions are committed: unload them from the engine, then delete their blobs."""
+    for version in versions:
+        engine.unload_adapter(version.key)
+    delete_unreferenced_blobs(session, store=lookup.registry.store, versions=versions)
+
+
+# ------------------------------------------------------------------ adapters
+@router.get("/v1/adapters", response_model=AdapterList)
+def get_adapters(
+    caller: CallerDep,
+    session: SessionDep,
+    lookup: RegistryLookupDep,
+    limit: PageLimit = DEFAULT_PAGE_SIZE,
+    after: Annotated[str | None, Query(description="The last name of the previous page.")] = None,
+) -> AdapterList:
+    page = list_adapters(session, tenant_id=caller.tenant_id, limit=limit, after=after)
+    return AdapterList.of(page, AdapterObject.of)
+
+
+@router.get("/v1/adapters/{name}", response_model=AdapterObject)
+def get_adapter(name: str, caller: CallerDep, session: SessionDep, lookup: RegistryLookupDep) -> AdapterObject:
+    return AdapterObject.of(find_adapter(session, tenant_id=caller.tenant_id, name=name))
+
+
+@router.delete("/v1/adapters/{name}", response_model=Deleted)
+def remove_adapter(
+    name: str, caller: DeveloperDep, session: SessionDep, lookup: RegistryLookupDep, engine: EngineDep
+) -> Deleted:
+    removed = delete_adapter(session, tenant_id=caller.tenant_id, name=name)
+    lookup.invalidate(caller.tenant_id, name)
+    _forget(session, engine, lookup, removed)
+    return Deleted(id=name, object="adapter")
+
+
+# ------------------------------------------------------------------ versions
+@router.post("/v1/adapters/{name}/versions", response_model=VersionObject, status_code=201)
+def post_version(
+    name: str,
+    caller: DeveloperDep,
+    session: SessionDep,
+    lookup: RegistryLookupDep,
+    engine: EngineDep,
+    files: Annotated[
+        list[UploadFile],
+        File(description="adapter_config.json and adapter_model.safetensors, or one .tar.gz/.tgz/.tar/.zip of them."),
+    ],
+    allow_base_mismatch: Annotated[
+        bool, Form(description="Accept an adapter whose config names another base (shapes are still checked).")
+    ] = False,
+) -> VersionObject:
+    """Upload a new version; the adapter is created by its first version. `latest` moves to it."""
+    version = upload_version(
+        session,
+        store=lookup.registry.store,
+        tenant_id=caller.tenant_id,
+        adapter_name=name,
+        parts=[UploadedPart(filename=file.filename or "", stream=file.file) for file in files],
+        limits=lookup.registry.upload_limits,
+        base=served_base(engine),
+        allow_base_mismatch=allow_base_mismatch,
+        actor_key_id=caller.api_key_id,
+    )
+    lookup.invalidate(caller.tenant_id, name)
+    return _version_object(session, version, name)
+
+
+@router.get("/v1/adapters/{name}/versions", response_model=VersionList)
+def get_versions(
+    name: str,
+    caller: CallerDep,
+    session: SessionDep,
+    lookup: RegistryLookupDep,
+    limit: PageLimit = DEFAULT_PAGE_SIZE,
+    after: Annotated[int | None, Query(ge=0, description="The last version number of the previous page.")] = None,
+) -> VersionList:
+    page = list_versions(session, tenant_id=caller.tenant_id, name=name, limit=limit, after=after)
+    return VersionList.of(page, lambda version: _version_object(session, version, name))
+
+
+@router.get("/v1/adapters/{name}/versions/{number}", response_model=VersionObject)
+def get_version(
+    name: str, number: int, caller: CallerDep, session: SessionDep, lookup: RegistryLookupDep
+) -> VersionObject:
+    return _version_object(session, find_version(session, tenant_id=caller.tenant_id, name=name, number=number), name)
+
+
+@router.delete("/v1/adapters/{name}/versions/{number}", response_model=Deleted)
+def remove_version(
+    name: str,
+    number: int,
+    caller: DeveloperDep,
+    session: SessionDep,
+    lookup: RegistryLookupDep,
+    engine: EngineDep,
+    force: Annotated[bool, Query(description="Also delete the aliases (other than latest) pointing at it.")] = False,
+) -> Deleted:
+    removed = delete_version(
+        session, tenant_id=caller.tenant_id, name=name, number=number, force=force, actor_key_id=caller.api_key_id
+    )
+    lookup.invalidate(caller.tenant_id, name)
+    _forget(session, engine, lookup, [removed])
+    return Deleted(id=f"{name}@{number}", object="adapter.version")
+
+
+# ------------------------------------------------------------------ presigned uploads
+@router.post("/v1/adapters/{name}/uploads", response_model=UploadObject)
+def post_upload(
+    name: str, body: UploadRequestBody, caller: DeveloperDep, lookup: RegistryLookupDep, engine: EngineDep
+) -> UploadObject:
+    """For adapters too big to pass through the gateway: presigned URLs to PUT the two files straight
+    to object storage (S3 storage only); then POST .../uploads/complete."""
+    presigned = request_presigned_uploads(
+        store=lookup.registry.store,
+        adapter_name=name,
+        files=[PlannedFile(filename=file.filename, size_bytes=file.size_bytes) for file in body.files],
+        limits=lookup.registry.upload_limits,
+        base=served_base(engine),
+        expires_s=lookup.registry.presigned_expires_s,
+    )
+    return UploadObject(
+        files=[
+            PresignedFileObject(
+                filename=p.filename, upload_key=p.upload_key, url=p.url, headers=p.headers, expires_at=p.expires_at
+            )
+            for p in presigned
+        ]
+    )
+
+
+@router.post("/v1/adapters/{name}/uploads/complete", response_model=VersionObject, status_code=201)
+def post_upload_complete(
+    name: str,
+    body: UploadCompleteBody,
+    caller: DeveloperDep,
+    session: SessionDep,
+    lookup: RegistryLookupDep,
+    engine: EngineDep,
+) -> VersionObject:
+    """Verify the uploaded files' sizes and sha256, validate the adapter, register the new version."""
+    version = complete_presigned_upload(
+        session,
+        store=lookup.registry.store,
+        tenant_id=caller.tenant_id,
+        adapter_name=name,
+        files=[
+            UploadedFile(filename=f.filename, upload_key=f.upload_key, sha256=f.sha256, size_bytes=f.size_bytes)
+            for f in body.files
+        ],
+        limits=lookup.registry.upload_limits,
+        base=served_base(engine),
+        allow_base_mismatch=body.allow_base_mismatch,
+        actor_key_id=caller.api_key_id,
+    )
+    lookup.invalidate(caller.tenant_id, name)
+    return _version_object(session, version, name)
+
+
+# ------------------------------------------------------------------ aliases
+@router.get("/v1/adapters/{name}/aliases/{alias}", response_model=AliasObject)
+def get_alias(name: str, alias: str, caller: CallerDep, session: SessionDep, lookup: RegistryLookupDep) -> AliasObject:
+    return AliasObject.of(find_alias(session, tenant_id=caller.tenant_id, name=name, alias=alias), name)
+
+
+@router.put("/v1/adapters/{name}/aliases/{alias}", response_model=AliasObject)
+def put_alias(
+    name: str,
+    alias: str,
+    body: AliasMoveBody,
+    caller: DeveloperDep,
+    session: SessionDep,
+    lookup: RegistryLookupDep,
+    engine: EngineDep,
+    background: BackgroundTasks,
+) -> AliasObject:
+    """Point the alias at a version (promote, rollback); recorded in the alias's history.
+    The version is prefetched into the engine's host cache after the response."""
+    row, version = move_alias(
+        session,
+        tenant_id=caller.tenant_id,
+        name=name,
+        alias=alias,
+        number=body.version,
+        actor_key_id=caller.api_key_id,
+    )
+    lookup.invalidate(caller.tenant_id, name)
+    background.add_task(_prefetch, engine, lookup, version)
+    return AliasObject.of(row, name)
+
+
+@router.delete("/v1/adapters/{name}/aliases/{alias}", response_model=Deleted)
+def delete_alias_route(
+    name: str, alias: str, caller: DeveloperDep, session: SessionDep, lookup: RegistryLookupDep
+) -> Deleted:
+    remove_alias(session, tenant_id=caller.tenant_id, name=name, alias=alias, actor_key_id=caller.api_key_id)
+    lookup.invalidate(caller.tenant_id, name)
+    return Deleted(id=f"{name}:{alias}", object="adapter.alias")
+
+
+@router.get("/v1/adapters/{name}/aliases/{alias}/history", response_model=AliasHistoryList)
+def get_alias_history(
+    name: str, alias: str, caller: CallerDep, session: SessionDep, lookup: RegistryLookupDep
+) -> AliasHistoryList:
+    moves = alias_history(session, tenant_id=caller.tenant_id, name=name, alias=alias)
+    return AliasHistoryList(
+        data=[
+            AliasHistoryEntry(
+                from_version=move.from_version,
+                to_version=move.to_version,
+                changed_at=move.changed_at,
+                changed_by_key_id=move.changed_by_key_id,
+            )
+            for move in moves
+        ]
+    )

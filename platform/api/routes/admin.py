@@ -1,0 +1,69 @@
+"""Tenants and API keys: POST/GET /v1/tenants, POST/GET /v1/keys, DELETE /v1/keys/{key_id}.
+
+Admin keys act server-wide (they are the operators); a developer key may list its own
+tenant's keys. A new key's plaintext is in the POST response and nowhere else, ever.
+"""
+from __future__ import annotations
+
+import uuid
+
+from fastapi import APIRouter
+
+from loraloom.platform.accounts.keys import issue_key, list_keys, revoke_key
+from loraloom.platform.accounts.tenants import create_tenant, list_tenants
+from loraloom.platform.api.auth import tenant_in_scope
+from loraloom.platform.api.deps import AdminDep, DeveloperDep, SessionDep
+from loraloom.platform.api.errors import ERROR_RESPONSES, APIError, FieldErrorRoute
+from loraloom.platform.api.schemas.admin import (
+    CreatedKey,
+    KeyCreate,
+    KeyList,
+    KeyObject,
+    TenantCreate,
+    TenantList,
+    TenantObject,
+)
+from loraloom.platform.api.schemas.common import TenantQuery
+
+# A bad name or expiry is a ValueError("field: ...") from the services: FieldErrorRoute makes it a 400.
+router = APIRouter(tags=["admin"], route_class=FieldErrorRoute, responses=ERROR_RESPONSES)
+
+
+@router.post("/v1/tenants", status_code=201, response_model=TenantObject)
+def create_tenant_route(body: TenantCreate, session: SessionDep, caller: AdminDep) -> TenantObject:
+    tenant = create_tenant(session, name=body.name)  # a name in use: TenantExistsError, a 409 (errors.py)
+    session.commit()
+    return TenantObject.of(tenant)
+
+
+@router.get("/v1/tenants", response_model=TenantList)
+def list_tenants_route(session: SessionDep, caller: AdminDep) -> TenantList:
+    return TenantList(data=[TenantObject.of(tenant) for tenant in list_tenants(session)])
+
+
+@router.post("/v1/keys", status_code=201, response_model=CreatedKey)
+def create_key_route(body: KeyCreate, session: SessionDep, caller: AdminDep) -> CreatedKey:
+    tenant = tenant_in_scope(session, caller, body.tenant)
+    key, plaintext = issue_key(session, tenant=tenant, name=body.name, role=body.role, expires_at=body.expires_at)
+    session.commit()
+    return CreatedKey(**KeyObject.of(key).model_dump(), key=plaintext)
+
+
+@router.get("/v1/keys", response_model=KeyList)
+def list_keys_route(
+    session: SessionDep,
+    caller: DeveloperDep,
+    tenant: TenantQuery = None,
+) -> KeyList:
+    scope = tenant_in_scope(session, caller, tenant)
+    return KeyList(data=[KeyObject.of(key) for key in list_keys(session, tenant_id=scope.id)])
+
+
+@router.delete("/v1/keys/{key_id}", response_model=KeyObject)
+def revoke_key_route(key_id: uuid.UUID, session: SessionDep, caller: AdminDep) -> KeyObject:
+    """Revoke a key: every later request with it is refused with 401."""
+    key = revoke_key(session, key_id=key_id)
+    if key is None:
+        raise APIError(404, f"key_id: no API key has the id {key_id}; GET /v1/keys lists them", code="key_not_found")
+    session.commit()
+    return KeyObject.of(key)

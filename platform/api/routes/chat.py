@@ -1,0 +1,131 @@
+"""POST /v1/chat/completions."""
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, AsyncIterator
+
+from fastapi import APIRouter, Request, Response
+from starlette.concurrency import run_in_threadpool
+
+from loraloom.engine.outputs import RequestOutput, TokenLogprob
+from loraloom.engine.tokenizer import ChatTemplateError
+from loraloom.platform.api.deps import CallerDep, ChatUsageMeterDep, EngineDep, LookupDep
+from loraloom.platform.api.errors import ERROR_RESPONSES, field_error
+from loraloom.platform.api.generation import (
+    SSE_DONE,
+    Collected,
+    ResponseHead,
+    resolve_adapter,
+    sse_event,
+    sse_response_doc,
+    respond,
+    token_bytes,
+    usage,
+)
+from loraloom.platform.api.schemas.chat import (
+    AssistantMessage,
+    ChatChoice,
+    ChatChoiceLogprobs,
+    ChatChunkChoice,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatCompletionResponse,
+    ChatDelta,
+    ChatTokenLogprob,
+)
+from loraloom.platform.api.schemas.generation import TopLogprob
+
+router = APIRouter(tags=["chat"])
+
+
+def chat_logprobs(logprobs: list[TokenLogprob]) -> ChatChoiceLogprobs:
+    return ChatChoiceLogprobs(
+        content=[
+            ChatTokenLogprob(
+                token=entry.token,
+                logprob=entry.logprob,
+                bytes=token_bytes(entry.token),
+                top_logprobs=[
+                    TopLogprob(token=token, logprob=logprob, bytes=token_bytes(token))
+                    for _, token, logprob in entry.top
+                ],
+            )
+            for entry in logprobs
+        ]
+    )
+
+
+def chat_completion(collected: Collected, head: ResponseHead) -> ChatCompletionResponse:
+    logprobs = chat_logprobs(collected.logprobs) if collected.logprobs is not None else None
+    choice = ChatChoice(
+        index=0, message=AssistantMessage(content=collected.text), logprobs=logprobs,
+        finish_reason=collected.finish_reason,
+    )
+    return ChatCompletionResponse(
+        id=head.id, created=head.created, model=head.model, choices=[choice], usage=usage(collected.last)
+    )
+
+
+async def chat_event_stream(
+    outputs: AsyncIterator[RequestOutput], head: ResponseHead, include_usage: bool
+) -> AsyncGenerator[str, None]:
+    """OpenAI's chunk sequence: the role first, then content deltas, then the
+    finish reason in an empty delta, then (if asked) usage with no choices."""
+
+    def chunk(choice: ChatChunkChoice | None, output: RequestOutput | None = None) -> str:
+        return sse_event(
+            ChatCompletionChunk(
+                id=head.id,
+                created=head.created,
+                model=head.model,
+                choices=[] if choice is None else [choice],
+                usage=None if output is None else usage(output),
+            )
+        )
+
+    role_delta = ChatDelta(role="assistant", content="")
+    yield chunk(ChatChunkChoice(index=0, delta=role_delta, logprobs=None, finish_reason=None))
+    last: RequestOutput | None = None
+    async for output in outputs:
+        last = output
+        if output.text_delta or output.logprobs:
+            logprobs = chat_logprobs(output.logprobs) if output.logprobs is not None else None
+            delta = ChatDelta(content=output.text_delta)
+            yield chunk(ChatChunkChoice(index=0, delta=delta, logprobs=logprobs, finish_reason=None))
+        if output.finished:
+            yield chunk(ChatChunkChoice(index=0, delta=ChatDelta(), logprobs=None, finish_reason=output.finish_reason))
+    if include_usage and last is not None:
+        yield chunk(None, last)
+    yield SSE_DONE
+
+
+@router.post(
+    "/v1/chat/completions",
+    response_model=ChatCompletionResponse,
+    responses={200: sse_response_doc("ChatCompletionChunk"), **ERROR_RESPONSES},
+)
+async def create_chat_completion(
+    body: ChatCompletionRequest,
+    request: Request,
+    engine: EngineDep,
+    lookup: LookupDep,
+    meter: ChatUsageMeterDep,
+    caller: CallerDep,
+) -> ChatCompletionResponse | Response:
+    adapter = await resolve_adapter(lookup, body, caller.tenant_id)
+    messages = [message.model_dump(exclude_none=True) for message in body.messages]
+    try:
+        # Off the event loop: templating and tokenizing a long conversation takes a while.
+        prompt_token_ids = await run_in_threadpool(engine.tokenizer.encode_chat, messages)
+    except ChatTemplateError as error:
+        raise field_error(error, {"tokenizer": "messages"}) from None
+    # max_completion_tokens supersedes the older max_tokens; errors name the one the client used.
+    if body.max_completion_tokens is not None:
+        max_tokens_field, max_tokens = "max_completion_tokens", body.max_completion_tokens
+    else:
+        max_tokens_field, max_tokens = "max_tokens", body.max_tokens
+    return await respond(
+        request, engine, body, id_prefix="chatcmpl", prompt_token_ids=prompt_token_ids, max_tokens=max_tokens,
+        logprobs=(body.top_logprobs or 0) if body.logprobs else None, adapter=adapter,
+        field_names={"prompt": "messages", "max_tokens": max_tokens_field, "logprobs": "top_logprobs"},
+        meter=meter, events=chat_event_stream, build=chat_completion,
+    )

@@ -1,0 +1,118 @@
+"""POST /v1/completions (OpenAI's legacy text completions)."""
+from __future__ import annotations
+
+from collections.abc import AsyncGenerator, AsyncIterator
+
+from fastapi import APIRouter, Request, Response
+from starlette.concurrency import run_in_threadpool
+
+from loraloom.engine.outputs import RequestOutput, TokenLogprob
+from loraloom.engine.tokenizer import Tokenizer
+from loraloom.platform.api.deps import CallerDep, CompletionUsageMeterDep, EngineDep, LookupDep
+from loraloom.platform.api.errors import ERROR_RESPONSES
+from loraloom.platform.api.generation import (
+    SSE_DONE,
+    Collected,
+    ResponseHead,
+    resolve_adapter,
+    sse_event,
+    sse_response_doc,
+    respond,
+    usage,
+)
+from loraloom.platform.api.schemas.completions import (
+    Completion,
+    CompletionChoice,
+    CompletionLogprobs,
+    CompletionRequest,
+    PromptInput,
+)
+
+router = APIRouter(tags=["completions"])
+
+
+def prompt_token_ids(tokenizer: Tokenizer, prompt: PromptInput) -> list[int]:
+    """Text is encoded with the model's special tokens (BOS), token ids are taken as they are."""
+    single = prompt[0] if isinstance(prompt, list) and isinstance(prompt[0], (str, list)) else prompt
+    if isinstance(single, str):
+        return tokenizer.encode(single, add_special_tokens=True)
+    return list(single)
+
+
+def completion_logprobs(logprobs: list[TokenLogprob], text_offset: int) -> tuple[CompletionLogprobs, int]:
+    """OpenAI's completion logprobs; offsets count characters of the completion from
+    `text_offset` (where the previous chunk ended). Returns the offset after these tokens."""
+    offsets = []
+    for entry in logprobs:
+        offsets.append(text_offset)
+        text_offset += len(entry.token)
+    formatted = CompletionLogprobs(
+        tokens=[entry.token for entry in logprobs],
+        token_logprobs=[entry.logprob for entry in logprobs],
+        top_logprobs=[{token: logprob for _, token, logprob in entry.top} for entry in logprobs],
+        text_offset=offsets,
+    )
+    return formatted, text_offset
+
+
+def completion(collected: Collected, head: ResponseHead) -> Completion:
+    logprobs = None
+    if collected.logprobs is not None:
+        logprobs, _ = completion_logprobs(collected.logprobs, 0)
+    choice = CompletionChoice(index=0, text=collected.text, logprobs=logprobs, finish_reason=collected.finish_reason)
+    return Completion(id=head.id, created=head.created, model=head.model, choices=[choice], usage=usage(collected.last))
+
+
+async def completion_event_stream(
+    outputs: AsyncIterator[RequestOutput], head: ResponseHead, include_usage: bool
+) -> AsyncGenerator[str, None]:
+    """One chunk per output with text, logprobs or the finish reason; then (if asked) usage with no choices."""
+
+    def chunk(choices: list[CompletionChoice], output: RequestOutput | None = None) -> str:
+        return sse_event(
+            Completion(
+                id=head.id,
+                created=head.created,
+                model=head.model,
+                choices=choices,
+                usage=None if output is None else usage(output),
+            )
+        )
+
+    text_offset = 0
+    last: RequestOutput | None = None
+    async for output in outputs:
+        last = output
+        if not (output.text_delta or output.logprobs or output.finished):
+            continue
+        logprobs = None
+        if output.logprobs is not None:
+            logprobs, text_offset = completion_logprobs(output.logprobs, text_offset)
+        finish_reason = output.finish_reason if output.finished else None
+        yield chunk([CompletionChoice(index=0, text=output.text_delta, logprobs=logprobs, finish_reason=finish_reason)])
+    if include_usage and last is not None:
+        yield chunk([], last)
+    yield SSE_DONE
+
+
+@router.post(
+    "/v1/completions",
+    response_model=Completion,
+    responses={200: sse_response_doc("Completion"), **ERROR_RESPONSES},
+)
+async def create_completion(
+    body: CompletionRequest,
+    request: Request,
+    engine: EngineDep,
+    lookup: LookupDep,
+    meter: CompletionUsageMeterDep,
+    caller: CallerDep,
+) -> Completion | Response:
+    adapter = await resolve_adapter(lookup, body, caller.tenant_id)
+    # Off the event loop: tokenizing a long prompt takes a while.
+    prompt_ids = await run_in_threadpool(prompt_token_ids, engine.tokenizer, body.prompt)
+    return await respond(
+        request, engine, body, id_prefix="cmpl", prompt_token_ids=prompt_ids, max_tokens=body.max_tokens,
+        logprobs=body.logprobs, adapter=adapter, field_names={}, meter=meter, events=completion_event_stream,
+        build=completion,
+    )

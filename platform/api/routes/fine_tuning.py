@@ -1,0 +1,112 @@
+"""/v1/fine_tuning/jobs: create, list, retrieve, cancel, events, checkpoints, in OpenAI's shapes.
+
+A job trains a LoRA adapter on the served base; on success the adapter becomes the next
+version of adapter `suffix` in the caller's tenant (`fine_tuned_model` is "suffix@N").
+`error.code` tells the user's faults (invalid_training_file, invalid_hyperparameters,
+training_diverged, file_not_found ...) from the system's (system_error, worker_lost,
+time_limit_exceeded), which retrying may fix.
+"""
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Query
+
+from loraloom.platform.api.deps import CallerDep, DeveloperDep, EngineDep, JobSenderDep, SessionDep, SettingsDep
+from loraloom.platform.api.errors import FieldErrorRoute
+from loraloom.platform.api.schemas.common import DEFAULT_PAGE_SIZE, ErrorResponse, PageLimit
+from loraloom.platform.api.schemas.fine_tuning import (
+    CheckpointList,
+    CheckpointObject,
+    EventList,
+    EventObject,
+    JobCreateBody,
+    JobList,
+    JobObject,
+)
+from loraloom.platform.registry.references import ALWAYS_BASE_NAMES
+from loraloom.platform.training.jobs import (
+    ServedModel,
+    cancel_job,
+    create_job,
+    find_job,
+    list_checkpoints,
+    list_events,
+    list_jobs,
+)
+
+
+router = APIRouter(
+    tags=["fine-tuning"],
+    route_class=FieldErrorRoute,
+    responses={status: {"model": ErrorResponse} for status in (400, 404, 409, 500)},
+)
+
+
+@router.post("/v1/fine_tuning/jobs", response_model=JobObject)
+def post_job(
+    body: JobCreateBody,
+    caller: DeveloperDep,
+    session: SessionDep,
+    engine: EngineDep,
+    settings: SettingsDep,
+    send: JobSenderDep,
+) -> JobObject:
+    served = ServedModel(
+        name=engine.model_name, max_lora_rank=engine.config.max_lora_rank,
+        reserved_names=ALWAYS_BASE_NAMES | {engine.model_name},
+    )
+    job = create_job(
+        session, tenant_id=caller.tenant_id, actor_key_id=caller.api_key_id, served=served, model=body.model,
+        training_file=body.training_file, validation_file=body.validation_file, suffix=body.suffix, seed=body.seed,
+        hyperparameters=body.hyperparameters, max_attempts=settings.training_max_attempts, send=send,
+    )
+    return JobObject.of(job)
+
+
+@router.get("/v1/fine_tuning/jobs", response_model=JobList)
+def get_jobs(
+    caller: CallerDep,
+    session: SessionDep,
+    limit: PageLimit = DEFAULT_PAGE_SIZE,
+    after: Annotated[str | None, Query(description="The last job id of the previous page.")] = None,
+) -> JobList:
+    page = list_jobs(session, tenant_id=caller.tenant_id, limit=limit, after=after)
+    return JobList.of(page, JobObject.of)
+
+
+@router.get("/v1/fine_tuning/jobs/{job_id}", response_model=JobObject)
+def get_job(job_id: str, caller: CallerDep, session: SessionDep) -> JobObject:
+    return JobObject.of(find_job(session, tenant_id=caller.tenant_id, job_id=job_id))
+
+
+@router.post("/v1/fine_tuning/jobs/{job_id}/cancel", response_model=JobObject)
+def post_cancel(job_id: str, caller: DeveloperDep, session: SessionDep) -> JobObject:
+    """A queued job is cancelled at once; a running one becomes cancel_requested and its worker
+    stops after the current step, saves a checkpoint and ends it cancelled."""
+    return JobObject.of(cancel_job(session, tenant_id=caller.tenant_id, job_id=job_id))
+
+
+@router.get("/v1/fine_tuning/jobs/{job_id}/events", response_model=EventList)
+def get_events(
+    job_id: str,
+    caller: CallerDep,
+    session: SessionDep,
+    limit: PageLimit = DEFAULT_PAGE_SIZE,
+    after: Annotated[str | None, Query(description="The last event id of the previous page.")] = None,
+    order: Annotated[Literal["asc", "desc"], Query(description="desc (newest first, OpenAI's) or asc.")] = "desc",
+) -> EventList:
+    page = list_events(session, tenant_id=caller.tenant_id, job_id=job_id, limit=limit, after=after, order=order)
+    return EventList.of(page, EventObject.of)
+
+
+@router.get("/v1/fine_tuning/jobs/{job_id}/checkpoints", response_model=CheckpointList)
+def get_checkpoints(
+    job_id: str,
+    caller: CallerDep,
+    session: SessionDep,
+    limit: PageLimit = DEFAULT_PAGE_SIZE,
+    after: Annotated[str | None, Query(description="The last checkpoint id of the previous page.")] = None,
+) -> CheckpointList:
+    page = list_checkpoints(session, tenant_id=caller.tenant_id, job_id=job_id, limit=limit, after=after)
+    return CheckpointList.of(page, CheckpointObject.of)

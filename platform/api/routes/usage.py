@@ -1,0 +1,46 @@
+"""GET /v1/usage: metered tokens of the caller's tenant, grouped by adapter, API key or UTC day."""
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Annotated
+
+from fastapi import APIRouter, Query
+
+from loraloom.platform.api.auth import tenant_in_scope
+from loraloom.platform.api.deps import DeveloperDep, SessionDep
+from loraloom.platform.api.errors import ERROR_RESPONSES, APIError
+from loraloom.platform.api.schemas.common import TenantQuery
+from loraloom.platform.api.schemas.usage import UsageBucket, UsageReport
+from loraloom.platform.metering.usage import UsageGroup, aggregate_usage
+
+router = APIRouter(tags=["usage"], responses=ERROR_RESPONSES)
+
+
+def as_utc(moment: datetime | None) -> datetime | None:
+    """Query times without an offset are read as UTC (a bare date is its UTC midnight)."""
+    if moment is None or moment.tzinfo is not None:
+        return moment
+    return moment.replace(tzinfo=timezone.utc)
+
+
+@router.get("/v1/usage", response_model=UsageReport)
+def get_usage(
+    session: SessionDep,
+    caller: DeveloperDep,
+    group_by: Annotated[UsageGroup, Query(description="adapter, key or day (UTC)")] = UsageGroup.day,
+    start: Annotated[datetime | None, Query(description="Inclusive; ISO 8601, UTC when no offset is given")] = None,
+    end: Annotated[datetime | None, Query(description="Exclusive; ISO 8601, UTC when no offset is given")] = None,
+    tenant: TenantQuery = None,
+) -> UsageReport:
+    start, end = as_utc(start), as_utc(end)
+    if start is not None and end is not None and end <= start:
+        raise APIError(400, f"end: {end.isoformat()} is not after start {start.isoformat()}", param="end")
+    scope = tenant_in_scope(session, caller, tenant)
+    totals = aggregate_usage(session, tenant_id=scope.id, group_by=group_by, start=start, end=end)
+    return UsageReport(
+        tenant=scope.name,
+        group_by=group_by,
+        start=start,
+        end=end,
+        data=[UsageBucket.of(group_by, entry) for entry in totals],
+    )

@@ -1,0 +1,167 @@
+"""The adapter registry's bodies: adapters, versions, aliases and their history, presigned uploads."""
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, Field
+
+from loraloom.platform.api.schemas.common import ListObject, PageObject, StrictBody
+from loraloom.platform.db.models import Adapter, AdapterVersion, Alias
+
+
+# ------------------------------------------------------------------ bodies
+class VersionFile(BaseModel):
+    filename: str
+    sha256: str
+    size_bytes: int
+
+
+class VersionObject(BaseModel):
+    object: Literal["adapter.version"] = "adapter.version"
+    id: uuid.UUID
+    adapter: str
+    version: int
+    status: str
+    base_model: str
+    rank: int
+    alpha: float
+    target_modules: list[str]
+    dtype: str
+    source: str
+    training_job_id: str | None
+    files: list[VersionFile]
+    aliases: list[str] = Field(description="The aliases pointing at this version now.")
+    created_at: datetime
+    created_by_key_id: uuid.UUID | None
+
+    @classmethod
+    def of(cls, version: AdapterVersion, adapter_name: str, aliases: list[str]) -> VersionObject:
+        return cls(
+            id=version.id,
+            adapter=adapter_name,
+            version=version.number,
+            status=version.status.value,
+            base_model=version.base_model,
+            rank=version.rank,
+            alpha=version.alpha,
+            target_modules=list(version.target_modules),
+            dtype=version.dtype,
+            source=version.source.value,
+            training_job_id=version.training_job_id,
+            files=[VersionFile(filename=f.filename, sha256=f.sha256, size_bytes=f.size_bytes) for f in version.files],
+            aliases=sorted(aliases),
+            created_at=version.created_at,
+            created_by_key_id=version.created_by_key_id,
+        )
+
+
+class VersionList(PageObject[VersionObject]):
+    pass
+
+
+class AdapterObject(BaseModel):
+    object: Literal["adapter"] = "adapter"
+    id: uuid.UUID
+    name: str
+    description: str
+    tags: list[str]
+    aliases: dict[str, int] = Field(description="Alias -> version number, `latest` included.")
+    created_at: datetime
+    updated_at: datetime
+
+    @classmethod
+    def of(cls, adapter: Adapter) -> AdapterObject:
+        return cls(
+            id=adapter.id,
+            name=adapter.name,
+            description=adapter.description,
+            tags=list(adapter.tags),
+            aliases={alias.name: alias.version.number for alias in adapter.aliases},
+            created_at=adapter.created_at,
+            updated_at=adapter.updated_at,
+        )
+
+
+class AdapterList(PageObject[AdapterObject]):
+    last_id: str | None = Field(description="The last adapter's name: pass it as `after` for the next page.")
+
+    @classmethod
+    def cursors(cls, data: list[AdapterObject]) -> dict[str, Any]:
+        return {"last_id": data[-1].name if data else None}
+
+
+class Deleted(BaseModel):
+    id: str
+    object: str
+    deleted: Literal[True] = True
+
+
+class AliasMoveBody(StrictBody):
+    version: int = Field(ge=1, description="The version number the alias should point at.")
+
+
+class AliasObject(BaseModel):
+    object: Literal["adapter.alias"] = "adapter.alias"
+    adapter: str
+    alias: str
+    version: int
+    updated_at: datetime
+    updated_by_key_id: uuid.UUID | None
+
+    @classmethod
+    def of(cls, alias: Alias, adapter_name: str) -> AliasObject:
+        return cls(
+            adapter=adapter_name,
+            alias=alias.name,
+            version=alias.version.number,
+            updated_at=alias.updated_at,
+            updated_by_key_id=alias.updated_by_key_id,
+        )
+
+
+class AliasHistoryEntry(BaseModel):
+    object: Literal["adapter.alias.move"] = "adapter.alias.move"
+    from_version: int | None = Field(description="None: the alias was created by this move.")
+    to_version: int | None = Field(description="None: the alias was deleted by this move.")
+    changed_at: datetime
+    changed_by_key_id: uuid.UUID | None
+
+
+class AliasHistoryList(ListObject[AliasHistoryEntry]):
+    pass
+
+
+class PlannedFileBody(StrictBody):
+    filename: str
+    size_bytes: int = Field(ge=0)
+
+
+class UploadRequestBody(StrictBody):
+    files: list[PlannedFileBody] = Field(description="adapter_config.json and adapter_model.safetensors, with sizes.")
+
+
+class PresignedFileObject(BaseModel):
+    filename: str
+    upload_key: str = Field(description="Pass back to .../uploads/complete.")
+    url: str = Field(description="PUT the file's bytes here, with exactly `headers`.")
+    headers: dict[str, str]
+    expires_at: datetime
+
+
+class UploadObject(BaseModel):
+    object: Literal["adapter.upload"] = "adapter.upload"
+    files: list[PresignedFileObject]
+
+
+class UploadedFileBody(StrictBody):
+    filename: str
+    upload_key: str
+    sha256: str = Field(description="Hex digest of the bytes PUT to the URL; verified before registering.")
+    size_bytes: int = Field(ge=0)
+
+
+class UploadCompleteBody(StrictBody):
+    files: list[UploadedFileBody]
+    allow_base_mismatch: bool = False

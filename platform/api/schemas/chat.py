@@ -1,0 +1,92 @@
+"""POST /v1/chat/completions: the request, the response and its streamed chunks (OpenAI's shapes)."""
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+
+from loraloom.platform.api.schemas.common import StrictBody, one_error_for_union
+from loraloom.platform.api.schemas.generation import GenerationRequest, TopLogprob, Usage
+
+
+class TextContentPart(StrictBody):
+    type: Literal["text"]
+    text: str
+
+
+class ChatMessage(BaseModel):
+    # Not strict: clients send assistant messages back as they received them,
+    # with response-only fields (refusal, annotations) that carry nothing for the prompt.
+    model_config = ConfigDict(extra="ignore")
+
+    role: str
+    content: Annotated[
+        str | list[TextContentPart] | None,
+        one_error_for_union("a string or a list of text parts ({'type': 'text', 'text': ...})"),
+    ] = None
+    name: str | None = None
+
+
+class ChatCompletionRequest(GenerationRequest):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(default=None, description="Preferred over the older `max_tokens`.")
+    logprobs: bool = False
+    top_logprobs: int | None = Field(default=None, description="Alternatives per token; needs `logprobs: true`.")
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _top_logprobs_needs_logprobs(cls, top_logprobs: int | None, info: ValidationInfo) -> int | None:
+        if top_logprobs is not None and not info.data.get("logprobs", False):
+            raise ValueError("needs logprobs: true")
+        return top_logprobs
+
+
+class ChatTokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob]
+
+
+class ChatChoiceLogprobs(BaseModel):
+    content: list[ChatTokenLogprob]
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatChoice(BaseModel):
+    index: int
+    message: AssistantMessage
+    logprobs: ChatChoiceLogprobs | None
+    finish_reason: str | None
+
+
+class ChatCompletionResponse(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+
+
+class ChatDelta(BaseModel):
+    # OpenAI leaves out what a chunk does not carry: the role only in the first, nothing in the last.
+    role: Literal["assistant"] | None = Field(default=None, exclude_if=lambda value: value is None)
+    content: str | None = Field(default=None, exclude_if=lambda value: value is None)
+
+
+class ChatChunkChoice(BaseModel):
+    index: int
+    delta: ChatDelta
+    logprobs: ChatChoiceLogprobs | None
+    finish_reason: str | None
+
+
+class ChatCompletionChunk(BaseModel):
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChatChunkChoice]
+    usage: Usage | None = None

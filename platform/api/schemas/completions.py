@@ -1,0 +1,56 @@
+"""POST /v1/completions (OpenAI's legacy text completions): one shape for the response and each chunk."""
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, Field, field_validator
+
+from loraloom.platform.api.schemas.common import one_error_for_union
+from loraloom.platform.api.schemas.generation import GenerationRequest, Usage
+
+
+PromptInput = Annotated[
+    str | list[int] | list[str] | list[list[int]],
+    one_error_for_union("a string, a list of one string, a list of token ids, or a list of one list of token ids"),
+]
+
+
+class CompletionRequest(GenerationRequest):
+    prompt: PromptInput
+    logprobs: int | None = Field(
+        default=None, description="Return the sampled token's logprob and this many alternatives."
+    )
+
+    @field_validator("prompt")
+    @classmethod
+    def _single_prompt(cls, prompt: PromptInput) -> PromptInput:
+        if isinstance(prompt, list) and not prompt:
+            raise ValueError("must not be an empty list")
+        if isinstance(prompt, list) and isinstance(prompt[0], (str, list)) and len(prompt) != 1:
+            raise ValueError(f"one prompt per request is supported, got {len(prompt)}; send several requests")
+        return prompt
+
+
+class CompletionLogprobs(BaseModel):
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float]]
+    text_offset: list[int]
+
+
+class CompletionChoice(BaseModel):
+    index: int
+    text: str
+    logprobs: CompletionLogprobs | None
+    finish_reason: str | None
+
+
+class Completion(BaseModel):
+    """Both the whole response and each streamed chunk (OpenAI uses one shape for both)."""
+
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = None

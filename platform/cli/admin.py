@@ -1,0 +1,100 @@
+"""CLI commands that work on the configured database directly, with no server:
+`loraloom db upgrade`, `loraloom admin create-key`, and what `loraloom serve` does to the
+database before it starts (migrations, the bootstrap admin key)."""
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import TextIO
+
+from alembic.script import ScriptDirectory
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import SQLAlchemyError
+
+from loraloom.platform.accounts.keys import create_bootstrap_admin_key, create_key_for_tenant
+from loraloom.platform.accounts.tenants import DEFAULT_TENANT
+from loraloom.platform.db import create_db_engine, create_session_factory, database_revision, upgrade_database
+from loraloom.platform.db.migrate import MIGRATIONS_DIR
+from loraloom.platform.db.models import ApiKeyRole
+from loraloom.platform.settings import Settings
+
+
+class DatabaseNotReadyError(RuntimeError):
+    """The database is not at the latest migration: the CLI says how to fix it."""
+
+
+def shown_url(database_url: str) -> str:
+    return make_url(database_url).render_as_string(hide_password=True)
+
+
+def db_upgrade(settings: Settings) -> str:
+    """Apply the migrations; returns the revision the database is now at."""
+    upgrade_database(settings.database_url)
+    revision = database_revision(settings.database_url)
+    assert revision is not None, "upgrade_database leaves the database at a revision"
+    return revision
+
+
+def require_migrated(database_url: str) -> None:
+    head = ScriptDirectory(str(MIGRATIONS_DIR)).get_current_head()
+    current = database_revision(database_url)
+    if current != head:
+        raise DatabaseNotReadyError(
+            f"the database at {shown_url(database_url)} is at revision {current or 'none (empty)'}, "
+            f"not {head}; run `loraloom db upgrade` first"
+        )
+
+
+def admin_create_key(settings: Settings, *, tenant: str, role: ApiKeyRole, name: str) -> str:
+    """Create an API key directly in the database (creating the tenant if needed); returns the
+    plaintext key. For the first key of a deployment, or to recover from lost admin keys."""
+    require_migrated(settings.database_url)
+    engine = create_db_engine(settings.database_url)
+    try:
+        with create_session_factory(engine).begin() as session:
+            _, plaintext = create_key_for_tenant(session, tenant_name=tenant, key_name=name, role=role)
+    finally:
+        engine.dispose()
+    return plaintext
+
+
+def bootstrap_banner(key: str) -> str:
+    rule = "=" * 72
+    return (
+        f"\n{rule}\n"
+        f"  First start: created tenant {DEFAULT_TENANT!r} and its admin API key:\n\n"
+        f"      {key}\n\n"
+        "  It is shown this once and stored only as a hash. Keep it safe, e.g.\n"
+        "      export LORALOOM_API_KEY=<the key above>\n"
+        "  Lost it? `loraloom admin create-key --tenant default --role admin` makes another.\n"
+        f"{rule}\n"
+    )
+
+
+def prepare_database(settings: Settings, banner_stream: TextIO) -> None:
+    """What `loraloom serve` does first: migrate, then on a database that never had an admin
+    key, create one and print it once to `banner_stream` (stderr; stdout may be a log file)."""
+    upgrade_database(settings.database_url)
+    engine = create_db_engine(settings.database_url)
+    try:
+        with create_session_factory(engine).begin() as session:
+            key = create_bootstrap_admin_key(session)
+    finally:
+        engine.dispose()
+    if key is not None:
+        banner_stream.write(bootstrap_banner(key))
+        banner_stream.flush()
+
+
+def run_admin_command(args: argparse.Namespace, settings: Settings) -> None:
+    """`loraloom db ...` and `loraloom admin ...`: results on stdout, everything else on stderr."""
+    try:
+        if args.command == "db":
+            revision = db_upgrade(settings)
+            print(f"database {shown_url(settings.database_url)} is at revision {revision}", file=sys.stderr)
+        else:
+            print(admin_create_key(settings, tenant=args.tenant, role=ApiKeyRole(args.role), name=args.name))
+    except (DatabaseNotReadyError, ValueError) as error:
+        sys.exit(f"loraloom {args.command}: {error}")
+    except SQLAlchemyError as error:
+        sys.exit(f"loraloom {args.command}: database {shown_url(settings.database_url)}: {error}")

@@ -1,0 +1,206 @@
+"""`loraloom serve` and `loraloom worker`: the processes. serve runs the API over one engine (and a
+training worker beside it, unless --no-worker); worker consumes the training queue."""
+from __future__ import annotations
+
+import argparse
+import logging
+import subprocess
+import sys
+from pathlib import Path
+
+from loraloom.engine.config import FP8_ACTIVATION_TERMS, KV_CACHE_DTYPES, QUANTIZATION_METHODS, EngineConfig
+from loraloom.platform.cli.options import adapter_argument, fraction, load_settings, positive_int
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 8000
+WORKER_STOP_TIMEOUT_S = 30
+
+
+def add_serve_command(commands: argparse._SubParsersAction) -> None:
+    serve = commands.add_parser(
+        "serve", help="serve the OpenAI-compatible API", formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+    serve.add_argument(
+        "--model", type=Path, metavar="PATH", help="Llama checkpoint directory (Hugging Face layout); default: bundled"
+    )
+    serve.add_argument("--host", default=DEFAULT_HOST, help="address to listen on")
+    serve.add_argument("--port", type=int, default=DEFAULT_PORT, help="port to listen on")
+    serve.add_argument(
+        "--adapter",
+        type=adapter_argument,
+        action="append",
+        default=[],
+        metavar="NAME=PATH",
+        help="serve the PEFT adapter in PATH as NAME (repeatable)",
+    )
+    serve.add_argument(
+        "--adapter-dir", type=Path, metavar="DIR", help="serve every PEFT adapter subdirectory of DIR by its name"
+    )
+    defaults = EngineConfig()
+    engine_sizes = [
+        ("--max-loras", defaults.max_loras, "adapter slots: distinct adapters in one step"),
+        ("--max-lora-rank", defaults.max_lora_rank, "largest adapter rank accepted"),
+        ("--num-kv-blocks", defaults.num_kv_blocks, "KV cache blocks in the pool"),
+        ("--max-num-seqs", defaults.max_num_seqs, "requests running at once"),
+        ("--max-num-batched-tokens", defaults.max_num_batched_tokens, "token budget of one step"),
+        ("--block-size", defaults.block_size, "tokens per KV cache block"),
+    ]
+    for flag, default, help_text in engine_sizes:
+        serve.add_argument(flag, type=positive_int, default=default, help=help_text)
+    serve.add_argument("--device", default=None,
+                       help="torch device to serve on (default: cuda when a GPU is visible, else cpu)")
+    serve.add_argument("--dtype", choices=("bfloat16", "float16", "float32"), default=None,
+                       help="activation dtype (default: bfloat16 on a GPU, float32 on the CPU)")
+    serve.add_argument("--gpu-memory-utilization", type=fraction, default=defaults.gpu_memory_utilization,
+                       help="share of the GPU's memory the engine may use; the KV cache gets what the weights, "
+                       "adapter slots and activations leave of it")
+    serve.add_argument("--enforce-eager", action="store_true",
+                       help="run every step eagerly instead of replaying decode steps from CUDA graphs")
+    serve.add_argument(
+        "--broker-url", metavar="URL",
+        help="training job queue (redis://... or amqp://...); default: LORALOOM_BROKER_URL, else an embedded one",
+    )
+    serve.add_argument(
+        "--no-worker", action="store_true",
+        help="start no training worker (run `loraloom worker` elsewhere with the same database, storage and broker)",
+    )
+    serve.add_argument(
+        "--quantization",
+        choices=QUANTIZATION_METHODS,
+        default=None,
+        help="fp8: quantize the base model's linear layers to FP8 at load (weights per channel, activations "
+        "per token; lm_head and the last decoder layer stay unquantized). "
+        "FP8 checkpoints (compressed-tensors) are FP8 without this flag",
+    )
+    serve.add_argument(
+        "--fp8-activation-terms",
+        type=int,
+        choices=FP8_ACTIVATION_TERMS,
+        default=defaults.fp8_activation_terms,
+        help="with --quantization fp8: quantize each token's activations in this many e4m3 terms. 2 (default): "
+        "the second term carries the first one's rounding error, which keeps the bundled model within 1%% of "
+        "its BF16 perplexity, almost free at decode, twice the projections' FP8 FLOPs at prefill; 1: plain W8A8",
+    )
+    serve.add_argument(
+        "--kv-cache-dtype",
+        choices=KV_CACHE_DTYPES,
+        default=defaults.kv_cache_dtype,
+        help="auto: keep K/V in the model's dtype; fp8: store them in FP8 e4m3 with a K and a V scale per layer "
+        "(half the memory of bf16, so twice the tokens fit), taken from the checkpoint (self_attn.k_scale/v_scale) "
+        "or calibrated at start",
+    )
+
+
+def add_worker_command(commands: argparse._SubParsersAction) -> None:
+    worker = commands.add_parser(
+        "worker", help="run a training worker (queue `training`)", formatter_class=argparse.ArgumentDefaultsHelpFormatter
+    )
+    worker.add_argument("--model", type=Path, metavar="PATH", help="the base the server serves; default: bundled")
+    worker.add_argument("--broker-url", metavar="URL", help="default: LORALOOM_BROKER_URL, else the embedded broker")
+    worker.add_argument("--loglevel", default="INFO")
+
+
+def engine_config(args: argparse.Namespace) -> EngineConfig:
+    device = args.device or default_device()
+    dtype = args.dtype or ("bfloat16" if device.startswith("cuda") else "float32")
+    return EngineConfig(
+        device=device,
+        dtype=dtype,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        enforce_eager=args.enforce_eager,
+        block_size=args.block_size,
+        num_kv_blocks=args.num_kv_blocks,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_loras=args.max_loras,
+        max_lora_rank=args.max_lora_rank,
+        quantization=args.quantization,
+        fp8_activation_terms=args.fp8_activation_terms,
+        kv_cache_dtype=args.kv_cache_dtype,
+    )
+
+
+def default_device() -> str:
+    import torch  # imported here: `--help` need not pay for torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def serve(args: argparse.Namespace) -> None:
+    # Imported here: torch and the web stack take seconds to import, which `--help` need not pay.
+    import uvicorn
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from loraloom.engine.async_engine import AsyncEngine
+    from loraloom.engine.bundled import import_bundled
+    from loraloom.platform.api.app import create_app
+    from loraloom.platform.cli.admin import prepare_database, shown_url
+    from loraloom.platform.registry.fetch import adapter_fetcher_from_settings
+    from loraloom.platform.registry.local import LocalAdapterLookup
+    from loraloom.platform.registry.lookup import registry_lookup_from_settings
+    from loraloom.platform.storage import storage_from_settings
+    from loraloom.platform.training.jobs import find_checkpoint
+
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    settings = load_settings(args.broker_url)
+    try:
+        prepare_database(settings, sys.stderr)
+    except SQLAlchemyError as error:
+        sys.exit(f"loraloom serve: database {shown_url(settings.database_url)}: {error}")
+    model_dir = args.model if args.model is not None else import_bundled()
+    try:
+        store = storage_from_settings(settings)
+        engine = AsyncEngine.create(model_dir, engine_config(args), adapter_fetcher_from_settings(settings, store))
+        local = LocalAdapterLookup(
+            base_names={engine.model_name}, adapters=dict(args.adapter), adapter_dir=args.adapter_dir
+        )
+        lookup = registry_lookup_from_settings(settings, store, local, find_checkpoint=find_checkpoint)
+    except (ValueError, FileNotFoundError) as error:  # bad model directory or adapter names: say which, no traceback
+        sys.exit(f"loraloom serve: {error}")
+    app = create_app(engine, lookup, settings)
+    worker = None if args.no_worker else start_worker_process(model_dir, settings.broker_url)
+    try:
+        uvicorn.run(app, host=args.host, port=args.port)
+    finally:
+        if worker is not None:
+            stop_worker_process(worker)
+
+
+def start_worker_process(model_dir: Path, broker_url: str | None) -> subprocess.Popen:
+    """`loraloom worker` beside the server, so `serve` alone trains too. A process of its own: it
+    forks a fresh child per job, which the server's threads and CUDA state must not be part of."""
+    from loraloom.platform.training.worker import end_with_parent
+
+    command = [sys.executable, "-m", "loraloom.platform.cli", "worker", "--model", str(model_dir)]
+    if broker_url is not None:
+        command += ["--broker-url", broker_url]
+    return subprocess.Popen(command, preexec_fn=end_with_parent)
+
+
+def stop_worker_process(worker: subprocess.Popen) -> None:
+    worker.terminate()  # Celery's warm shutdown; a running job is requeued by the reaper if it is cut off
+    try:
+        worker.wait(timeout=WORKER_STOP_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        worker.kill()
+        worker.wait()
+
+
+def run_worker_command(args: argparse.Namespace) -> None:
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from loraloom.engine.bundled import import_bundled
+    from loraloom.platform.cli.admin import shown_url
+    from loraloom.platform.db import upgrade_database
+    from loraloom.platform.training.worker import run_worker
+
+    logging.basicConfig(level=args.loglevel, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    settings = load_settings(args.broker_url)
+    try:
+        upgrade_database(settings.database_url)
+    except SQLAlchemyError as error:
+        sys.exit(f"loraloom worker: database {shown_url(settings.database_url)}: {error}")
+    model_dir = args.model if args.model is not None else import_bundled()
+    if not (model_dir / "config.json").is_file():
+        sys.exit(f"loraloom worker: --model {model_dir}: no config.json there; pass the served base's directory")
+    run_worker(settings, model_dir, loglevel=args.loglevel)

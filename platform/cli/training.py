@@ -1,0 +1,186 @@
+"""CLI commands for fine-tuning over HTTP: `loraloom files ...` and `loraloom jobs ...`.
+
+`jobs follow` tails a job's events (oldest first, from a cursor) and draws a progress bar
+of its steps with the latest loss, until the job ends; its exit status says how it ended.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Any
+
+import httpx
+from tqdm import tqdm
+
+from loraloom.platform.cli.http_client import Command, CommandError, ProgressReader, call, pages, print_table, segment
+from loraloom.platform.cli.options import positive_int
+
+FOLLOW_POLL_S = 1.0
+FINISHED = ("succeeded", "failed", "cancelled")
+HYPERPARAMETER_FLAGS = ("n_epochs", "batch_size", "learning_rate", "lora_r", "lora_alpha", "lora_dropout",
+                        "max_seq_len")
+
+
+def add_commands(commands: argparse._SubParsersAction) -> None:
+    files = commands.add_parser("files", help="training files (server: LORALOOM_BASE_URL, LORALOOM_API_KEY)")
+    file_commands = files.add_subparsers(dest="files_command", required=True)
+    upload = file_commands.add_parser("upload", help="upload a JSONL dataset; prints its file id")
+    upload.add_argument("path", metavar="FILE")
+    upload.add_argument("--purpose", default="fine-tune")
+    file_commands.add_parser("list", help="list your files")
+    remove = file_commands.add_parser("rm", help="delete a file")
+    remove.add_argument("file_id", metavar="FILE_ID")
+
+    jobs = commands.add_parser("jobs", help="fine-tuning jobs (server: LORALOOM_BASE_URL, LORALOOM_API_KEY)")
+    job_commands = jobs.add_subparsers(dest="jobs_command", required=True)
+    create = job_commands.add_parser("create", help="start a fine-tuning job; prints its id")
+    create.add_argument("--training-file", required=True, metavar="FILE_ID")
+    create.add_argument("--validation-file", metavar="FILE_ID")
+    create.add_argument("--suffix", required=True, help="adapter name the result is registered under")
+    create.add_argument("--model", help="the base model; default: the one the server serves")
+    create.add_argument("--seed", type=int)
+    for flag in HYPERPARAMETER_FLAGS:
+        kind = float if flag in ("learning_rate", "lora_alpha", "lora_dropout") else positive_int
+        create.add_argument(f"--{flag.replace('_', '-')}", dest=flag, type=kind, help="default: the server's")
+    create.add_argument("--target-modules", help="comma-separated, e.g. q_proj,v_proj")
+    create.add_argument("--follow", action="store_true", help="then follow it like `jobs follow`")
+    job_commands.add_parser("list", help="list your jobs")
+    for name, help_text in (("get", "show a job"), ("follow", "show a job's progress live until it ends"),
+                            ("cancel", "cancel a job (a running one stops after its current step)")):
+        command = job_commands.add_parser(name, help=help_text)
+        command.add_argument("job_id", metavar="JOB_ID")
+
+
+# ------------------------------------------------------------------ files
+def files_upload(client: httpx.Client, args: argparse.Namespace) -> None:
+    try:
+        file = open(args.path, "rb")
+    except OSError as error:
+        raise CommandError(f"{args.path}: {error.strerror}") from None
+    with file, tqdm(total=_size(file), unit="B", unit_scale=True, unit_divisor=1024, desc=f"upload {args.path}",
+                    file=sys.stderr) as bar:
+        uploaded = call(client, "POST", "/v1/files", data={"purpose": args.purpose},
+                        files={"file": (args.path.rsplit("/", 1)[-1], ProgressReader(file, bar), "application/jsonl")})
+    print(f"{uploaded['line_count']} examples, {uploaded['token_count']} tokens ({uploaded['format']} format)",
+          file=sys.stderr)
+    print(uploaded["id"])
+
+
+def _size(file: Any) -> int:
+    file.seek(0, 2)
+    size = file.tell()
+    file.seek(0)
+    return size
+
+
+def files_list(client: httpx.Client, args: argparse.Namespace) -> None:
+    print_table(["ID", "FILENAME", "FORMAT", "LINES", "TOKENS", "BYTES"],
+                [[f["id"], f["filename"], f["format"], f["line_count"], f["token_count"], f["bytes"]]
+                 for f in pages(client, "/v1/files", "id")])
+
+
+def files_rm(client: httpx.Client, args: argparse.Namespace) -> None:
+    deleted = call(client, "DELETE", f"/v1/files/{segment(args.file_id)}")
+    print(f"deleted {deleted['id']}", file=sys.stderr)
+
+
+# ------------------------------------------------------------------ jobs
+def served_base(client: httpx.Client) -> str:
+    models = call(client, "GET", "/v1/models")["data"]
+    return next(model["id"] for model in models if model.get("parent") is None)
+
+
+def jobs_create(client: httpx.Client, args: argparse.Namespace) -> None:
+    hyperparameters = {flag: getattr(args, flag) for flag in HYPERPARAMETER_FLAGS if getattr(args, flag) is not None}
+    if args.target_modules:
+        hyperparameters["target_modules"] = [module.strip() for module in args.target_modules.split(",")]
+    body = {
+        "model": args.model or served_base(client),
+        "training_file": args.training_file,
+        "validation_file": args.validation_file,
+        "suffix": args.suffix,
+        "seed": args.seed,
+        "hyperparameters": hyperparameters,
+    }
+    job = call(client, "POST", "/v1/fine_tuning/jobs", json={k: v for k, v in body.items() if v is not None})
+    print(job["id"])
+    if args.follow:
+        follow(client, job["id"])
+
+
+def jobs_list(client: httpx.Client, args: argparse.Namespace) -> None:
+    print_table(["ID", "STATUS", "SUFFIX", "FINE-TUNED MODEL", "TRAINING FILE", "CREATED"],
+                [[j["id"], j["status"], j["suffix"], j["fine_tuned_model"], j["training_file"],
+                  time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(j["created_at"]))]
+                 for j in pages(client, "/v1/fine_tuning/jobs", "id")])
+
+
+def jobs_get(client: httpx.Client, args: argparse.Namespace) -> None:
+    job = call(client, "GET", f"/v1/fine_tuning/jobs/{segment(args.job_id)}")
+    for field in ("id", "status", "model", "suffix", "fine_tuned_model", "training_file", "validation_file", "seed",
+                  "trained_tokens", "attempts", "hyperparameters", "metrics", "error"):
+        print(f"{field}: {job[field]}")
+
+
+def jobs_cancel(client: httpx.Client, args: argparse.Namespace) -> None:
+    job = call(client, "POST", f"/v1/fine_tuning/jobs/{segment(args.job_id)}/cancel")
+    print(f"{job['id']}: {job['status']}", file=sys.stderr)
+
+
+def jobs_follow(client: httpx.Client, args: argparse.Namespace) -> None:
+    follow(client, args.job_id)
+
+
+def follow(client: httpx.Client, job_id: str) -> None:
+    """Print the job's messages and move a step bar with the loss until the job ends."""
+    path = f"/v1/fine_tuning/jobs/{segment(job_id)}"
+    after: str | None = None
+    with tqdm(total=None, unit="step", desc=job_id, file=sys.stderr, dynamic_ncols=True) as bar:
+        while True:
+            status = call(client, "GET", path)["status"]  # read before the events: none is missed at the end
+            while True:
+                params = {"order": "asc", "limit": 100, **({"after": after} if after else {})}
+                page = call(client, "GET", f"{path}/events", params=params)
+                for event in page["data"]:
+                    _show(bar, event)
+                    after = event["id"]
+                if not page["has_more"]:
+                    break
+            if status in FINISHED:
+                break
+            time.sleep(FOLLOW_POLL_S)
+    job = call(client, "GET", path)
+    if job["status"] == "succeeded":
+        print(f"{job_id} succeeded: {job['fine_tuned_model']}")
+        return
+    error = job.get("error") or {}
+    raise CommandError(f"{job_id} {job['status']}" + (f": [{error['code']}] {error['message']}" if error else ""))
+
+
+def _show(bar: tqdm, event: dict[str, Any]) -> None:
+    data = event.get("data") or {}
+    if event["type"] == "metrics" and "step" in data:
+        bar.total = data.get("total_steps")
+        bar.n = data["step"]
+        postfix = {"loss": f"{data['train_loss']:.4f}"}
+        if "eval_loss" in data:
+            postfix["eval_loss"] = f"{data['eval_loss']:.4f}"
+        if "eta_seconds" in data:
+            postfix["eta"] = f"{data['eta_seconds']:.0f}s"
+        bar.set_postfix(postfix, refresh=False)
+        bar.refresh()
+    else:
+        bar.write(f"[{event['level']}] {event['message']}", file=sys.stderr)
+
+
+COMMANDS: dict[tuple[str, str], Command] = {
+    ("files", "upload"): files_upload,
+    ("files", "list"): files_list,
+    ("files", "rm"): files_rm,
+    ("jobs", "create"): jobs_create,
+    ("jobs", "list"): jobs_list,
+    ("jobs", "get"): jobs_get,
+    ("jobs", "follow"): jobs_follow,
+    ("jobs", "cancel"): jobs_cancel,
+}

@@ -1,0 +1,148 @@
+"""The one path from the name a client sends (`model` / `adapter_id`) to an AdapterHandle.
+
+`AdapterLookup` is what the API asks. With a registry configured (what `serve` builds) it is
+`RegistryAdapterLookup`: a fine-tuning checkpoint id, else the caller's registry (references.py
+parses the name, resolution.py answers it through a cache, so the request path does not
+query the database per request; the adapter routes invalidate it on every change), else the
+server-local adapters given to `serve` (local.py: --adapter, --adapter-dir), which every
+tenant may use.
+
+Checkpoints belong to training, which builds on the registry: the lookup is handed a
+`CheckpointFinder` rather than importing training.
+"""
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Protocol
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session, selectinload, sessionmaker
+
+from loraloom.engine.adapters import AdapterHandle
+from loraloom.platform.db import create_db_engine, create_session_factory
+from loraloom.platform.db.models import Adapter, AdapterVersion, AdapterVersionStatus, Alias, FineTuningCheckpoint
+from loraloom.platform.registry.errors import AdapterNotFoundError
+from loraloom.platform.registry.fetch import version_uri
+from loraloom.platform.registry.local import LocalAdapterLookup
+from loraloom.platform.registry.references import LATEST_ALIAS, AdapterReference, parse_reference
+from loraloom.platform.registry.resolution import KEY_HASH_CHARS, ResolutionCache, ResolvedVersion, resolve_reference
+from loraloom.platform.registry.staging import UploadLimits
+from loraloom.platform.settings import Settings
+from loraloom.platform.storage import BlobStore
+
+RESOLUTION_CACHE_ENTRIES = 100_000  # (tenant, reference) answers; a few hundred bytes each
+CHECKPOINT_ID_PREFIX = "ftckpt-"
+
+
+class AdapterLookup(Protocol):
+    def resolve(self, model: str, tenant_id: uuid.UUID | None = None) -> AdapterHandle | None:
+        """The adapter a request of `tenant_id` names; None for the base model. Raises AdapterNotFoundError
+        (also for another tenant's adapter). tenant_id None: server-wide adapters only."""
+        ...
+
+    def list_adapters(self, tenant_id: uuid.UUID | None = None) -> list[AdapterHandle]:
+        """Every adapter that `tenant_id` can be served now."""
+        ...
+
+
+class CheckpointFinder(Protocol):
+    """training.jobs.find_checkpoint: the tenant's checkpoint with this id, or None."""
+
+    def __call__(
+        self, session: Session, *, tenant_id: uuid.UUID, checkpoint_id: str
+    ) -> FineTuningCheckpoint | None: ...
+
+
+@dataclass(frozen=True)
+class AdapterRegistry:
+    """What the registry's routes and lookup share; `serve` builds one."""
+
+    session_factory: sessionmaker[Session]
+    store: BlobStore
+    resolutions: ResolutionCache
+    upload_limits: UploadLimits
+    presigned_expires_s: int
+
+
+class RegistryAdapterLookup:
+    def __init__(
+        self, *, registry: AdapterRegistry, local: LocalAdapterLookup, find_checkpoint: CheckpointFinder
+    ) -> None:
+        self.registry = registry
+        self.local = local
+        self.find_checkpoint = find_checkpoint
+
+    def resolve(self, model: str, tenant_id: uuid.UUID | None = None) -> AdapterHandle | None:
+        if model in self.local.base_names:
+            return None
+        if model.startswith(CHECKPOINT_ID_PREFIX) and tenant_id is not None:
+            return self._checkpoint(model, tenant_id)
+        reference = parse_reference(model)
+        if reference is not None and tenant_id is not None:
+            resolved = self._registry_version(reference, tenant_id)
+            if resolved is not None:
+                return resolved.handle(self.registry.store)
+        if reference is not None and not reference.is_bare_name:
+            raise AdapterNotFoundError(model)  # aliases and versions exist only in the registry
+        return self.local.resolve(model, tenant_id)
+
+    def _registry_version(self, reference: AdapterReference, tenant_id: uuid.UUID) -> ResolvedVersion | None:
+        def load() -> ResolvedVersion | None:
+            with self.registry.session_factory() as session:
+                return resolve_reference(session, tenant_id=tenant_id, reference=reference)
+
+        return self.registry.resolutions.get_or_load(tenant_id, reference, load)
+
+    def _checkpoint(self, checkpoint_id: str, tenant_id: uuid.UUID) -> AdapterHandle:
+        """A fine-tuning checkpoint (its id is the `fine_tuned_model_checkpoint` the API shows)."""
+        with self.registry.session_factory() as session:
+            checkpoint = self.find_checkpoint(session, tenant_id=tenant_id, checkpoint_id=checkpoint_id)
+        if checkpoint is None:
+            raise AdapterNotFoundError(checkpoint_id)
+        return AdapterHandle(
+            key=f"{tenant_id}/{checkpoint.id}#{checkpoint.weights_sha256[:KEY_HASH_CHARS]}",
+            name=checkpoint.id,
+            uri=version_uri(self.registry.store, weights_sha256=checkpoint.weights_sha256,
+                            config_sha256=checkpoint.config_sha256),
+            sha256=checkpoint.weights_sha256,
+        )
+
+    def list_adapters(self, tenant_id: uuid.UUID | None = None) -> list[AdapterHandle]:
+        """The tenant's adapters at their `latest` version, then the server-local ones."""
+        local = self.local.list_adapters(tenant_id)
+        if tenant_id is None:
+            return local
+        with self.registry.session_factory() as session:
+            rows = session.execute(
+                select(AdapterVersion, Adapter)
+                .join(Adapter, AdapterVersion.adapter_id == Adapter.id)
+                .join(Alias, Alias.version_id == AdapterVersion.id)
+                .where(
+                    Adapter.tenant_id == tenant_id,
+                    Alias.name == LATEST_ALIAS,
+                    AdapterVersion.status == AdapterVersionStatus.ready,
+                )
+                .options(selectinload(AdapterVersion.files))
+                .order_by(Adapter.name)
+            ).all()
+            registered = [ResolvedVersion.of(version, adapter).handle(self.registry.store) for version, adapter in rows]
+        return registered + local
+
+    def invalidate(self, tenant_id: uuid.UUID, adapter_name: str) -> None:
+        """Forget cached resolutions of one adapter: call after any change to its versions or aliases."""
+        self.registry.resolutions.invalidate(tenant_id, adapter_name)
+
+
+def registry_lookup_from_settings(
+    settings: Settings, store: BlobStore, local: LocalAdapterLookup, *, find_checkpoint: CheckpointFinder
+) -> RegistryAdapterLookup:
+    """The gateway's lookup: the registry in settings.database_url, then `local`."""
+    registry = AdapterRegistry(
+        session_factory=create_session_factory(create_db_engine(settings.database_url)),
+        store=store,
+        resolutions=ResolutionCache(capacity=RESOLUTION_CACHE_ENTRIES, ttl_s=settings.adapter_resolution_ttl_s),
+        upload_limits=UploadLimits(max_total_bytes=settings.adapter_upload_max_bytes),
+        presigned_expires_s=settings.presigned_url_expires_s,
+    )
+    return RegistryAdapterLookup(registry=registry, local=local, find_checkpoint=find_checkpoint)

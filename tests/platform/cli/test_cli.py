@@ -1,0 +1,146 @@
+"""The `loraloom` command: argument parsing, and `loraloom serve` end to end in a subprocess."""
+from __future__ import annotations
+
+import os
+import queue
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import httpx
+import pytest
+from lora_factory import make_peft_adapter
+
+from loraloom.engine.bundled import bundled_model_dir
+from loraloom.engine.config import EngineConfig
+from loraloom.platform.cli.main import build_parser, main
+from loraloom.platform.cli.serve import engine_config
+
+LORALOOM = Path(sys.executable).parent / "loraloom"  # the installed console script
+
+
+@pytest.mark.parametrize("value", ["no-equals-sign", "=./path", "name=", "bad:name=./path", "bad@name=./path"])
+def test_bad_adapter_syntax_is_an_argparse_error_naming_the_flag_and_form(capsys, value):
+    with pytest.raises(SystemExit) as exited:
+        main(["serve", "--adapter", value])
+    assert exited.value.code == 2
+    error = capsys.readouterr().err
+    assert "--adapter" in error and "NAME=PATH" in error
+
+
+def test_same_adapter_name_twice_is_refused(capsys):
+    with pytest.raises(SystemExit):
+        main(["serve", "--adapter", "a=./x", "--adapter", "a=./y"])
+    assert "--adapter" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag", ["--max-loras", "--num-kv-blocks", "--block-size"])
+def test_engine_sizes_must_be_positive(capsys, flag):
+    with pytest.raises(SystemExit):
+        main(["serve", flag, "0"])
+    assert flag in capsys.readouterr().err
+
+
+def test_serve_arguments_map_onto_engine_config():
+    args = build_parser().parse_args(
+        ["serve", "--adapter", "a=./one", "--adapter", "b=/abs/two", "--adapter-dir", "./many",
+         "--max-loras", "3", "--max-lora-rank", "16", "--num-kv-blocks", "100", "--max-num-seqs", "7",
+         "--max-num-batched-tokens", "300", "--block-size", "32"]
+    )
+    assert args.adapter == [("a", Path("./one")), ("b", Path("/abs/two"))]
+    assert args.adapter_dir == Path("./many")
+    assert args.model is None
+    config = engine_config(args)
+    assert (config.max_loras, config.max_lora_rank, config.num_kv_blocks) == (3, 16, 100)
+    assert (config.max_num_seqs, config.max_num_batched_tokens, config.block_size) == (7, 300, 32)
+
+
+def test_serve_device_flags_map_onto_engine_config():
+    args = build_parser().parse_args(["serve", "--device", "cuda:1", "--gpu-memory-utilization", "0.75",
+                                      "--enforce-eager"])
+    config = engine_config(args)
+    assert (config.device, config.dtype) == ("cuda:1", "bfloat16")  # a GPU defaults to bfloat16
+    assert config.gpu_memory_utilization == 0.75 and config.enforce_eager
+    config = engine_config(build_parser().parse_args(["serve", "--device", "cpu", "--dtype", "bfloat16"]))
+    assert (config.device, config.dtype) == ("cpu", "bfloat16")
+
+
+@pytest.mark.parametrize("value", ["0", "1.5", "most"])
+def test_gpu_memory_utilization_must_be_a_fraction(capsys, value):
+    with pytest.raises(SystemExit):
+        main(["serve", "--gpu-memory-utilization", value])
+    error = capsys.readouterr().err
+    assert "--gpu-memory-utilization" in error and "(0, 1]" in error
+
+
+def test_serve_defaults_are_the_engine_defaults():
+    assert engine_config(build_parser().parse_args(["serve"])) == EngineConfig()
+
+
+def test_model_import_bundled_prints_the_directory(capsys, model_dir):
+    main(["model", "import-bundled"])
+    printed = Path(capsys.readouterr().out.strip())
+    assert printed == bundled_model_dir() == model_dir
+    assert (printed / "config.json").is_file()
+
+
+def _read_lines(stream, lines: queue.Queue) -> None:
+    for line in stream:
+        lines.put(line)
+    lines.put(None)
+
+
+def test_serve_reports_a_broken_adapter_and_serves_the_rest(tmp_path, model_dir):
+    adapter_dir = tmp_path / "adapters"
+    good = make_peft_adapter(model_dir, adapter_dir / "good", rank=4, alpha=8, target_modules=["q_proj"], seed=3)
+    broken = adapter_dir / "broken"
+    broken.mkdir()
+    shutil.copy(good / "adapter_config.json", broken / "adapter_config.json")
+    (broken / "adapter_model.safetensors").write_bytes(b"these bytes are not a safetensors file")
+
+    data_dir = tmp_path / "data"
+    process = subprocess.Popen(
+        [str(LORALOOM), "serve", "--port", "0", "--adapter-dir", str(adapter_dir), "--num-kv-blocks", "64"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "LORALOOM_DATA_DIR": str(data_dir)},
+    )
+    lines: queue.Queue[str | None] = queue.Queue()
+    threading.Thread(target=_read_lines, args=(process.stderr, lines), daemon=True).start()
+    stderr: list[str] = []
+    try:
+        port = None
+        while port is None:
+            line = lines.get(timeout=120)
+            assert line is not None, f"loraloom serve exited early:\n{''.join(stderr)}"
+            stderr.append(line)
+            match = re.search(r"Uvicorn running on http://127\.0\.0\.1:(\d+)", line)
+            port = int(match.group(1)) if match else None
+        startup_log = "".join(stderr)
+        assert "'broken'" in startup_log and "not a valid safetensors file" in startup_log
+        # A fresh data directory: migrated on start, and the bootstrap admin key printed once.
+        assert (data_dir / "loraloom.db").is_file()
+        bootstrap_keys = re.findall(r"^\s+(ll-\S+)$", startup_log, flags=re.MULTILINE)
+        assert len(bootstrap_keys) == 1, startup_log
+
+        auth = {"Authorization": f"Bearer {bootstrap_keys[0]}"}
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60, headers=auth) as client:
+            served = [card["id"] for card in client.get("/v1/models").json()["data"]]
+            assert served == [model_dir.name, "broken", "good"]
+            reply = client.post("/v1/completions", json={"model": "good", "prompt": "Hello", "max_tokens": 2})
+            assert reply.status_code == 200, reply.text
+            refused = client.post("/v1/completions", json={"model": "broken", "prompt": "Hello", "max_tokens": 2})
+            assert refused.status_code == 400
+            assert "not a valid safetensors file" in refused.json()["error"]["message"]
+    finally:
+        process.send_signal(signal.SIGINT)
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()

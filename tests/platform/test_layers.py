@@ -1,0 +1,58 @@
+"""The platform's import direction (docs/ARCHITECTURE.md): cli -> api -> services (accounts,
+registry, metering, training) -> db, storage -> settings. A module may import from its own
+package and from the layers below it, never from one above; among the services, training
+builds on the registry and metering on accounts, not the other way round."""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PLATFORM = Path(__file__).resolve().parents[2] / "platform"
+PREFIX = "loraloom.platform."
+
+# What each package may import from, besides itself (and the engine's interface, and libraries).
+ALLOWED: dict[str, set[str]] = {
+    "settings": set(),
+    "db": {"settings"},
+    "storage": {"settings"},
+    "accounts": {"db"},
+    "registry": {"db", "storage", "settings"},
+    "metering": {"accounts", "db"},
+    "training": {"registry", "db", "storage", "settings"},
+    "api": {"accounts", "registry", "metering", "training", "db", "storage", "settings"},
+    "cli": {"api", "accounts", "registry", "training", "db", "storage", "settings"},
+}
+
+
+def package_of(path: Path) -> str:
+    relative = path.relative_to(PLATFORM)
+    return relative.parts[0].removesuffix(".py")
+
+
+def imported_packages(path: Path) -> set[str]:
+    """Every loraloom.platform package the module imports, at the top or inside functions."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        names = []
+        if isinstance(node, ast.ImportFrom) and node.module:
+            names = [node.module]
+        elif isinstance(node, ast.Import):
+            names = [alias.name for alias in node.names]
+        found |= {name.removeprefix(PREFIX).split(".")[0] for name in names if name.startswith(PREFIX)}
+    return found
+
+
+MODULES = sorted(PLATFORM.rglob("*.py"))
+
+
+def test_every_platform_module_is_in_a_known_layer():
+    assert {package_of(path) for path in MODULES} == set(ALLOWED)
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda path: str(path.relative_to(PLATFORM)))
+def test_imports_run_one_way(path):
+    package = package_of(path)
+    upward = imported_packages(path) - ALLOWED[package] - {package}
+    assert not upward, f"platform/{path.relative_to(PLATFORM)} ({package}) imports {sorted(upward)}"
