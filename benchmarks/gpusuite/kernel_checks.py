@@ -21,7 +21,8 @@ from loraloom.kernels import reference
 from loraloom.kernels.backend import KernelBackend
 from loraloom.kernels.fp8 import (fp8_linear, fp8_linear_path, quantize_per_token, quantize_weight_per_channel,
                                   quantize_with_scale)
-from loraloom.kernels.metadata import AttentionMetadata, SGMVMetadata, SliceRanks
+from loraloom.kernels.lora_stacks import PackedStack
+from loraloom.kernels.metadata import AttentionMetadata, SGMVMetadata
 
 CHECK_DTYPES = (torch.bfloat16, torch.float16)
 # Largest |kernel - reference| / max |reference| accepted: a few units of the dtype's last place.
@@ -237,7 +238,7 @@ class SGMVCase:
     x: torch.Tensor  # [T, hidden]
     lora_a: list[torch.Tensor]  # q, k, v: [S, R, hidden]
     lora_b: list[torch.Tensor]  # q, k, v: [S, out_i, R]
-    ranks: SliceRanks  # each slot's rank in q, k and v (0: the adapter does not target it)
+    ranks: list[list[int]]  # [slice][slot]: each slot's rank in q, k and v (0: the adapter does not target it)
     meta: SGMVMetadata
     offsets: list[int]  # column offsets of q, k, v in the fused output
 
@@ -263,10 +264,21 @@ def sgmv_case(config: ModelConfig, token_slots: list[int], slot_ranks: list[int]
         x=x.to(dtype).to(device),
         lora_a=[a.to(dtype).to(device) for a in lora_a],
         lora_b=[b.to(dtype).to(device) for b in lora_b],
-        ranks=SliceRanks(device=torch.tensor(host, dtype=torch.int32, device=device), host=host),
+        ranks=host,
         meta=_padded_metadata(token_slots, slot_ranks, device),
         offsets=offsets,
     )
+
+
+def loaded_stack(case: SGMVCase, stack_type, device: torch.device, dtype: torch.dtype):
+    """The case's adapters loaded into a stack of `stack_type` (the layout an add_lora reads), as the slot pool loads them."""
+    max_rank = case.lora_a[0].shape[1]
+    stack = stack_type.allocate(len(case.ranks[0]), max_rank, case.x.shape[1], [b.shape[1] for b in case.lora_b],
+                                dtype, device)
+    for slot in range(len(case.ranks[0])):
+        stack.load(slot, [(a[slot, :ranks[slot]].to(device, dtype), b[slot, :, :ranks[slot]].to(device, dtype))
+                          if ranks[slot] else None for a, b, ranks in zip(case.lora_a, case.lora_b, case.ranks)])
+    return stack
 
 
 def _padded_metadata(token_slots: list[int], slot_ranks: list[int], device: torch.device) -> SGMVMetadata:
@@ -294,10 +306,10 @@ def check_sgmv(backend: KernelBackend, config: ModelConfig, batch: int, ranks: t
     meta_cpu = _padded_metadata(token_slots, slot_ranks, torch.device("cpu"))
     base = torch.randn(case.x.shape[0], case.offsets[-1], generator=generator).to(dtype)
     out = base.to(device, copy=True)  # updated in place
-    backend.add_lora(case.x, case.lora_a, case.lora_b, case.ranks, case.meta, out, case.offsets)
+    backend.add_lora(case.x, loaded_stack(case, backend.lora_stack, device, dtype), case.meta, out, case.offsets)
     expected = base.float()
-    reference.add_lora(case.x.float().cpu(), [a.float().cpu() for a in case.lora_a],
-                       [b.float().cpu() for b in case.lora_b], case.ranks, meta_cpu, expected, case.offsets)
+    reference_stack = loaded_stack(case, PackedStack, torch.device("cpu"), torch.float32)
+    reference.add_lora(case.x.float().cpu(), reference_stack, meta_cpu, expected, case.offsets)
     label = f"({batch} adapters, ranks {min(ranks)}-{max(ranks)}, some q-only, + prefill + base, padded metadata)"
     return [_check_row(f"add_lora {label}", dtype, _relative_error(out, expected), RELATIVE_TOLERANCE[dtype])]
 
@@ -399,9 +411,8 @@ def _sgmv_timings(backend, config, batch, device, dtype, ceilings, calls, genera
     case = sgmv_case(config, list(range(batch)), [TIMED_RANK] * batch, device, dtype, generator)
     tokens, hidden, out_width = batch, config.hidden_size, case.offsets[-1]
     out = torch.zeros(tokens, out_width, dtype=dtype, device=device)
-    seconds = seconds_per_call(
-        lambda: backend.add_lora(case.x, case.lora_a, case.lora_b, case.ranks, case.meta, out, case.offsets),
-        device, calls)
+    stack = loaded_stack(case, backend.lora_stack, device, dtype)
+    seconds = seconds_per_call(lambda: backend.add_lora(case.x, stack, case.meta, out, case.offsets), device, calls)
     # What must move: every active adapter's A and B once, the activations in, the output read and written.
     weights = batch * TIMED_RANK * (len(case.lora_a) * hidden + out_width)
     moved = (weights + tokens * hidden + 2 * out.numel()) * dtype.itemsize
