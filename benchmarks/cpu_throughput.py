@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from host_overhead import CPU_STUB_VOCAB, run_scenario  # noqa: E402
 from host_overhead import build_engine as build_overhead_engine  # noqa: E402
 from lora_factory import make_peft_adapter  # noqa: E402  (shared with the tests: one adapter factory)
+from served.workload import TOPICS  # noqa: E402  (the served benchmark's prompt topics)
 
 from loraloom.engine.adapters import AdapterHandle  # noqa: E402
 from loraloom.engine.bundled import import_bundled  # noqa: E402
@@ -32,13 +33,6 @@ from loraloom.engine.engine import LLMEngine  # noqa: E402
 from loraloom.engine.request import SamplingParams  # noqa: E402
 
 ALL_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-TOPICS = [
-    "the history of the printing press", "how vaccines train the immune system", "why the sky is blue",
-    "the rules of chess for a beginner", "how to brew a good cup of coffee", "the water cycle",
-    "what a compiler does", "how bees communicate", "the causes of the French revolution",
-    "how solar panels make electricity", "the difference between weather and climate",
-    "how to plan a vegetable garden", "why cats purr", "how airplanes stay in the air",
-]
 
 
 def chat_prompts(engine: LLMEngine, count: int, seed: int) -> list[list[int]]:
