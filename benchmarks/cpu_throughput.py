@@ -26,10 +26,10 @@ from host_overhead import build_engine as build_overhead_engine  # noqa: E402
 from lora_factory import make_peft_adapter  # noqa: E402  (shared with the tests: one adapter factory)
 from served.workload import TOPICS  # noqa: E402  (the served benchmark's prompt topics)
 
-from loraloom.engine.adapters import AdapterHandle  # noqa: E402
-from loraloom.engine.bundled import import_bundled  # noqa: E402
+from loraloom.engine.lora.handle import AdapterHandle  # noqa: E402
+from loraloom.engine.model.bundled import import_bundled  # noqa: E402
 from loraloom.engine.config import EngineConfig  # noqa: E402
-from loraloom.engine.engine import LLMEngine  # noqa: E402
+from loraloom.engine.llm_engine import LLMEngine  # noqa: E402
 from loraloom.engine.request import SamplingParams  # noqa: E402
 
 ALL_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]

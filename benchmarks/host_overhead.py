@@ -54,10 +54,10 @@ use_source_tree()
 
 from gpusuite.adapters import write_random_adapter  # noqa: E402
 from gpusuite.shapes import SMOLLM2_135M  # noqa: E402
-from loraloom.engine.adapters import AdapterHandle  # noqa: E402
+from loraloom.engine.lora.handle import AdapterHandle  # noqa: E402
 from loraloom.engine.config import EngineConfig  # noqa: E402
-from loraloom.engine.engine import LLMEngine  # noqa: E402
-from loraloom.engine.random_model import random_model  # noqa: E402
+from loraloom.engine.llm_engine import LLMEngine  # noqa: E402
+from loraloom.engine.model.random_model import random_model  # noqa: E402
 from loraloom.engine.request import SamplingParams  # noqa: E402
 from loraloom.engine.tokenizer import Tokenizer  # noqa: E402
 
@@ -177,7 +177,7 @@ def build_engine(tokenizer_dir: Path, requests: int, num_adapters: int, device: 
 @contextlib.contextmanager
 def engine_clock(name: str):
     """Make the engine's phase timers (and ours) read `name`: "wall" (perf_counter) or "thread" (thread CPU time)."""
-    from loraloom.engine import engine as engine_module, model_runner
+    from loraloom.engine import llm_engine as engine_module, model_runner
 
     clock = {"wall": time.perf_counter, "thread": time.thread_time}[name]
     saved = time.perf_counter
@@ -205,7 +205,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.manual_seed(0)
     if args.tokenizer_dir is None:
-        from loraloom.engine.bundled import import_bundled
+        from loraloom.engine.model.bundled import import_bundled
 
         args.tokenizer_dir = import_bundled()
     if args.stub_vocab is None and torch.device(args.device).type == "cpu":

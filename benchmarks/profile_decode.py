@@ -25,12 +25,12 @@ from torch.profiler import ProfilerActivity, profile  # noqa: E402
 
 from gpusuite.adapters import write_random_adapter  # noqa: E402
 from gpusuite.shapes import LLAMA_3_1_8B  # noqa: E402
-from loraloom.engine.adapter_cache import file_sha256  # noqa: E402
-from loraloom.engine.adapters import AdapterHandle  # noqa: E402
+from loraloom.engine.lora.host_cache import file_sha256  # noqa: E402
+from loraloom.engine.lora.handle import AdapterHandle  # noqa: E402
 from loraloom.engine.config import EngineConfig  # noqa: E402
-from loraloom.engine.engine import LLMEngine  # noqa: E402
-from loraloom.engine.lora_weights import ADAPTER_WEIGHTS_FILE  # noqa: E402
-from loraloom.engine.random_model import random_model  # noqa: E402
+from loraloom.engine.llm_engine import LLMEngine  # noqa: E402
+from loraloom.engine.lora.weights import ADAPTER_WEIGHTS_FILE  # noqa: E402
+from loraloom.engine.model.random_model import random_model  # noqa: E402
 from loraloom.engine.request import SamplingParams  # noqa: E402
 from loraloom.kernels.backend import get_backend  # noqa: E402
 

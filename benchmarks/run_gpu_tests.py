@@ -19,7 +19,7 @@ import pytest  # noqa: E402
 
 GPU_TESTS = [
     "tests/engine/test_cuda.py",
-    "tests/engine/test_fp8.py::test_scaled_mm_on_cuda_equals_the_reference",
+    "tests/engine/model/test_fp8.py::test_scaled_mm_on_cuda_equals_the_reference",
 ]
 
 if __name__ == "__main__":

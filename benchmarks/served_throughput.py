@@ -15,6 +15,7 @@ Not a test: figures go to BENCHMARKS.md with the machine's load.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 import tempfile
@@ -27,7 +28,7 @@ from served.peers import engine_direct, hf_peft_static_batch, plain_forward_ceil
 from served.server import running_server, send_batch  # noqa: E402
 from served.workload import adapter_specs, mixed_requests, uniform_requests, write_adapters  # noqa: E402
 
-from loraloom.engine.bundled import import_bundled  # noqa: E402
+from loraloom.engine.model.bundled import import_bundled  # noqa: E402
 from loraloom.engine.config import EngineConfig  # noqa: E402
 
 BATCHES = (1, 8, 32)
@@ -41,7 +42,8 @@ def ratio_rows(server, names: list[str], batches, new_tokens: int, rounds: int) 
     for batch in batches:
         with_adapters = uniform_requests(batch, names[:batch], new_tokens, seed=batch)
         on_base = uniform_requests(batch, [None], new_tokens, seed=batch)
-        send_batch(server, with_adapters[:1], ignore_eos=True)  # warm: adapters' first loads are not measured
+        # Warm: every adapter of the batch loaded into a slot once, so first loads are not measured.
+        send_batch(server, [dataclasses.replace(request, max_tokens=1) for request in with_adapters], ignore_eos=True)
         totals = {"adapters": [0.0, 0], "base": [0.0, 0]}
         for _ in range(rounds):
             for label, requests in (("adapters", with_adapters), ("base", on_base)):

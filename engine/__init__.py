@@ -1,1 +1,50 @@
-"""loraloom.engine: the inference runtime (torch only; no web framework, no database)."""
+"""loraloom.engine: the inference runtime (torch only; no web framework, no database).
+
+The names below are the engine's public interface: the platform imports the engine only as
+`from loraloom.engine import <name>` (tests/platform/test_layers.py checks it), so what the engine
+promises is this list, and everything else is free to move.
+
+Each name is imported from its module on first use, not here. Why: `loraloom.engine` is the parent
+of every engine module, so an eager import here would make `import loraloom.engine.scheduler` load
+torch and the whole model, and the `loraloom` command would pay for torch just to print its help.
+Resolved lazily, each name costs what its own module costs, as a direct import of it would.
+"""
+from __future__ import annotations
+
+import importlib
+
+_PUBLIC_NAMES: dict[str, tuple[str, ...]] = {
+    "async_engine": ("AsyncEngine",),
+    "config": ("EngineConfig", "FP8_ACTIVATION_TERMS", "KV_CACHE_DTYPES", "ModelConfig", "QUANTIZATION_METHODS"),
+    "outputs": ("EngineStats", "RequestFailedError", "RequestOutput", "TokenLogprob"),
+    "request": ("SamplingParams",),
+    "structured_output": ("CompiledGrammar",),
+    "tokenizer": ("ChatTemplateError", "Tokenizer"),
+    "model.bundled": ("import_bundled",),
+    "lora.errors": ("AdapterLoadError",),
+    "lora.files": (
+        "ADAPTER_CONFIG_FILE", "ADAPTER_FILES", "ADAPTER_WEIGHTS_FILE", "LORA_MODULE_PARENTS", "file_sha256", "runtime_key",
+    ),
+    "lora.handle": ("AdapterHandle",),
+    "lora.host_cache": ("AdapterFetcher", "fetch_local_dir"),
+    "lora.weights": (
+        "AdapterSummary", "base_model_matches", "inspect_adapter", "largest_adapter_bytes",
+        "load_adapter_weights",
+    ),
+}
+_MODULE_OF = {name: module for module, names in _PUBLIC_NAMES.items() for name in names}
+
+__all__ = sorted(_MODULE_OF)
+
+
+def __getattr__(name: str) -> object:
+    module = _MODULE_OF.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"{__name__}.{module}"), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -16,16 +16,22 @@ from collections.abc import AsyncIterator, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from loraloom.engine.adapter_cache import AdapterFetcher, fetch_local_dir
-from loraloom.engine.adapters import AdapterHandle
+from loraloom.engine.lora.host_cache import AdapterFetcher, fetch_local_dir
+from loraloom.engine.lora.handle import AdapterHandle
 from loraloom.engine.config import EngineConfig
-from loraloom.engine.engine import LLMEngine
-from loraloom.engine.outputs import EngineStats, RequestOutput
+from loraloom.engine.llm_engine import LLMEngine
+from loraloom.engine.outputs import EngineStats, RequestFailedError, RequestOutput
 from loraloom.engine.request import SamplingParams
+from loraloom.engine.structured_output import CompiledGrammar
+
+# Schemas compile on their own thread, never on the step thread; one at a time, so that a burst of
+# new schemas takes one core and not every core the step needs. What a compile may cost is bounded
+# by its fuel (engine/structured_output.py); this wait is the bound as the client sees it.
+GRAMMAR_COMPILE_TIMEOUT_S = 10.0
 
 logger = logging.getLogger(__name__)
 
-PendingAdd = tuple[str, list[int], SamplingParams, AdapterHandle | None]
+PendingAdd = tuple[str, list[int], SamplingParams, AdapterHandle | None, str]  # ..., adapter, tenant
 
 
 class AsyncEngine:
@@ -38,6 +44,7 @@ class AsyncEngine:
         self.max_model_len = engine.max_model_len
         # Adapter fetches may be slow (object storage); they must not hold up the step thread.
         self._fetch_threads = ThreadPoolExecutor(max_workers=2, thread_name_prefix="loraloom-fetch")
+        self._grammar_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="loraloom-grammar")
         self._streams: dict[str, asyncio.Queue[RequestOutput | BaseException]] = {}  # touched on the loop only
         # Shared with the step thread, under _lock: what the loop asks it to do between steps.
         self._lock = threading.Lock()
@@ -69,10 +76,34 @@ class AsyncEngine:
             await asyncio.get_running_loop().run_in_executor(None, self._step_thread.join)
             self._step_thread = None
         self._fetch_threads.shutdown(wait=True)
+        self._grammar_thread.shutdown(wait=True)
 
     async def load_adapter(self, adapter: AdapterHandle) -> None:
         """Fetch and validate into the host cache off the step thread; raises AdapterLoadError."""
         await asyncio.get_running_loop().run_in_executor(self._fetch_threads, self.engine.load_adapter, adapter)
+
+    async def _hold_adapter(self, adapter: AdapterHandle) -> None:
+        """Fetch and hold the adapter's host-cache entry off the step thread, for the request about to
+        be queued; a caller cancelled meanwhile gives the hold back once the fetch ends."""
+        holding = self._fetch_threads.submit(self.engine.hold_adapter, adapter)
+        try:
+            await asyncio.wrap_future(holding)
+        except asyncio.CancelledError:
+            holding.add_done_callback(
+                lambda done: None if done.cancelled() or done.exception() is not None
+                else self.engine.release_adapter(adapter.key)
+            )
+            raise
+
+    async def compile_grammar(self, schema: dict | None) -> CompiledGrammar:
+        """A JSON schema's grammar (None: any JSON object) for SamplingParams.grammar, compiled off the
+        step thread (cached by schema text). Raises ValueError naming response_format."""
+        compiling = asyncio.get_running_loop().run_in_executor(self._grammar_thread, self.engine.compile_grammar, schema)
+        try:
+            return await asyncio.wait_for(compiling, GRAMMAR_COMPILE_TIMEOUT_S)
+        except asyncio.TimeoutError:  # TimeoutError itself from Python 3.11
+            raise ValueError(f"response_format: the JSON schema took over {GRAMMAR_COMPILE_TIMEOUT_S:g} s to "
+                             "compile; simplify it") from None
 
     def unload_adapter(self, key: str) -> None:
         """Forget an adapter's host copy (thread-safe: the cache has its own lock)."""
@@ -88,16 +119,18 @@ class AsyncEngine:
         prompt_token_ids: list[int],
         params: SamplingParams,
         adapter: AdapterHandle | None,
+        tenant: str = "",
     ) -> AsyncIterator[RequestOutput]:
-        """Stream a request's outputs. Errors in the request surface at the first iteration."""
+        """Stream a request's outputs. Errors in the request surface at the first iteration.
+        `tenant` labels the request in the stats (Request.tenant); it grants nothing."""
         if request_id in self._streams:
             raise ValueError(f"request_id: {request_id!r} is already running")
         self.engine.validate_request(prompt_token_ids, params)
         if adapter is not None:
-            await self.load_adapter(adapter)
+            await self._hold_adapter(adapter)  # no await from here to _submit: the hold reaches the request
         queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
         self._streams[request_id] = queue
-        self._submit(adds=[(request_id, list(prompt_token_ids), params, adapter)])
+        self._submit(adds=[(request_id, list(prompt_token_ids), params, adapter, tenant)])
         finished = False
         try:
             while not finished:
@@ -146,7 +179,7 @@ class AsyncEngine:
         for output in outputs:
             queue = self._streams.get(output.request_id)
             if queue is not None:
-                queue.put_nowait(output)
+                queue.put_nowait(output if output.error is None else RequestFailedError(output.error))
 
     def _fail_all(self, error: Exception) -> None:
         """On the loop: fail every open stream and abort its request (a failed step may have left them half-done)."""
@@ -159,11 +192,13 @@ class AsyncEngine:
         failures: list[tuple[str, Exception]] = []
         for request_id in aborts:
             self.engine.abort_request(request_id)
-        for request_id, prompt, params, adapter in adds:
-            if request_id in aborts:
+        for request_id, prompt, params, adapter, tenant in adds:
+            if request_id in aborts:  # gone before admission: give back the hold generate() took
+                if adapter is not None:
+                    self.engine.release_adapter(adapter.key)
                 continue
             try:
-                self.engine.add_request(request_id, prompt, params, adapter)
+                self.engine.admit_request(request_id, prompt, params, adapter, tenant, adapter_held=True)
             except Exception as exc:  # validated before queueing; a late failure reaches only its stream
                 failures.append((request_id, exc))
         outputs = self.engine.step() if self.engine.has_unfinished() else []

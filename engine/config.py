@@ -132,7 +132,7 @@ def _read_quantization(raw: dict) -> Fp8CheckpointScheme | None:
                       "output quantization is not supported")
     kv_cache_scheme = config.get("kv_cache_scheme")
     if kv_cache_scheme is not None:
-        # Static per-tensor FP8 K/V scales (`self_attn.k_scale` / `v_scale`, engine/loader.py reads
+        # Static per-tensor FP8 K/V scales (`self_attn.k_scale` / `v_scale`, engine/model/loader.py reads
         # them); they are used when the engine runs with kv_cache_dtype "fp8".
         _check_fp8_args(kv_cache_scheme, "kv_cache_scheme")
         if kv_cache_scheme.get("strategy") != "tensor" or kv_cache_scheme.get("dynamic"):
@@ -184,7 +184,7 @@ class EngineConfig:
     device: str = "cpu"
     # "fp8": quantize the q/k/v/o/gate/up/down projections of a BF16 checkpoint at load (FP8 weights
     # per output channel, activations per token); lm_head and the last decoder layer stay in `dtype`
-    # (engine/fp8.py BF16_LAYERS_AT_LOAD says why). None: serve the checkpoint
+    # (engine/model/fp8.py BF16_LAYERS_AT_LOAD says why). None: serve the checkpoint
     # as stored; a pre-quantized FP8 checkpoint (config.json quantization_config) is FP8 either way.
     quantization: str | None = None
     # With quantization="fp8": each token's activations in this many e4m3 terms. 2 (the second term
@@ -192,7 +192,7 @@ class EngineConfig:
     # at almost no decode cost but twice the projections' FP8 FLOPs at prefill; 1 is plain W8A8.
     fp8_activation_terms: int = 2
     # "auto": K/V cached in `dtype`; "fp8": in float8_e4m3fn with a K and a V scale per layer (half the
-    # bytes of bf16, so twice the tokens fit), from the checkpoint or calibrated at start (engine/kv_scales.py).
+    # bytes of bf16, so twice the tokens fit), from the checkpoint or calibrated at start (engine/model/kv_scales.py).
     kv_cache_dtype: str = "auto"
     # On CUDA, decode steps replay CUDA graphs (engine/cuda_graphs.py); True runs every step eagerly
     # (for debugging, or to save the graphs' capture time and memory).

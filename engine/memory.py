@@ -25,9 +25,9 @@ from torch import nn
 
 from loraloom.engine.block_rows import BlockRows
 from loraloom.engine.config import DEFAULT_NUM_KV_BLOCKS, EngineConfig, ModelConfig
-from loraloom.engine.kv_scales import kv_cache_torch_dtype
-from loraloom.engine.lora import AdapterWeights, LoRASlotPool
-from loraloom.engine.lora_weights import LoRAModuleWeights, lora_module_shapes
+from loraloom.engine.model.kv_scales import kv_cache_torch_dtype
+from loraloom.engine.lora.layers import LoRASlotPool
+from loraloom.engine.lora.weights import AdapterWeights, LoRAModuleWeights, lora_module_shapes
 from loraloom.engine.model_runner import ModelRunner, StepTimings
 from loraloom.engine.request import Request, SamplingParams
 from loraloom.engine.sampler import SamplerOutput
@@ -202,7 +202,7 @@ def run_profile_step(
     lora_pool.load(_PROFILE_SLOT, _zero_adapter(model_config, lora_pool.max_rank))
     try:
         before_step()
-        return runner.execute(step, {}, StepTimings())
+        return runner.execute(step, {}, StepTimings())[0]
     finally:
         lora_pool.clear(_PROFILE_SLOT)
 

@@ -13,9 +13,10 @@ import torch
 
 from loraloom.engine.config import EngineConfig, ModelConfig
 from loraloom.engine.cuda_graphs import DecodeGraphs, GraphLoRAMetadata
-from loraloom.engine.kv_scales import kv_cache_torch_dtype
-from loraloom.engine.lora import AdapterWeights, LoRASlotPool, build_sgmv_metadata
-from loraloom.engine.model import LlamaModel, allocate_kv_cache
+from loraloom.engine.model.kv_scales import kv_cache_torch_dtype
+from loraloom.engine.lora.layers import LoRASlotPool, build_sgmv_metadata
+from loraloom.engine.lora.weights import AdapterWeights
+from loraloom.engine.model.llama import LlamaModel, allocate_kv_cache
 from loraloom.engine.sampler import Sampler, SamplerOutput
 from loraloom.engine.scheduler import SchedulerOutput
 from loraloom.engine.step_batch import HostBatch, flatten_step
@@ -56,6 +57,7 @@ class ModelRunner:
         model_config: ModelConfig,
         config: EngineConfig,
         lora_pool: LoRASlotPool,
+        eos_token_ids: tuple[int, ...] = (),
     ) -> None:
         self.model = model
         self.model_config = model_config
@@ -65,7 +67,7 @@ class ModelRunner:
         self.kv_caches = allocate_kv_cache(
             model_config, config.num_kv_blocks, config.block_size, kv_cache_torch_dtype(config), self.device
         )
-        self.sampler = Sampler()
+        self.sampler = Sampler(eos_token_ids)
         self.decode_graphs: DecodeGraphs | None = None  # enable_decode_graphs turns them on
         self._lora_memo: AdapterMixMemo[SGMVMetadata | None] = AdapterMixMemo()
 
@@ -95,8 +97,9 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, step: SchedulerOutput, generators: dict[str, torch.Generator | None],
-                timings: StepTimings) -> SamplerOutput | None:
-        """Run one step; return the sampled tokens of the requests with `sample=True`, in scheduled order.
+                timings: StepTimings) -> tuple[SamplerOutput | None, list[int]]:
+        """Run one step; return the sampled tokens of the requests with `sample=True`, in scheduled
+        order, and the rows among them whose logits were not finite (their tokens mean nothing).
 
         The step's adapter_loads must have been copied in with `load_adapter` first.
         """
@@ -114,18 +117,21 @@ class ModelRunner:
             hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.attn, inputs.lora)
             logits = None if inputs.logits_rows is None else self.model.compute_logits(hidden[inputs.logits_rows])
         computed = time.perf_counter()
-        sampled = None
+        sampled, failed_rows = None, []
         if logits is not None:
+            failed_rows = nonfinite_rows(logits)
+            if failed_rows:  # sampled like the others so the step's shapes hold; the engine fails these requests
+                logits[failed_rows] = 0.0
             requests = step.sampled_requests
             # Only seeded requests own a generator; most steps have none to look up.
             request_generators = ([generators.get(request.request_id) for request in requests] if generators
                                   else [None] * len(requests))
             sampled = self.sampler.sample(logits, [request.sampling_params for request in requests],
-                                          request_generators)
+                                          request_generators, requests)
         timings.prepare_s = prepared - started
         timings.model_s = computed - prepared
         timings.sample_s = time.perf_counter() - computed
-        return sampled
+        return sampled, failed_rows
 
     def _device_inputs(self, batch: HostBatch) -> StepInputs:
         """The eager path's tensors for a flattened step."""
@@ -153,3 +159,12 @@ class ModelRunner:
 
     def load_adapter(self, slot: int, weights: AdapterWeights) -> None:
         self.lora_pool.load(slot, weights)
+
+
+def nonfinite_rows(logits: torch.Tensor) -> list[int]:
+    """Rows holding a NaN or an infinity: a broken adapter's requests (no other row can see its
+    values: adapter rows are computed apart), failed alone rather than failing the step."""
+    finite = torch.isfinite(logits).all(dim=-1)
+    if bool(finite.all()):  # one reduction and one sync in the usual case
+        return []
+    return (~finite).nonzero().flatten().tolist()

@@ -34,12 +34,13 @@ class RequestOutput:
     token_ids: list[int]
     logprobs: list[TokenLogprob] | None  # one per token in token_ids, when requested
     finished: bool
-    finish_reason: str | None  # "stop" | "length" | "abort", once finished
+    finish_reason: str | None  # "stop" | "length" | "abort" | "error", once finished
     num_prompt_tokens: int
     num_output_tokens: int
     num_cached_tokens: int  # prompt tokens served from the prefix cache
     text: str | None = None  # None: `deferred` makes it when text_delta is first read
     deferred: DeferredText | None = None
+    error: str | None = None  # set with finish_reason "error": why the request failed (it alone)
 
     @property
     def text_delta(self) -> str:
@@ -47,6 +48,18 @@ class RequestOutput:
             # Its one token is the request's output token number num_output_tokens - 1 (0-based).
             self.text = self.deferred.text(self.num_output_tokens - 1, self.finished)
         return self.text
+
+
+class RequestFailedError(RuntimeError):
+    """One request failed in a step that went on for the others (AsyncEngine raises it in that
+    request's stream; LLMEngine.step reports it as an output with finish_reason "error")."""
+
+
+# The running and waiting counts name only requests in flight, so they stay bounded by the queue;
+# the requests counter remembers every (tenant, adapter) pair it ever saw, so it is capped: one
+# Prometheus series per pair, and a scrape of thousands of tenants' versions would swamp it.
+MAX_ADAPTER_SERIES = 1000
+OVERFLOW_LABELS = ("other", "other")  # where pairs past the cap are counted
 
 
 @dataclass
@@ -61,6 +74,8 @@ class EngineStats:
     prompt_tokens_total: int
     generation_tokens_total: int
     preemptions_total: int
-    running_per_adapter: dict[str, int]  # adapter name ("base" for none) -> running requests
-    waiting_per_adapter: dict[str, int]
-    requests_per_adapter_total: dict[str, int]
+    # (tenant, adapter name) -> requests; "base" names no adapter (Request.metrics_labels).
+    running_per_adapter: dict[tuple[str, str], int]
+    waiting_per_adapter: dict[tuple[str, str], int]
+    # Bounded: past MAX_ADAPTER_SERIES pairs, new ones count under OVERFLOW_LABELS.
+    requests_per_adapter_total: dict[tuple[str, str], int]

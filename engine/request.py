@@ -7,13 +7,21 @@ from __future__ import annotations
 
 import enum
 import itertools
+import math
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
-from loraloom.engine.adapters import AdapterHandle
+from loraloom.engine.lora.handle import AdapterHandle
+
+if TYPE_CHECKING:  # llguidance is imported by the requests that use it, not by the scheduler
+    from loraloom.engine.structured_output import CompiledGrammar, GrammarMatcher
 
 # Bounds that the API also reports in its 400 messages.
 MAX_TEMPERATURE = 2.0
 MAX_TOP_LOGPROBS = 20
+MAX_PENALTY = 2.0  # |presence_penalty| and |frequency_penalty|, OpenAI's range
+MAX_LOGIT_BIAS = 100.0  # |bias| per token, OpenAI's range
+MAX_LOGIT_BIAS_TOKENS = 300  # entries per request, OpenAI's limit
 BASE_ADAPTER_LABEL = "base"
 
 
@@ -29,6 +37,14 @@ class SamplingParams:
     ignore_eos: bool = False
     # None: no logprobs. 0: the sampled token's logprob only. k>0: also the top k.
     logprobs: int | None = None
+    # Logit adjustments (engine/logit_adjustments.py); the defaults leave the logits alone.
+    presence_penalty: float = 0.0  # OpenAI: subtracted once from every token already in the output
+    frequency_penalty: float = 0.0  # OpenAI: subtracted per occurrence in the output
+    repetition_penalty: float = 1.0  # vLLM/HF: divides (or, if negative, multiplies) logits of prompt and output tokens
+    logit_bias: dict[int, float] = field(default_factory=dict)  # token id -> added to its logit
+    min_tokens: int = 0  # vLLM: the stopping tokens are masked until this many tokens were generated
+    # Structured output (engine/structured_output.py): only tokens this grammar allows are sampled.
+    grammar: CompiledGrammar | None = None
 
     def validate(self) -> None:
         """Raise ValueError whose message starts with the offending field name."""
@@ -42,6 +58,33 @@ class SamplingParams:
             raise ValueError(f"top_k: must be -1, 0 (disabled) or a positive integer, got {self.top_k!r}")
         if self.logprobs is not None and not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:
             raise ValueError(f"logprobs: must be between 0 and {MAX_TOP_LOGPROBS}, got {self.logprobs!r}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            value = getattr(self, name)
+            if not -MAX_PENALTY <= value <= MAX_PENALTY:
+                raise ValueError(f"{name}: must be between -{MAX_PENALTY} and {MAX_PENALTY}, got {value!r}")
+        if not (self.repetition_penalty > 0 and math.isfinite(self.repetition_penalty)):
+            raise ValueError(f"repetition_penalty: must be a number > 0 (1 disables it), got {self.repetition_penalty!r}")
+        self._validate_logit_bias()
+        if not isinstance(self.min_tokens, int) or not 0 <= self.min_tokens <= self.max_tokens:
+            raise ValueError(f"min_tokens: must be an integer between 0 and max_tokens ({self.max_tokens}), "
+                             f"got {self.min_tokens!r}")
+
+    def _validate_logit_bias(self) -> None:
+        if len(self.logit_bias) > MAX_LOGIT_BIAS_TOKENS:
+            raise ValueError(f"logit_bias: at most {MAX_LOGIT_BIAS_TOKENS} tokens may be biased, "
+                             f"got {len(self.logit_bias)}")
+        for token, bias in self.logit_bias.items():
+            if not isinstance(token, int) or token < 0:
+                raise ValueError(f"logit_bias: keys must be token ids (integers >= 0), got {token!r}")
+            if not -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS:
+                raise ValueError(f"logit_bias: biases must be between -{MAX_LOGIT_BIAS:g} and {MAX_LOGIT_BIAS:g}, "
+                                 f"got {bias!r} for token {token}")
+
+    @property
+    def adjusts_logits(self) -> bool:
+        """Whether the sampler must change this request's logits before choosing (most requests: no)."""
+        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0
+                    or self.logit_bias or self.min_tokens or self.grammar is not None)
 
     @property
     def greedy(self) -> bool:
@@ -70,9 +113,14 @@ class Request:
     sampling_params: SamplingParams
     # None = the base model. The handle carries the runtime adapter key.
     adapter: AdapterHandle | None = None
+    # Who asked, as the API shows it (the tenant's name): a metrics label only, never part of an
+    # identity (the adapter's key is what slots, caches and prefix hashes go by). "" = unnamed.
+    tenant: str = ""
     # Monotonic arrival order: lower = older = higher priority (never reset on preemption).
     arrival_order: int = field(default_factory=lambda: next(_arrival_counter))
 
+    # Written by the engine at admission when the request has a grammar; advanced by its TokenStops.
+    grammar: GrammarMatcher | None = None
     # Written by the engine after sampling.
     output_token_ids: list[int] = field(default_factory=list)
     status: RequestStatus = RequestStatus.WAITING
@@ -108,9 +156,10 @@ class Request:
         return None if self.adapter is None else self.adapter.key
 
     @property
-    def adapter_label(self) -> str:
-        """The adapter name reported in metrics and stats ("base" for none)."""
-        return BASE_ADAPTER_LABEL if self.adapter is None else self.adapter.name
+    def metrics_labels(self) -> tuple[str, str]:
+        """(tenant, adapter name) reported in metrics and stats ("base" for no adapter): two tenants'
+        adapters of the same name are counted apart."""
+        return self.tenant, BASE_ADAPTER_LABEL if self.adapter is None else self.adapter.name
 
     @property
     def cache_salt(self) -> str:

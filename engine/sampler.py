@@ -11,14 +11,23 @@ kept set does not fit. Each sampled row draws one uniform number and takes
 the token where its cumulative probability passes it; a seeded request draws
 that number from its own `torch.Generator`, so its tokens do not depend on
 what else shares the batch.
+
+Rows whose request adjusts its logits (penalties, logit_bias, min_tokens) have them
+adjusted first, in place (engine/logit_adjustments.py); then rows with a grammar
+(structured output) get -inf for every token their grammar cannot take next
+(engine/structured_output.py). Only those rows pay for either. Greedy and sampled
+choices read the adjusted logits, logprobs the raw ones.
 """
 from __future__ import annotations
 
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 
 import torch
 
+from loraloom.engine.logit_adjustments import TokenHistory, adjust_logits
 from loraloom.engine.request import SamplingParams
+from loraloom.engine.structured_output import apply_grammar_masks
 
 # torch.Generator.manual_seed accepts only 64-bit values; larger or negative API seeds wrap into that range.
 _SEED_MASK = 0xFFFF_FFFF_FFFF_FFFF
@@ -66,17 +75,26 @@ def row_argmax(values: torch.Tensor) -> torch.Tensor:  # [rows, vocab] -> [rows]
 
 
 class Sampler:
+    def __init__(self, eos_token_ids: Collection[int] = ()) -> None:
+        self.eos_token_ids = tuple(eos_token_ids)  # what min_tokens holds back, with each request's stop tokens
+
     def sample(
         self,
-        logits: torch.Tensor,  # [num_rows, vocab] float32, raw model output
+        logits: torch.Tensor,  # [num_rows, vocab] float32, raw model output; adjusted rows are overwritten
         params: list[SamplingParams],
         generators: list[torch.Generator | None],
+        # Each row's request (tokens so far, grammar matcher); needed when a row adjusts or has a grammar.
+        histories: Sequence[TokenHistory] | None = None,
     ) -> SamplerOutput:
         _check_inputs(logits, params, generators)
         num_rows = len(params)
+        # The one scan over the batch: rows that sample, report logprobs or adjust their logits.
+        special = [row for row, p in enumerate(params)
+                   if p.temperature != 0.0 or p.logprobs is not None or p.adjusts_logits]
+        raw_logprob_rows = None
+        if special:
+            raw_logprob_rows = self._adjust(logits, params, special, histories)
         token_ids = row_argmax(logits)  # [num_rows]; final for greedy rows
-        # The one scan over the batch: rows that sample or report logprobs.
-        special = [row for row, p in enumerate(params) if p.temperature != 0.0 or p.logprobs is not None]
         if not special:
             return SamplerOutput(token_ids=token_ids.tolist(), logprobs=[None] * num_rows,
                                  top_logprobs=[None] * num_rows)
@@ -88,7 +106,38 @@ class Sampler:
                 token_ids = sampled
             else:
                 token_ids[torch.tensor(random_rows, device=logits.device)] = sampled
-        return _with_logprobs(logits, params, special, token_ids)
+        return _with_logprobs(logits, params, special, token_ids, raw_logprob_rows)
+
+    def _adjust(
+        self,
+        logits: torch.Tensor,
+        params: list[SamplingParams],
+        special: list[int],
+        histories: Sequence[TokenHistory] | None,
+    ) -> torch.Tensor | None:
+        """Adjust the rows that ask for it in place; return the raw logits of the rows that report logprobs
+        when an adjustment touched one of them (None: `logits` still holds them raw)."""
+        adjusted = [row for row in special if params[row].adjusts_logits]
+        if not adjusted:
+            return None
+        if histories is None or len(histories) != len(params):
+            raise ValueError("sampler histories: penalties and min_tokens read each row's tokens so far, "
+                             "grammars its matcher; pass one history (the Request) per row")
+        raw_logprob_rows = None
+        if any(params[row].logprobs is not None for row in adjusted):
+            logprob_rows = [row for row in special if params[row].logprobs is not None]
+            raw_logprob_rows = logits[torch.tensor(logprob_rows, device=logits.device)]  # a copy
+        values = _select_rows(logits, adjusted)  # [len(adjusted), vocab]: logits itself when every row adjusts
+        adjust_logits(values, [params[row] for row in adjusted], [histories[row] for row in adjusted],
+                      self.eos_token_ids)
+        # Last: whatever the adjustments did, only what the grammar allows stays possible.
+        constrained = [position for position, row in enumerate(adjusted) if params[row].grammar is not None]
+        if constrained:
+            apply_grammar_masks(values, constrained, [histories[adjusted[position]].grammar for position in constrained],
+                                self.eos_token_ids)
+        if values is not logits:
+            logits[torch.tensor(adjusted, device=logits.device)] = values
+        return raw_logprob_rows
 
 
 def _check_inputs(
@@ -245,8 +294,9 @@ def _uniforms(generators: list[torch.Generator | None], device: torch.device) ->
 def _with_logprobs(
     logits: torch.Tensor,  # [num_rows, vocab] raw
     params: list[SamplingParams],
-    special: list[int],  # the rows that sample or ask for logprobs
+    special: list[int],  # the rows that sample, ask for logprobs or adjust their logits
     token_ids: torch.Tensor,  # [num_rows]
+    raw_rows: torch.Tensor | None,  # [rows asking logprobs, vocab] raw, where `logits` holds adjusted ones
 ) -> SamplerOutput:
     sampled_ids = token_ids.tolist()
     logprobs: list[float | None] = [None] * len(params)
@@ -258,7 +308,7 @@ def _with_logprobs(
     index = torch.tensor(rows, device=logits.device)
     # The raw model distribution, before temperature and filtering (OpenAI's and vLLM's default):
     # logprob = logit - logsumexp(row), without materializing the whole log-softmax.
-    selected = logits[index]  # [len(rows), vocab]
+    selected = logits[index] if raw_rows is None else raw_rows  # [len(rows), vocab]
     log_norm = selected.logsumexp(dim=-1, keepdim=True)  # [len(rows), 1]
     chosen = (selected.gather(1, token_ids[index][:, None]) - log_norm).squeeze(1).tolist()
     max_top = min(max(params[row].logprobs for row in rows), logits.shape[1])

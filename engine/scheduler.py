@@ -39,8 +39,8 @@ from functools import cached_property
 
 import numpy as np
 
-from loraloom.engine.adapter_slots import AdapterSlotTable
-from loraloom.engine.adapters import AdapterHandle
+from loraloom.engine.lora.slots import AdapterSlotTable
+from loraloom.engine.lora.handle import AdapterHandle
 from loraloom.engine.config import EngineConfig
 from loraloom.engine.kv_cache import BlockManager
 from loraloom.engine.request import Request, RequestStatus
@@ -80,8 +80,8 @@ def _slot_of(item: ScheduledRequest) -> int:
     return item.slot
 
 
-def _count_by_adapter(requests: list[Request]) -> dict[str, int]:
-    return dict(Counter(r.adapter_label for r in requests))
+def _count_by_adapter(requests: list[Request]) -> dict[tuple[str, str], int]:
+    return dict(Counter(r.metrics_labels for r in requests))
 
 
 class Scheduler:
@@ -112,10 +112,10 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self._requests)
 
-    def running_adapter_counts(self) -> dict[str, int]:
+    def running_adapter_counts(self) -> dict[tuple[str, str], int]:
         return _count_by_adapter(self._running)
 
-    def waiting_adapter_counts(self) -> dict[str, int]:
+    def waiting_adapter_counts(self) -> dict[tuple[str, str], int]:
         return _count_by_adapter(self._waiting)
 
     def add_request(self, request: Request) -> None:

@@ -56,6 +56,15 @@ class StopStringMatcher:
         return 0
 
 
+def stopping_token_ids(params: SamplingParams, eos_token_ids: Collection[int]) -> frozenset[int]:
+    """The tokens that end a request: its stop_token_ids, and the model's eos unless it ignores eos.
+    min_tokens masks the same set until it is reached (engine/logit_adjustments.py)."""
+    stopping = set(params.stop_token_ids)
+    if not params.ignore_eos:
+        stopping.update(eos_token_ids)
+    return frozenset(stopping)
+
+
 class TokenStops:
     """A request's per-token finish rule: eos (unless ignore_eos) and stop token ids give "stop",
     reaching max_tokens gives "length" (RequestStatus values). Stop strings are checked on the text
@@ -64,10 +73,7 @@ class TokenStops:
     __slots__ = ("stop_token_ids", "max_tokens")
 
     def __init__(self, params: SamplingParams, eos_token_ids: Collection[int]) -> None:
-        stopping = set(params.stop_token_ids)
-        if not params.ignore_eos:
-            stopping.update(eos_token_ids)
-        self.stop_token_ids = frozenset(stopping)
+        self.stop_token_ids = stopping_token_ids(params, eos_token_ids)
         self.max_tokens = params.max_tokens
 
     def check(self, token_id: int, num_output_tokens: int) -> str | None:

@@ -17,7 +17,9 @@ from jinja2.parser import Parser
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as _RustTokenizer
 
-CHAT_ROLES = ("system", "user", "assistant", "tool")
+CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
+# OpenAI's newer name for the system role; chat templates know only "system", so it is rendered as one.
+ROLE_RENDERED_AS = {"developer": "system"}
 SPECIAL_TOKEN_KEYS = ("bos_token", "eos_token", "unk_token", "pad_token")
 
 
@@ -60,6 +62,10 @@ class Tokenizer:
     @property
     def vocab_size(self) -> int:
         return self._tokenizer.get_vocab_size(with_added_tokens=True)
+
+    def to_json(self) -> str:
+        """The tokenizer.json text, as the grammar compiler (engine/structured_output.py) reads it."""
+        return self._tokenizer.to_str()
 
     def encode(self, text: str, add_special_tokens: bool) -> list[int]:
         return self._tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
@@ -229,4 +235,4 @@ def _normalize_message(message: dict, index: int) -> dict:
         content = "\n".join(texts)
     elif not isinstance(content, str):
         raise ChatTemplateError(f"messages[{index}].content: must be a string or a list of text parts")
-    return {**message, "content": content}
+    return {**message, "role": ROLE_RENDERED_AS.get(role, role), "content": content}

@@ -1,17 +1,16 @@
 """Which implementation of the per-step ops the model runs on a given device.
 
-Triton kernels on CUDA when Triton is installed; plain torch everywhere else (the CPU path):
-the references of kernels/reference.py. Importing this module never imports Triton, so the
-engine runs on machines without it.
+Triton kernels on CUDA when Triton is installed; on the CPU the plain-torch references of
+from loraloom.kernels import cpu_attention, fp8, packed_lora, reference
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import torch
 
-from loraloom.kernels import reference
+from loraloom.kernels import cpu_attention, fp8, packed_lora, reference
 from loraloom.kernels.lora_stacks import LoRAStack, PackedStack, SliceStack
 from loraloom.kernels.metadata import AttentionMetadata, SGMVMetadata
 
@@ -28,13 +27,15 @@ RotaryWriteKVCache = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.T
                                torch.Tensor, torch.Tensor, Scale, Scale], None]
 RMSNorm = Callable[[torch.Tensor, torch.Tensor, float], torch.Tensor]
 FusedAddRMSNorm = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, float], tuple[torch.Tensor, torch.Tensor]]
+# fp8_linear(x, w_q, w_scale, input_scale, two_term): kernels/fp8.py's FP8 W8A8 linear.
+Fp8LinearOp = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, Scale, bool], torch.Tensor]
 
 
 @dataclass(frozen=True)
 class KernelBackend:
     """One implementation of each op; every one keeps kernels/reference.py's signature."""
 
-    name: str  # "triton" or "reference"
+    name: str  # "triton", "cpu" or "reference"
     write_kv_cache: WriteKVCache
     rotary_write_kv_cache: RotaryWriteKVCache
     paged_attention: PagedAttention
@@ -42,6 +43,7 @@ class KernelBackend:
     add_lora: AddLoRA
     rms_norm: RMSNorm
     fused_add_rms_norm: FusedAddRMSNorm
+    fp8_linear: Fp8LinearOp
 
 
 REFERENCE_BACKEND = KernelBackend(
@@ -53,7 +55,12 @@ REFERENCE_BACKEND = KernelBackend(
     add_lora=reference.add_lora,
     rms_norm=reference.rms_norm,
     fused_add_rms_norm=reference.fused_add_rms_norm,
+    fp8_linear=fp8.fp8_linear,
 )
+
+# What the CPU runs: the references, with the compiled LoRA and decode-attention ops where they are built.
+CPU_BACKEND = replace(REFERENCE_BACKEND, name="cpu", add_lora=packed_lora.add_lora,
+                      paged_attention=cpu_attention.paged_attention)
 
 
 def triton_available() -> bool:
@@ -65,11 +72,11 @@ def triton_available() -> bool:
 
 
 def get_backend(device: torch.device | str) -> KernelBackend:
-    """Triton kernels for a CUDA device when Triton is installed, the plain-torch references otherwise."""
+    """Triton kernels for a CUDA device when Triton is installed, the CPU backend otherwise."""
     if torch.device(device).type != "cuda" or not triton_available():
-        return REFERENCE_BACKEND
+        return CPU_BACKEND
     # Imported here so that a machine without Triton never imports it.
-    from loraloom.kernels import norm, paged_attention, rotary, sgmv
+    from loraloom.kernels import fp8_gemm, fp8_quant, norm, paged_attention, rotary, sgmv
 
     return KernelBackend(
         name="triton",
@@ -80,4 +87,9 @@ def get_backend(device: torch.device | str) -> KernelBackend:
         add_lora=sgmv.add_lora,
         rms_norm=norm.rms_norm,
         fused_add_rms_norm=norm.fused_add_rms_norm,
+        fp8_linear=fp8.TritonFp8Linear(
+            linear_small_m=fp8_gemm.fp8_linear_small_m,
+            quantize_per_token=fp8_quant.quantize_per_token_triton,
+            two_term_rows=fp8_quant.two_term_rows_triton,
+        ),
     )

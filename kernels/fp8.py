@@ -29,8 +29,9 @@ per-tensor fallback. Devices without FP8 GEMMs (compute capability < 8.9, and RO
 uses the e4m3fnuz variant) and shapes _scaled_mm refuses (K or N not a multiple of 16) run the
 plain-torch reference `kernels/reference.py:fp8_scaled_mm`, which is also the CPU path.
 
-On those CUDA devices, with Triton installed, `fp8_linear` picks one of two fast paths by the
-number of tokens (`fp8_linear_path`):
+On those CUDA devices, given the Triton kernels (`TritonFp8Linear`, the op of the Triton backend
+in kernels/backend.py's table), `fp8_linear` picks one of two fast paths by the number of tokens
+(`fp8_linear_path`):
 - up to SMALL_M_THRESHOLD tokens (decode steps): the Triton small-M kernel (kernels/fp8_gemm.py),
   which quantizes the activations itself and streams the weight once, in one launch (two with
   split-K); cuBLAS tiles such batches like big GEMMs and reads the weight at a quarter of the
@@ -42,30 +43,19 @@ Both compute the semantics above; only the fp32 summation order differs from the
 from __future__ import annotations
 
 import functools
+from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
-FP8_DTYPE = torch.float8_e4m3fn
-FP8_MAX = 448.0  # largest finite e4m3fn value
-# Floor on a row's |max| before it becomes a scale: an all-zero row gets a tiny positive scale
-# (and quantizes to zeros) instead of 0 / 0 = NaN.
-MIN_AMAX = 1e-12
+from loraloom.kernels.dtypes import FP8_DTYPE, FP8_MAX, MIN_AMAX, quantize_with_scale
+from loraloom.kernels.reference import fp8_scaled_mm
+
 # torch._scaled_mm needs K and N to be multiples of 16.
 SCALED_MM_ALIGNMENT = 16
 # Largest token count that runs the Triton small-M kernel on CUDA; above it, _scaled_mm.
 # benchmarks/gpusuite/fp8_sweep.py measures where the small-M kernel stops winning.
 SMALL_M_THRESHOLD = 16
-
-
-def quantize_with_scale(x: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    """x [R, C] / scale ([R, 1] or [1], fp32) rounded to e4m3; the one rounding rule of this module.
-
-    Clamped first: a value beyond 448 must saturate, and whether a cast to float8_e4m3fn saturates
-    or gives NaN (e4m3fn has no infinity) is not the same on every torch version and device.
-    """
-    assert scale.dim() > 0 and scale.dtype == torch.float32, "quantize_with_scale: scale must be fp32 [R, 1] or [1]"
-    scaled = x / scale  # fp32: a dimensioned fp32 scale promotes bf16/fp16 rows to fp32 too
-    return scaled.clamp_(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
 
 
 def row_scales(x: torch.Tensor) -> torch.Tensor:
@@ -96,28 +86,42 @@ def quantize_per_token_two_term(x: torch.Tensor) -> tuple[torch.Tensor, torch.Te
     return torch.cat([first_q, second_q]), torch.cat([first_scale, second_scale])
 
 
+@dataclass(frozen=True)
+class TritonFp8Linear:
+    """fp8_linear with the Triton kernels to use on FP8 CUDA devices: the Triton backend's op.
+
+    kernels/backend.py's get_backend builds it from kernels/fp8_gemm.py and kernels/fp8_quant.py, so
+    that this module, like the backend table, imports no Triton on machines without it.
+    """
+
+    linear_small_m: Callable[..., torch.Tensor]  # fp8_gemm.fp8_linear_small_m
+    quantize_per_token: Callable[..., tuple[torch.Tensor, torch.Tensor]]  # fp8_quant.quantize_per_token_triton
+    two_term_rows: Callable[[torch.Tensor], torch.Tensor]  # fp8_quant.two_term_rows_triton
+
+    def __call__(self, x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor,
+                 input_scale: torch.Tensor | None = None, two_term: bool = False) -> torch.Tensor:
+        return fp8_linear(x, w_q, w_scale, input_scale, two_term, triton=self)
+
+
 def fp8_linear(
     x: torch.Tensor,  # [T, in] bf16 / fp16 / fp32
     w_q: torch.Tensor,  # [out, in] float8_e4m3fn
     w_scale: torch.Tensor,  # [out, 1] fp32
     input_scale: torch.Tensor | None = None,  # [1] fp32: a static activation scale; None = per token
     two_term: bool = False,  # activations as two e4m3 terms per token (quantize_per_token_two_term)
+    triton: TritonFp8Linear | None = None,  # the Triton kernels, where the backend has them
 ) -> torch.Tensor:  # [T, out] in x.dtype
     """y = x @ W.T with W = w_q * w_scale, x quantized to e4m3 per token (or with `input_scale`), or,
     with `two_term`, to the sum of two e4m3 terms per token (see the module docstring)."""
     assert x.dim() == 2 and x.shape[1] == w_q.shape[1], f"fp8_linear: x {list(x.shape)} vs weight {list(w_q.shape)}"
     assert w_q.dtype == FP8_DTYPE and w_scale.shape == (w_q.shape[0], 1) and w_scale.dtype == torch.float32
     if two_term:
-        return _fp8_linear_two_term(x, w_q, w_scale, input_scale)
-    path = fp8_linear_path(x.device, x.shape[0], w_q.shape)
+        return _fp8_linear_two_term(x, w_q, w_scale, input_scale, triton)
+    path = fp8_linear_path(x.device, x.shape[0], w_q.shape, triton is not None)
     if path == "triton_small_m":
-        from loraloom.kernels.fp8_gemm import fp8_linear_small_m  # Triton: imported only where it runs
-
-        return fp8_linear_small_m(x, w_q, w_scale, input_scale)
+        return triton.linear_small_m(x, w_q, w_scale, input_scale)
     if path == "triton_quant_scaled_mm":
-        from loraloom.kernels.fp8_quant import quantize_per_token_triton
-
-        x_q, x_scale = quantize_per_token_triton(x.contiguous(), input_scale)
+        x_q, x_scale = triton.quantize_per_token(x.contiguous(), input_scale)
         return _scaled_mm_rowwise(x_q, x_scale, w_q, w_scale, x.dtype)
     if input_scale is None:
         x_q, x_scale = quantize_per_token(x)
@@ -127,14 +131,12 @@ def fp8_linear(
         x_q = quantize_with_scale(x, x_scale)
     if path == "scaled_mm":
         return _scaled_mm_rowwise(x_q, x_scale, w_q, w_scale, x.dtype)
-    # Imported here: reference.py imports this module's quantization rules (for the FP8 KV cache).
-    from loraloom.kernels.reference import fp8_scaled_mm
-
     return fp8_scaled_mm(x_q, x_scale, w_q, w_scale, x.dtype)
 
 
 def _fp8_linear_two_term(
-    x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, input_scale: torch.Tensor | None
+    x: torch.Tensor, w_q: torch.Tensor, w_scale: torch.Tensor, input_scale: torch.Tensor | None,
+    triton: TritonFp8Linear | None,
 ) -> torch.Tensor:
     """Both terms' rows through the one-term fp8_linear as one [2T, in] batch with fp32 output, then
     y = y[:T] + y[T:] rounded to x's dtype once. The rows go in dequantized (two_term_rows): each
@@ -144,13 +146,11 @@ def _fp8_linear_two_term(
     if input_scale is not None:
         raise ValueError("fp8_linear: two_term needs dynamic (per-token) activation scales, not a static input_scale")
     tokens = x.shape[0]
-    if x.device.type == "cuda" and _triton_available():
-        from loraloom.kernels.fp8_quant import two_term_rows_triton
-
-        rows = two_term_rows_triton(x.contiguous())  # one launch instead of about a dozen torch ops
+    if x.device.type == "cuda" and triton is not None:
+        rows = triton.two_term_rows(x.contiguous())  # one launch instead of about a dozen torch ops
     else:
         rows = two_term_rows(x)
-    out = fp8_linear(rows, w_q, w_scale)  # [2T, out] fp32
+    out = fp8_linear(rows, w_q, w_scale, triton=triton)  # [2T, out] fp32
     return (out[:tokens] + out[tokens:]).to(x.dtype)
 
 
@@ -161,18 +161,19 @@ def two_term_rows(x: torch.Tensor) -> torch.Tensor:  # [T, in] -> [2T, in] fp32
     return x_q.float().mul_(x_scale)
 
 
-def fp8_linear_path(device: torch.device, tokens: int, weight_shape: torch.Size) -> str:
-    """Which implementation fp8_linear runs: "triton_small_m" (decode-sized batches),
-    "triton_quant_scaled_mm" (larger ones), "scaled_mm" (CUDA with FP8 GEMMs but no Triton), or
-    "reference" (the CPU, devices without FP8 GEMMs, and weights _scaled_mm refuses at large M)."""
+def fp8_linear_path(device: torch.device, tokens: int, weight_shape: torch.Size, triton: bool) -> str:
+    """Which implementation fp8_linear runs, `triton` telling whether it was given the Triton kernels:
+    "triton_small_m" (decode-sized batches), "triton_quant_scaled_mm" (larger ones), "scaled_mm"
+    (CUDA with FP8 GEMMs but no Triton), or "reference" (the CPU, devices without FP8 GEMMs, and
+    weights _scaled_mm refuses at large M)."""
     if device.type != "cuda" or not fp8_gemm_available(device.index):
         return "reference"
-    if _triton_available() and tokens <= SMALL_M_THRESHOLD:
+    if triton and tokens <= SMALL_M_THRESHOLD:
         return "triton_small_m"  # masks every edge: any N and K
     out_features, in_features = weight_shape
     if out_features % SCALED_MM_ALIGNMENT or in_features % SCALED_MM_ALIGNMENT:
         return "reference"
-    return "triton_quant_scaled_mm" if _triton_available() else "scaled_mm"
+    return "triton_quant_scaled_mm" if triton else "scaled_mm"
 
 
 def _scaled_mm_rowwise(
@@ -183,13 +184,6 @@ def _scaled_mm_rowwise(
     out_dtype: torch.dtype,
 ) -> torch.Tensor:  # [T, N]
     return torch._scaled_mm(x_q.contiguous(), w_q.t(), scale_a=x_scale, scale_b=w_scale.t(), out_dtype=out_dtype)
-
-
-@functools.lru_cache(maxsize=None)
-def _triton_available() -> bool:
-    from loraloom.kernels.backend import triton_available
-
-    return triton_available()
 
 
 @functools.lru_cache(maxsize=None)

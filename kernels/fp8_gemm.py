@@ -32,7 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-from loraloom.kernels.fp8 import FP8_DTYPE
+from loraloom.kernels.dtypes import FP8_DTYPE
 from loraloom.kernels.fp8_quant import quantize_per_token_triton, quantize_to_e4m3, scale_from_amax
 
 MIN_BLOCK_M = 16  # tl.dot needs every dimension >= 16: 1..16 tokens share one padded tile

@@ -1,6 +1,6 @@
 """Triton per-token FP8 activation quantization: one launch instead of ~6 small torch ops per linear.
 
-Bit for bit the semantics of kernels/fp8.py `quantize_per_token` / `quantize_with_scale`:
+Bit for bit the semantics of kernels/fp8.py `quantize_per_token` / kernels/dtypes.py `quantize_with_scale`:
 
     sx[t]    = max(max_k |x[t, k]|, MIN_AMAX) / 448      (fp32, correctly rounded division)
     xq[t, k] = e4m3(clamp(x[t, k] / sx[t], -448, 448))   (fp32 division, round to nearest even)
@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from loraloom.kernels.fp8 import FP8_DTYPE, FP8_MAX, MIN_AMAX
+from loraloom.kernels.dtypes import FP8_DTYPE, FP8_MAX, MIN_AMAX
 
 QUANT_BLOCK_K = 1024  # elements of a row per loop step: 2 KiB of bf16, 4 per thread at 8 warps
 QUANT_NUM_WARPS = 8

@@ -11,14 +11,14 @@ changed in place before capture is what every replay uses). A cache in the activ
 every element: K's into the softmax scale, V's into the output, which is the same product up to
 fp32 rounding.
 
-Where the scales come from (engine/kv_scales.py): a checkpoint's `self_attn.k_scale` /
+Where the scales come from (engine/model/kv_scales.py): a checkpoint's `self_attn.k_scale` /
 `self_attn.v_scale` when it has them, else a calibration forward at start.
 """
 from __future__ import annotations
 
 import torch
 
-from loraloom.kernels.fp8 import FP8_DTYPE, FP8_MAX, quantize_with_scale
+from loraloom.kernels.dtypes import FP8_DTYPE, FP8_MAX, quantize_with_scale
 
 
 def is_fp8_cache(cache: torch.Tensor) -> bool:
@@ -32,7 +32,7 @@ def check_kv_scales(cache: torch.Tensor, k_scale: torch.Tensor | None, v_scale: 
             f"k_scale/v_scale are for an FP8 KV cache; this cache is {cache.dtype}: pass None")
         return
     for name, scale in (("k_scale", k_scale), ("v_scale", v_scale)):
-        assert scale is not None, f"an FP8 KV cache needs {name}: a [1] fp32 tensor (engine/kv_scales.py)"
+        assert scale is not None, f"an FP8 KV cache needs {name}: a [1] fp32 tensor (engine/model/kv_scales.py)"
         assert scale.shape == (1,) and scale.dtype == torch.float32 and scale.device == cache.device, (
             f"{name} must be a [1] fp32 tensor on {cache.device}; got {tuple(scale.shape)} {scale.dtype} "
             f"on {scale.device}")

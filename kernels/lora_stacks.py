@@ -92,6 +92,7 @@ class PackedStack:
 
     lora_a: torch.Tensor  # [S, num_slices * R, in]
     lora_b_t: list[torch.Tensor]  # per slice [S, R, out_i]
+    ranks: torch.Tensor  # [S, slices] int32: each slot's rank per slice (0: untargeted), in packing order
     slots: list[SlotViews | None] = field(default_factory=list)  # None: nothing to add (empty or untargeted)
 
     @classmethod
@@ -100,6 +101,7 @@ class PackedStack:
         return cls(
             lora_a=torch.zeros(num_slots, len(out_features) * max_rank, in_features, dtype=dtype, device=device),
             lora_b_t=[torch.zeros(num_slots, max_rank, out, dtype=dtype, device=device) for out in out_features],
+            ranks=torch.zeros(num_slots, len(out_features), dtype=torch.int32),
             slots=[None] * num_slots,
         )
 
@@ -118,6 +120,7 @@ class PackedStack:
             rank = a.shape[0]
             self.lora_a[slot, row:row + rank].copy_(a)
             self.lora_b_t[i][slot, :rank].copy_(b.T)
+            self.ranks[slot, i] = rank
             split.append(rank)
             expands.append((i, self.lora_b_t[i][slot, :rank]))
             row += rank
@@ -127,6 +130,7 @@ class PackedStack:
         self.lora_a[slot].zero_()
         for stack in self.lora_b_t:
             stack[slot].zero_()
+        self.ranks[slot] = 0
         self.slots[slot] = None
 
 

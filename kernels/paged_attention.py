@@ -24,7 +24,7 @@ import torch
 import triton
 import triton.language as tl
 
-from loraloom.kernels.fp8 import FP8_DTYPE
+from loraloom.kernels.cache_checks import check_cache, check_cache_write
 from loraloom.kernels.fp8_quant import quantize_to_e4m3
 from loraloom.kernels.kv_quant import check_kv_scales, is_fp8_cache
 from loraloom.kernels.metadata import AttentionMetadata
@@ -32,7 +32,6 @@ from loraloom.kernels.paged_decode import LOG2_E, MIN_DOT_M, kernel_scales, page
 
 PREFILL_BLOCK_M = 64  # query rows (tokens x heads of a group) per prefill tile
 BLOCK_N = 32  # cached positions per step of the K/V loop
-CACHE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, FP8_DTYPE)
 
 
 @triton.jit
@@ -153,25 +152,6 @@ def _paged_attention_kernel(
              result.to(out_ptr.dtype.element_ty), mask=row_mask[:, None] & d_mask[None, :])
 
 
-def _check_cache(k_cache: torch.Tensor, v_cache: torch.Tensor) -> None:
-    assert k_cache.shape == v_cache.shape and k_cache.stride() == v_cache.stride(), (
-        f"k_cache {tuple(k_cache.shape)} and v_cache {tuple(v_cache.shape)} must have the same shape and layout")
-    assert k_cache.dim() == 4 and k_cache.stride(3) == 1, (
-        "the KV cache must be [num_blocks, block_size, KVH, D] with contiguous head_dim")
-    assert k_cache.dtype == v_cache.dtype and k_cache.dtype in CACHE_DTYPES, (
-        f"KV cache dtype must be one of {CACHE_DTYPES} (both the same); got {k_cache.dtype}, {v_cache.dtype}")
-
-
-def check_cache_write(k_cache: torch.Tensor, slot_mapping: torch.Tensor, num_tokens: int, kv_heads: int,
-                      head_dim: int) -> None:
-    """What every writer of new K/V into the cache checks: the cache's heads match the keys',
-    and one int64 slot per new token."""
-    assert k_cache.shape[2:] == (kv_heads, head_dim), (
-        f"KV cache heads/head_dim {tuple(k_cache.shape[2:])} do not match key's {(kv_heads, head_dim)}")
-    assert slot_mapping.shape == (num_tokens,) and slot_mapping.dtype == torch.int64, (
-        f"slot_mapping must be [T={num_tokens}] int64; got {tuple(slot_mapping.shape)} {slot_mapping.dtype}")
-
-
 def write_kv_cache(
     key: torch.Tensor,  # [T, KVH, D]
     value: torch.Tensor,  # [T, KVH, D]
@@ -186,7 +166,7 @@ def write_kv_cache(
     An FP8 cache stores e4m3(kv[t] / scale) instead. Tokens whose slot is negative are skipped
     (padding rows of a CUDA-graph batch).
     """
-    _check_cache(k_cache, v_cache)
+    check_cache(k_cache, v_cache)
     check_kv_scales(k_cache, k_scale, v_scale)
     num_tokens, kv_heads, head_dim = key.shape
     # value is usually a view into the fused qkv output while key is rotary's fresh tensor,
@@ -226,7 +206,7 @@ def paged_attention(
     The new tokens' K/V must already be in the cache (write_kv_cache first).
     Rows of requests with no new tokens are not written.
     """
-    _check_cache(k_cache, v_cache)
+    check_cache(k_cache, v_cache)
     check_kv_scales(k_cache, k_scale, v_scale)
     num_tokens, num_heads, head_dim = query.shape
     kv_heads = k_cache.shape[2]

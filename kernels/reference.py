@@ -90,13 +90,25 @@ def paged_attention(
     dequantized to the query's dtype (stored * scale) before the products.
     """
     check_kv_scales(k_cache, k_scale, v_scale)
-    num_heads, kv_heads = query.shape[1], k_cache.shape[2]
-    group = num_heads // kv_heads
     out = torch.empty_like(query)
-    qsl, lens = meta.query_start_loc_host, meta.seq_lens_host
-    decode_rows = [b for b in range(meta.num_seqs) if qsl[b + 1] - qsl[b] == 1]
+    decode_rows = decode_requests(meta)
     if decode_rows:
         _decode_attention(query, k_cache, v_cache, meta, decode_rows, scale, out, k_scale, v_scale)
+    prefill_attention(query, k_cache, v_cache, meta, scale, out, k_scale, v_scale)
+    return out
+
+
+def decode_requests(meta: AttentionMetadata) -> list[int]:
+    """The requests with exactly one new token this step (decodes)."""
+    qsl = meta.query_start_loc_host
+    return [b for b in range(meta.num_seqs) if qsl[b + 1] - qsl[b] == 1]
+
+
+def prefill_attention(query, k_cache, v_cache, meta: AttentionMetadata, scale: float, out: torch.Tensor,
+                      k_scale: torch.Tensor | None, v_scale: torch.Tensor | None) -> None:
+    """paged_attention's rows of the requests with more than one new token, written into out."""
+    group = query.shape[1] // k_cache.shape[2]
+    qsl, lens = meta.query_start_loc_host, meta.seq_lens_host
     for b in range(meta.num_seqs):
         start, end = qsl[b], qsl[b + 1]
         n = end - start
@@ -121,7 +133,6 @@ def paged_attention(
             attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=group > 1,
         )[0]
         out[start:end] = o.transpose(0, 1).to(out.dtype)
-    return out
 
 
 def _decode_attention(query, k_cache, v_cache, meta, rows, scale, out, k_scale, v_scale) -> None:

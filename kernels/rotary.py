@@ -15,9 +15,9 @@ import torch
 import triton
 import triton.language as tl
 
+from loraloom.kernels.cache_checks import check_cache, check_cache_write
 from loraloom.kernels.fp8_quant import quantize_to_e4m3
 from loraloom.kernels.kv_quant import check_kv_scales, is_fp8_cache
-from loraloom.kernels.paged_attention import _check_cache, check_cache_write
 from loraloom.kernels.paged_decode import kernel_scales
 
 
@@ -102,7 +102,7 @@ def rotary_write_kv_cache(
     v_scale: torch.Tensor | None = None,
 ) -> None:
     """query <- rotary(query); cache[slot_mapping[t]] <- (rotary(key[t]), value[t]) (FP8: / scale, e4m3)."""
-    _check_cache(k_cache, v_cache)
+    check_cache(k_cache, v_cache)
     check_kv_scales(k_cache, k_scale, v_scale)
     num_tokens, num_heads, head_dim = query.shape
     kv_heads = key.shape[1]

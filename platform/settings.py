@@ -38,6 +38,9 @@ class Settings(BaseSettings):
     presigned_url_expires_s: int = Field(default=3600, ge=1, le=7 * 24 * 3600)  # SigV4's maximum is 7 days
     # Bodies larger than this are refused with 413 before they are parsed (adapter uploads included).
     max_request_body_bytes: int = Field(default=DEFAULT_MAX_REQUEST_BODY_BYTES, ge=1)
+    # A stream sends an SSE comment after every this many seconds without an event (a slow first token),
+    # so that proxies with an idle timeout keep it open.
+    sse_keepalive_interval_s: float = Field(default=15.0, gt=0)
     # Usage, audit and API-key last-used rows are written off the request path in batches:
     # every record_flush_interval_ms, or as soon as record_batch_size rows are pending.
     record_flush_interval_ms: int = Field(default=1000, ge=1)
@@ -50,6 +53,12 @@ class Settings(BaseSettings):
     adapter_cache_dir: Path | None = None
     adapter_cache_max_bytes: int = Field(default=20 * 1024**3, ge=1)
     adapter_resolution_ttl_s: float = Field(default=5.0, gt=0)
+    # Uploads are unpacked in staging_dir (None = <data_dir>/staging), on the data disk rather than the
+    # system temp dir. A process killed mid-upload leaves its staging folder and partial blob writes
+    # behind; a server removes those at start once older than stale_file_grace_s. Several servers may
+    # share one data dir, so a younger leftover may be another live server's upload in progress.
+    staging_dir: Path | None = None
+    stale_file_grace_s: float = Field(default=3600.0, ge=0)
     # Fine-tuning. broker_url None = the embedded broker: a folder under data_dir shared by `serve`
     # and the worker it starts (no server to run); redis://... or amqp://... for workers elsewhere.
     broker_url: str | None = None
@@ -60,6 +69,10 @@ class Settings(BaseSettings):
     training_heartbeat_interval_s: float = Field(default=10.0, gt=0)
     training_heartbeat_timeout_s: float = Field(default=120.0, gt=0)
     training_max_attempts: int = Field(default=3, ge=1)
+    # `serve` restarts the worker it supervises when jobs stay queued this long while no job runs
+    # (its pool is stuck, or their messages were lost), and sends the jobs again. Longer than a
+    # worker takes to start and claim a job.
+    training_dispatch_timeout_s: float = Field(default=180.0, gt=0)
     training_checkpoint_every: int = Field(default=100, ge=1)  # optimizer steps between checkpoints
     training_work_dir: Path | None = None  # None = <data_dir>/training; scratch space of running jobs
 
@@ -73,6 +86,8 @@ class Settings(BaseSettings):
             self.storage_url = (data_dir / "blobs").as_uri()
         if self.adapter_cache_dir is None:
             self.adapter_cache_dir = data_dir / "cache" / "adapters"
+        if self.staging_dir is None:
+            self.staging_dir = data_dir / "staging"
         if self.training_work_dir is None:
             self.training_work_dir = data_dir / "training"
         if self.training_heartbeat_timeout_s <= 2 * self.training_heartbeat_interval_s:

@@ -11,7 +11,7 @@ import torch
 @pytest.fixture(scope="session")
 def model_dir() -> Path:
     """The bundled SmolLM2-135M-Instruct checkpoint (converted once into the cache)."""
-    from loraloom.engine.bundled import import_bundled
+    from loraloom.engine.model.bundled import import_bundled
 
     return import_bundled()
 

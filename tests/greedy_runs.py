@@ -1,8 +1,8 @@
 """Run an engine to completion on greedy requests: the shared oracle of the eager-vs-graph tests."""
 from __future__ import annotations
 
-from loraloom.engine.adapters import AdapterHandle
-from loraloom.engine.engine import LLMEngine
+from loraloom.engine.lora.handle import AdapterHandle
+from loraloom.engine.llm_engine import LLMEngine
 from loraloom.engine.request import SamplingParams
 
 

@@ -2,9 +2,13 @@
 it, and uvicorn serving an app on a free port in a background thread."""
 from __future__ import annotations
 
+import queue
+import re
 import socket
+import subprocess
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -74,3 +78,36 @@ def wait_until(condition: Callable[[], bool], what: str, timeout_s: float = 60.0
     while not condition():
         assert time.monotonic() < deadline, f"timed out waiting for {what}"
         time.sleep(0.01)
+
+
+def new_tenant(session):
+    """A tenant with a name no other test uses, added to `session` and flushed (so it has its id)."""
+    from loraloom.platform.db.models import Tenant
+
+    tenant = Tenant(name=f"t-{uuid.uuid4().hex[:8]}")
+    session.add(tenant)
+    session.flush()
+    return tenant
+
+
+def tee_lines(stream, lines: "queue.Queue[str | None]", log: Path) -> None:
+    """Copy a child process's output lines to `log` and to `lines` (None once it closes)."""
+    with open(log, "a") as out:
+        for line in stream:
+            out.write(line)
+            out.flush()
+            lines.put(line)
+    lines.put(None)
+
+
+def served_url(process: "subprocess.Popen[str]", log: Path, timeout_s: float) -> str:
+    """The URL of a `loraloom serve --port 0` child, read off the line where uvicorn names its port;
+    its stderr keeps being copied to `log` (for the failure report) after that."""
+    lines: queue.Queue[str | None] = queue.Queue()
+    threading.Thread(target=tee_lines, args=(process.stderr, lines, log), daemon=True).start()
+    while True:
+        line = lines.get(timeout=timeout_s)
+        assert line is not None, f"loraloom serve exited early:\n{log.read_text()}"
+        match = re.search(r"Uvicorn running on http://127\.0\.0\.1:(\d+)", line)
+        if match:
+            return f"http://127.0.0.1:{match.group(1)}"

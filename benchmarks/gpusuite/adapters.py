@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import save_file
 
 from loraloom.engine.config import ModelConfig
-from loraloom.engine.lora_weights import (
+from loraloom.engine.lora.weights import (
     ADAPTER_CONFIG_FILE,
     ADAPTER_WEIGHTS_FILE,
     LORA_MODULE_PARENTS,

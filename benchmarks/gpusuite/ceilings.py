@@ -14,7 +14,8 @@ from dataclasses import dataclass
 import torch
 
 from gpusuite.table import Row
-from loraloom.kernels.fp8 import FP8_DTYPE, fp8_gemm_available
+from loraloom.kernels.dtypes import FP8_DTYPE
+from loraloom.kernels.fp8 import fp8_gemm_available
 
 GB = 1e9
 TFLOP = 1e12

@@ -31,12 +31,8 @@ _loraloom_shim.use_source_tree()
 
 import torch  # noqa: E402
 
-from loraloom.kernels.fp8 import (  # noqa: E402
-    _scaled_mm_rowwise,
-    quantize_per_token,
-    quantize_weight_per_channel,
-    quantize_with_scale,
-)
+from loraloom.kernels.dtypes import quantize_with_scale  # noqa: E402
+from loraloom.kernels.fp8 import _scaled_mm_rowwise, quantize_per_token, quantize_weight_per_channel  # noqa: E402
 from loraloom.kernels.fp8_gemm import (  # noqa: E402
     FUSED_QUANT_MAX_M,
     SmallMConfig,

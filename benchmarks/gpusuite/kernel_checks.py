@@ -16,13 +16,13 @@ import torch
 from gpusuite.ceilings import GB, TFLOP, Ceilings, seconds_per_call
 from gpusuite.table import Row
 from loraloom.engine.config import ModelConfig
-from loraloom.engine.lora import plan_sgmv, segment_capacity, tile_capacity
 from loraloom.kernels import reference
 from loraloom.kernels.backend import KernelBackend
-from loraloom.kernels.fp8 import (fp8_linear, fp8_linear_path, quantize_per_token, quantize_weight_per_channel,
-                                  quantize_with_scale)
+from loraloom.kernels.dtypes import quantize_with_scale
+from loraloom.kernels.fp8 import TritonFp8Linear, fp8_linear_path, quantize_per_token, quantize_weight_per_channel
 from loraloom.kernels.lora_stacks import PackedStack
 from loraloom.kernels.metadata import AttentionMetadata, SGMVMetadata
+from loraloom.kernels.sgmv_plan import plan_sgmv, segment_capacity, tile_capacity
 
 CHECK_DTYPES = (torch.bfloat16, torch.float16)
 # Largest |kernel - reference| / max |reference| accepted: a few units of the dtype's last place.
@@ -315,7 +315,8 @@ def check_sgmv(backend: KernelBackend, config: ModelConfig, batch: int, ranks: t
 
 
 # ------------------------------------------------------------------------ FP8
-def check_fp8_linear(config: ModelConfig, tokens: int, device: torch.device, dtype: torch.dtype) -> list[Row]:
+def check_fp8_linear(backend: KernelBackend, config: ModelConfig, tokens: int, device: torch.device,
+                     dtype: torch.dtype) -> list[Row]:
     """The gate/up projection in FP8 against the dequantizing reference on the same quantized values,
     at one token and at `tokens`: on an FP8 GPU the small-M Triton kernel and the quantization kernel
     + _scaled_mm path respectively (fp8_linear_path names which one ran)."""
@@ -326,9 +327,9 @@ def check_fp8_linear(config: ModelConfig, tokens: int, device: torch.device, dty
     for count in sorted({1, tokens}):
         x = torch.randn(count, config.hidden_size, generator=generator).to(dtype).to(device)
         x_q, x_scale = quantize_per_token(x)
-        out = fp8_linear(x, w_q, w_scale)
+        out = backend.fp8_linear(x, w_q, w_scale, None, False)
         expected = reference.fp8_scaled_mm(x_q.cpu(), x_scale.cpu(), w_q.cpu(), w_scale.cpu(), torch.float32)
-        path = fp8_linear_path(device, count, w_q.shape)
+        path = fp8_linear_path(device, count, w_q.shape, isinstance(backend.fp8_linear, TritonFp8Linear))
         rows.append(_check_row(f"fp8_linear ({count} tokens, gate_up, {path})", dtype,
                                _relative_error(out, expected), RELATIVE_TOLERANCE[dtype]))
     return rows
@@ -345,7 +346,7 @@ def check_all(backend: KernelBackend, config: ModelConfig, batch: int, context: 
         rows += check_fp8_kv_cache(backend, config, batch, context, device, dtype)
         rows += check_sgmv(backend, config, batch, ranks, device, dtype)
     if quantized:
-        rows += check_fp8_linear(config, batch, device, torch.bfloat16)
+        rows += check_fp8_linear(backend, config, batch, device, torch.bfloat16)
     return rows
 
 
@@ -359,7 +360,7 @@ def timing_rows(backend: KernelBackend, config: ModelConfig, batch: int, context
     rows += _norm_timings(backend, config, batch, prefill, device, dtype, ceilings, calls, generator)
     rows += _sgmv_timings(backend, config, batch, device, dtype, ceilings, calls, generator)
     if quantized:
-        rows += _fp8_timings(config, prefill, device, dtype, ceilings, calls, generator)
+        rows += _fp8_timings(backend, config, prefill, device, dtype, ceilings, calls, generator)
     return rows
 
 
@@ -420,14 +421,14 @@ def _sgmv_timings(backend, config, batch, device, dtype, ceilings, calls, genera
     return [Row(f"kernel add_lora {label}", moved / seconds / GB, "GB/s", ceiling=ceilings.copy_bandwidth / GB)]
 
 
-def _fp8_timings(config, prefill, device, dtype, ceilings, calls, generator) -> list[Row]:
+def _fp8_timings(backend, config, prefill, device, dtype, ceilings, calls, generator) -> list[Row]:
     out_features, in_features = 2 * config.intermediate_size, config.hidden_size
     weight = torch.randn(out_features, in_features, device=device).to(dtype)
     w_q, w_scale = quantize_weight_per_channel(weight)
     rows = []
     for tokens in (1, prefill):
         x = torch.randn(tokens, in_features, device=device).to(dtype)
-        seconds = seconds_per_call(lambda: fp8_linear(x, w_q, w_scale), device, calls)
+        seconds = seconds_per_call(lambda: backend.fp8_linear(x, w_q, w_scale, None, False), device, calls)
         label = f"kernel fp8_linear gate_up {out_features}x{in_features}, {tokens} token(s)"
         if tokens == 1:
             rows.append(Row(label, w_q.numel() / seconds / GB, "GB/s", ceiling=ceilings.copy_bandwidth / GB))

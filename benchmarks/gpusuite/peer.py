@@ -1,6 +1,6 @@
 """The peer: Hugging Face transformers + PEFT on the very weights and adapter files the engine served.
 
-The Hugging Face model gets the seeded random weights of engine/random_model.py (un-fused into
+The Hugging Face model gets the seeded random weights of engine/model/random_model.py (un-fused into
 q/k/v and gate/up), unquantized in the engine dtype; the adapters are the same PEFT directories,
 loaded with PeftModel.load_adapter. Decode speed is measured as the difference between two
 `generate` calls, so the prefill drops out: (N - 1) tokens / (time for N tokens - time for 1).
@@ -17,12 +17,12 @@ from gpusuite.ceilings import synchronize
 from gpusuite.roofline import Roofline
 from gpusuite.scenarios import Setup
 from gpusuite.table import Row
-from loraloom.engine.adapters import AdapterHandle
-from loraloom.engine.adapter_cache import local_adapter_dir
+from loraloom.engine.lora.handle import AdapterHandle
+from loraloom.engine.lora.host_cache import local_adapter_dir
 from loraloom.engine.config import ModelConfig
-from loraloom.engine.loader import FUSED_PROJECTIONS
-from loraloom.engine.model import LlamaModel
-from loraloom.engine.random_model import random_model
+from loraloom.engine.model.loader import FUSED_PROJECTIONS
+from loraloom.engine.model.llama import LlamaModel
+from loraloom.engine.model.random_model import random_model
 
 BASE_ADAPTER_NAME = "__base__"  # PEFT's name for "no adapter" in adapter_names
 
@@ -30,7 +30,7 @@ BASE_ADAPTER_NAME = "__base__"  # PEFT's name for "no adapter" in adapter_names
 def hf_state_dict(model: LlamaModel) -> dict[str, torch.Tensor]:
     """LlamaModel parameters under Hugging Face LlamaForCausalLM names: the loader's fusing undone.
 
-    Our names are Hugging Face's without the leading "model." (engine/loader.py), except that
+    Our names are Hugging Face's without the leading "model." (engine/model/loader.py), except that
     the fused projections are split back into their parts by the Linear's slice sizes.
     """
     state: dict[str, torch.Tensor] = {}

@@ -16,7 +16,7 @@ from gpusuite.adapters import adapter_params
 from gpusuite.ceilings import Ceilings
 from loraloom.engine.config import ModelConfig
 from loraloom.engine.memory import kv_block_bytes, module_bytes
-from loraloom.engine.model import LlamaModel
+from loraloom.engine.model.llama import LlamaModel
 
 
 @dataclass(frozen=True)

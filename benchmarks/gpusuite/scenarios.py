@@ -26,13 +26,13 @@ from gpusuite.ceilings import Ceilings, seconds_per_call
 from gpusuite.roofline import Roofline
 from gpusuite.shapes import Sizes
 from gpusuite.table import Row
-from loraloom.engine.adapter_cache import file_sha256
-from loraloom.engine.adapters import AdapterHandle
+from loraloom.engine.lora.host_cache import file_sha256
+from loraloom.engine.lora.handle import AdapterHandle
 from loraloom.engine.config import EngineConfig, ModelConfig
-from loraloom.engine.engine import LLMEngine
-from loraloom.engine.lora import LoRASlotPool
-from loraloom.engine.lora_weights import ADAPTER_WEIGHTS_FILE
-from loraloom.engine.random_model import random_model
+from loraloom.engine.llm_engine import LLMEngine
+from loraloom.engine.lora.layers import LoRASlotPool
+from loraloom.engine.lora.weights import ADAPTER_WEIGHTS_FILE
+from loraloom.engine.model.random_model import random_model
 from loraloom.engine.request import SamplingParams
 from loraloom.kernels.backend import get_backend
 

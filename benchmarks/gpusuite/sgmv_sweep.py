@@ -125,7 +125,7 @@ def run_sweep(cpu: bool) -> tuple[list[Result], float]:
     import torch
 
     from gpusuite.ceilings import measure_ceilings
-    from loraloom.engine.lora import plan_sgmv
+    from loraloom.kernels.sgmv_plan import plan_sgmv
     from loraloom.kernels import reference, sgmv
 
     device = torch.device("cpu" if cpu else "cuda")
@@ -198,7 +198,7 @@ def graph_replay_check(torch) -> float:
     """Capture shrink + expand in a CUDA graph with one step's metadata, refresh the static metadata
     buffer with another step's (different segments and tiles, same capacities), replay, and compare
     with the reference on the new metadata: the launch grids must not depend on metadata values."""
-    from loraloom.engine.lora import metadata_views, plan_sgmv, segment_capacity, tile_capacity
+    from loraloom.kernels.sgmv_plan import metadata_views, plan_sgmv, segment_capacity, tile_capacity
     from loraloom.kernels import reference, sgmv
 
     device, dtype = torch.device("cuda"), torch.bfloat16

@@ -14,9 +14,9 @@ import torch
 
 from served.workload import ChatRequest
 
-from loraloom.engine.adapters import AdapterHandle
+from loraloom.engine.lora.handle import AdapterHandle
 from loraloom.engine.config import EngineConfig
-from loraloom.engine.engine import LLMEngine
+from loraloom.engine.llm_engine import LLMEngine
 from loraloom.engine.request import SamplingParams
 from loraloom.engine.tokenizer import Tokenizer
 

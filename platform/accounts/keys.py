@@ -19,6 +19,9 @@ from loraloom.platform.db.models import ApiKey, ApiKeyRole, Tenant, utcnow
 
 BOOTSTRAP_KEY_NAME = "bootstrap"
 ROLES = tuple(role.value for role in ApiKeyRole)
+# The operator runs the server for every tenant: its admin keys (the bootstrap key among them) act on
+# any tenant. An admin key of any other tenant administers that tenant only.
+OPERATOR_TENANT = DEFAULT_TENANT
 
 
 @dataclass(frozen=True)
@@ -29,6 +32,12 @@ class Caller:
     tenant_id: uuid.UUID
     api_key_id: uuid.UUID | None
     role: str  # one of ROLES
+    operator: bool = False  # an admin key of OPERATOR_TENANT: may act on every tenant
+    tenant_name: str = ""  # as the API shows it: the tenant label of the engine's metrics
+
+
+def is_operator_key(key: ApiKey, tenant_name: str) -> bool:
+    return key.role is ApiKeyRole.admin and tenant_name == OPERATOR_TENANT
 
 
 @dataclass(frozen=True)
@@ -54,10 +63,12 @@ def list_keys(session: Session, *, tenant_id: uuid.UUID) -> list[ApiKey]:
     return list(session.scalars(select(ApiKey).where(ApiKey.tenant_id == tenant_id).order_by(ApiKey.created_at)))
 
 
-def revoke_key(session: Session, *, key_id: uuid.UUID) -> ApiKey | None:
-    """Revoke the key (at once for every later request); None if there is no such key.
-    Revoking a revoked key keeps its first revocation time."""
+def revoke_key(session: Session, *, key_id: uuid.UUID, tenant_id: uuid.UUID | None) -> ApiKey | None:
+    """Revoke the key (at once for every later request); None if there is no such key in `tenant_id`
+    (None: in any tenant, for the operator). Revoking a revoked key keeps its first revocation time."""
     key = session.get(ApiKey, key_id)
+    if key is not None and tenant_id is not None and key.tenant_id != tenant_id:
+        return None  # another tenant's key answers exactly like a missing one
     if key is not None and key.revoked_at is None:
         key.revoked_at = utcnow()
         session.flush()

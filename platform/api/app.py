@@ -11,31 +11,48 @@ from typing import Any
 from fastapi import APIRouter, Depends, FastAPI
 from fastapi.dependencies.models import Dependant
 from fastapi.routing import iter_route_contexts
+from fastapi_offline import FastAPIOffline
 from starlette.concurrency import run_in_threadpool
 
-from loraloom.engine.async_engine import AsyncEngine
-from loraloom.engine.lora import AdapterLoadError
+from loraloom.engine import AdapterLoadError, AsyncEngine
 from loraloom.platform.accounts.keys import write_key_uses
-from loraloom.platform.api.deps import authenticate
+from loraloom.platform.api.console import install_console
+from loraloom.platform.api.deps import authenticate, refuse_lone_surrogates
 from loraloom.platform.api.errors import install_error_handlers
 from loraloom.platform.api.middleware import AuditMiddleware, BodySizeLimit
-from loraloom.platform.api.routes import adapters, admin, chat, completions, files, fine_tuning, models, operations, usage
+from loraloom.platform.api.request_log import RequestLogMiddleware
+from loraloom.platform.api.routes import (
+    adapter_downloads,
+    adapters,
+    admin,
+    chat,
+    completions,
+    engine_status,
+    files,
+    fine_tuning,
+    me,
+    models,
+    operations,
+    usage,
+    usage_series,
+)
 from loraloom.platform.api.schemas.common import ErrorResponse
 from loraloom.platform.db import create_db_engine, create_session_factory
 from loraloom.platform.metering.audit import write_audit_entries
-from loraloom.platform.metering.batch_writer import BatchWriter
+from loraloom.platform.metering.batch_writer import BatchWriter, DroppedRecordsCollector
 from loraloom.platform.metering.engine_metrics import engine_metrics_registry
 from loraloom.platform.metering.usage import write_usage_records
 from loraloom.platform.registry.lookup import AdapterLookup
 from loraloom.platform.settings import Settings
 from loraloom.platform.training.celery_app import create_celery_app
+from loraloom.platform.training.supervisor import TrainingSupervisor
 
 logger = logging.getLogger(__name__)
 
 # Every router here serves /v1 paths and requires an API key; /health and /metrics stay open.
 AUTHENTICATED_ROUTERS = (
     chat.router, completions.router, models.router, admin.router, usage.router, adapters.router, files.router,
-    fine_tuning.router,
+    fine_tuning.router, adapter_downloads.router, me.router, engine_status.router, usage_series.router,
 )
 OPEN_ROUTERS = (operations.router,)
 API_PREFIX = "/v1/"
@@ -71,9 +88,12 @@ def check_api_routes_authenticated(app: FastAPI) -> None:
             )
 
 
-def create_app(engine: AsyncEngine, lookup: AdapterLookup, settings: Settings) -> FastAPI:
+def create_app(
+    engine: AsyncEngine, lookup: AdapterLookup, settings: Settings, *, training: TrainingSupervisor | None = None
+) -> FastAPI:
     """The app serving `engine`; tenants, keys, usage and audit live in `settings.database_url`,
-    which must already be migrated (`loraloom db upgrade`; `loraloom serve` does it)."""
+    which must already be migrated (`loraloom db upgrade`; `loraloom serve` does it). `training`,
+    the supervisor of serve's training side, is what /health reports of training."""
     db_engine = create_db_engine(settings.database_url)
     session_factory = create_session_factory(db_engine)
 
@@ -105,22 +125,30 @@ def create_app(engine: AsyncEngine, lookup: AdapterLookup, settings: Settings) -
                 await writer.close()
             db_engine.dispose()
 
-    app = FastAPI(title="loraloom", summary="OpenAI-compatible multi-LoRA serving", lifespan=lifespan)
+    # /docs and /redoc with their scripts and styles served from the package, not a CDN: they load offline.
+    app = FastAPIOffline(title="loraloom", summary="OpenAI-compatible multi-LoRA serving", lifespan=lifespan)
     app.state.engine = engine
     app.state.lookup = lookup
     app.state.session_factory = session_factory
     app.state.settings = settings
+    app.state.training = training
     # Sends training jobs to the workers (`loraloom worker`, or the one `loraloom serve` starts).
     app.state.training_app = create_celery_app(settings)
     app.state.metrics_registry = engine_metrics_registry(engine.stats)
+    app.state.metrics_registry.register(DroppedRecordsCollector(
+        lambda: [getattr(app.state, name) for name in ("usage_writer", "audit_writer", "key_use_writer")
+                 if hasattr(app.state, name)]  # made at start-up
+    ))
     app.state.created = int(time.time())
     install_error_handlers(app)
     app.add_middleware(AuditMiddleware)
-    # Outermost: an oversized body is refused before anything else.
+    # An oversized body is refused before anything else reads it.
     app.add_middleware(BodySizeLimit, max_body_bytes=settings.max_request_body_bytes,
                        max_upload_bytes=settings.adapter_upload_max_bytes)
+    # Outermost: every request gets its id first (the audit log records it) and is logged last.
+    app.add_middleware(RequestLogMiddleware)
     authenticated = APIRouter(
-        dependencies=[Depends(authenticate)],
+        dependencies=[Depends(authenticate), Depends(refuse_lone_surrogates)],
         responses={status: {"model": ErrorResponse} for status in (401, 403)},
     )
     for router in AUTHENTICATED_ROUTERS:
@@ -128,5 +156,6 @@ def create_app(engine: AsyncEngine, lookup: AdapterLookup, settings: Settings) -
     app.include_router(authenticated)
     for router in OPEN_ROUTERS:
         app.include_router(router)
+    install_console(app)  # /console, and / redirecting there
     check_api_routes_authenticated(app)
     return app

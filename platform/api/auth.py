@@ -10,11 +10,11 @@ from datetime import datetime, timedelta
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from loraloom.platform.accounts.keys import Caller
+from loraloom.platform.accounts.keys import OPERATOR_TENANT, Caller
 from loraloom.platform.accounts.tenants import find_tenant
 from loraloom.platform.api.errors import APIError
 from loraloom.platform.db.api_keys import find_api_key
-from loraloom.platform.db.models import ApiKey, ApiKeyRole, Tenant
+from loraloom.platform.db.models import ApiKey, Tenant
 
 # last_used_at is written at most this often per key: it says "in use lately", not an access log.
 LAST_USED_RESOLUTION = timedelta(minutes=1)
@@ -23,6 +23,17 @@ BEARER_SCHEME = "bearer"
 
 def unauthorized(message: str, code: str) -> APIError:
     return APIError(401, message, code=code, headers={"WWW-Authenticate": "Bearer"})
+
+
+def single_authorization(values: list[str]) -> str | None:
+    """The one Authorization header's value; 401 for several, which proxies and servers may each
+    read differently (the first, the last, joined): a request must not be able to pick."""
+    if len(values) > 1:
+        raise unauthorized(
+            f"The request has {len(values)} Authorization headers; send exactly one `Authorization: Bearer <key>`",
+            code="invalid_authorization_header",
+        )
+    return values[0] if values else None
 
 
 def bearer_token(authorization: str | None) -> str:
@@ -77,17 +88,32 @@ def check_role(caller: Caller, roles: tuple[str, ...]) -> Caller:
     return caller
 
 
+def check_operator(caller: Caller) -> Caller:
+    """The caller if its key is the operator's; 403 otherwise (a tenant's admin key included)."""
+    if not caller.operator:
+        raise APIError(
+            403,
+            f"This request needs the operator's key (an admin key of tenant {OPERATOR_TENANT!r}, such as the "
+            "bootstrap key); an admin key of another tenant administers its own tenant only",
+            code="operator_only",
+        )
+    return caller
+
+
 def tenant_in_scope(session: Session, caller: Caller, name: str | None) -> Tenant:
-    """The tenant a request acts on: the caller's own, or (admin keys only) the one named."""
+    """The tenant a request acts on: the caller's own, or (the operator only) the one named.
+    Anyone else naming another tenant gets a 403 before any lookup, whether that tenant exists
+    or not, so the answer tells nothing of other tenants."""
     own = session.get(Tenant, caller.tenant_id)
     if own is None:  # deleted while the key was in flight
         raise unauthorized("This API key's tenant no longer exists", code="invalid_api_key")
     if name is None or name == own.name:
         return own
-    if caller.role != ApiKeyRole.admin.value:
+    if not caller.operator:
         raise APIError(
             403,
-            f"tenant: only admin keys may act on another tenant ({name!r}); omit tenant for your own",
+            f"tenant: only the operator's keys may act on another tenant ({name!r}); this key acts on its own "
+            "tenant only: omit tenant",
             param="tenant",
             code="insufficient_role",
         )

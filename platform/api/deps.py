@@ -5,7 +5,8 @@ answers 401 for a bad key, the role dependencies 403):
 
     caller: CallerDep       # any valid key
     caller: DeveloperDep    # an admin or developer key
-    caller: AdminDep        # an admin key
+    caller: AdminDep        # an admin key (of the caller's tenant, or the operator's)
+    caller: OperatorDep     # the operator's admin key: acts on every tenant
 """
 from __future__ import annotations
 
@@ -18,11 +19,20 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
-from loraloom.engine.async_engine import AsyncEngine
-from loraloom.platform.accounts.keys import ROLES, Caller, KeyUse
-from loraloom.platform.api.auth import LAST_USED_RESOLUTION, bearer_token, check_role, check_usable, find_key
+from loraloom.engine import AsyncEngine
+from loraloom.platform.accounts.keys import ROLES, Caller, KeyUse, is_operator_key
+from loraloom.platform.api.auth import (
+    LAST_USED_RESOLUTION,
+    bearer_token,
+    check_operator,
+    check_role,
+    check_usable,
+    find_key,
+    single_authorization,
+)
 from loraloom.platform.api.errors import APIError
 from loraloom.platform.db.models import ApiKeyRole, utcnow
+from loraloom.platform.json_input import lone_surrogate_message, lone_surrogate_path, may_hold_surrogates
 from loraloom.platform.metering.usage import UsageMeter
 from loraloom.platform.registry.lookup import AdapterLookup, RegistryAdapterLookup
 from loraloom.platform.settings import Settings
@@ -87,14 +97,17 @@ async def authenticate(
     session_factory: SessionFactoryDep,
     _documented: Annotated[HTTPAuthorizationCredentials | None, Depends(_openapi_bearer)],
 ) -> Caller:
-    token = bearer_token(request.headers.get("authorization"))
+    token = bearer_token(single_authorization(request.headers.getlist("authorization")))
     # One indexed lookup by hash, in a worker thread: the event loop never waits on the database.
     key = await run_in_threadpool(find_key, session_factory, token)
     now = utcnow()
     key = check_usable(key, now)
     if key.last_used_at is None or now - key.last_used_at >= LAST_USED_RESOLUTION:
         request.app.state.key_use_writer.submit(KeyUse(api_key_id=key.id, used_at=now))
-    caller = Caller(tenant_id=key.tenant_id, api_key_id=key.id, role=key.role.value)
+    caller = Caller(
+        tenant_id=key.tenant_id, api_key_id=key.id, role=key.role.value,
+        operator=is_operator_key(key, key.tenant.name), tenant_name=key.tenant.name,
+    )
     request.state.caller = caller  # for the audit middleware, which runs outside the route
     return caller
 
@@ -115,14 +128,38 @@ def require_role(*roles: str) -> Callable[[Caller], Awaitable[Caller]]:
 
 
 AdminDep = Annotated[Caller, Depends(require_role(ApiKeyRole.admin.value))]
+
+
+async def _operator(caller: AdminDep) -> Caller:
+    return check_operator(caller)
+
+
+OperatorDep = Annotated[Caller, Depends(_operator)]
 DeveloperDep = Annotated[Caller, Depends(require_role(ApiKeyRole.admin.value, ApiKeyRole.developer.value))]
+
+# ------------------------------------------------------------------ the body
+async def refuse_lone_surrogates(request: Request) -> None:
+    """400 naming the field for a JSON body string holding a lone surrogate ("\\ud800"): json.loads
+    accepts it, and the tokenizer or the database driver then failed on it with a 500."""
+    if "json" not in request.headers.get("content-type", "") or not may_hold_surrogates(await request.body()):
+        return
+    try:
+        body = await request.json()  # parsed once: FastAPI's own parse is cached on the request
+    except (ValueError, RecursionError):
+        return  # FastAPI answers an unparsable body itself
+    path = lone_surrogate_path(body)
+    if path is not None:
+        raise APIError(400, lone_surrogate_message(path or "the request body"), param=path or None)
+
 
 # ------------------------------------------------------------------ usage metering
 def usage_meter(endpoint: str) -> params.Depends:
     """A dependency giving a fresh UsageMeter for `endpoint`, started when the request arrives."""
 
     def start_meter(request: Request, caller: CallerDep) -> UsageMeter:
-        return UsageMeter(writer=request.app.state.usage_writer, caller=caller, endpoint=endpoint)
+        meter = UsageMeter(writer=request.app.state.usage_writer, caller=caller, endpoint=endpoint)
+        request.state.usage_meter = meter  # the request's log line reads its adapter and tokens
+        return meter
 
     return Depends(start_meter)
 

@@ -7,6 +7,7 @@ bad request field as a plain ValueError("field: ..."); the routers over those se
 """
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
@@ -15,12 +16,18 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import Message, Receive, Scope, Send
 
+from loraloom.engine import RequestFailedError
 from loraloom.platform.accounts.tenants import TenantExistsError, TenantNotFoundError
+from loraloom.platform.api.asgi import HttpMiddleware
 from loraloom.platform.api.schemas.common import ErrorDetail, ErrorResponse
+from loraloom.platform.json_input import too_deep_message
 from loraloom.platform.registry.errors import RegistryConflictError, RegistryNotFoundError, UploadRejectedError
 from loraloom.platform.training.datasets import DatasetReport, DatasetValidationError
 from loraloom.platform.training.errors import TrainingConflictError, TrainingInputError, TrainingNotFoundError
+
+logger = logging.getLogger(__name__)
 
 INVALID_REQUEST = "invalid_request_error"
 SERVER_ERROR = "server_error"
@@ -77,9 +84,13 @@ def field_error(error: ValueError, field_names: dict[str, str]) -> APIError:
     return APIError(400, f"{param}: {detail}", param=param)
 
 
+# Where FastAPI found a request field: not part of the field's name, which is what `param` carries.
+_REQUEST_PARTS = ("body", "path", "query")
+
+
 def _location_path(location: Sequence[Any]) -> str:
-    """("body", "messages", 0, "content") -> "messages[0].content"."""
-    parts = list(location[1:] if location and location[0] == "body" else location)
+    """("body", "messages", 0, "content") -> "messages[0].content"; ("query", "after") -> "after"."""
+    parts = list(location[1:] if location and location[0] in _REQUEST_PARTS else location)
     path = ""
     for part in parts:
         path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
@@ -131,6 +142,7 @@ DOMAIN_ERRORS: dict[type[Exception], Callable[[Any], APIError]] = {
     ),
     TenantExistsError: lambda error: APIError(409, str(error), param="name", code="tenant_exists"),
     TenantNotFoundError: lambda error: APIError(404, str(error), param="tenant", code="tenant_not_found"),
+    RequestFailedError: lambda error: APIError(500, str(error), error_type=SERVER_ERROR, code="generation_failed"),
 }
 _DOMAIN_ERROR_TYPES = tuple(DOMAIN_ERRORS)
 
@@ -164,23 +176,67 @@ async def _validation_error_handler(request: Request, error: RequestValidationEr
 
 async def _http_error_handler(request: Request, error: StarletteHTTPException) -> JSONResponse:
     error_type = INVALID_REQUEST if error.status_code < 500 else SERVER_ERROR
-    api_error = APIError(error.status_code, str(error.detail), error_type=error_type)
+    message = str(error.detail)
+    if isinstance(error.__cause__, RecursionError):  # FastAPI's "error parsing the body" says no more
+        message = too_deep_message("The request body")
+    api_error = APIError(error.status_code, message, error_type=error_type)
     return error_response(api_error, headers=error.headers)
 
 
+def api_error_for(error: Exception) -> APIError:
+    """What the client is told of an error: its DOMAIN_ERRORS answer (the most specific class in
+    its MRO), an APIError as it is, or a bare 500 with no internals."""
+    if isinstance(error, APIError):
+        return error
+    convert = next((DOMAIN_ERRORS[kind] for kind in type(error).__mro__ if kind in DOMAIN_ERRORS), None)
+    return internal_error() if convert is None else convert(error)
+
+
 async def _domain_error_handler(request: Request, error: Exception) -> JSONResponse:
-    # Starlette picks the handler of the most specific class in the error's MRO.
-    convert = next(DOMAIN_ERRORS[kind] for kind in type(error).__mro__ if kind in DOMAIN_ERRORS)
-    return error_response(convert(error))
+    return error_response(api_error_for(error))
+
+
+def internal_error() -> APIError:
+    return APIError(500, "Internal server error", error_type=SERVER_ERROR)  # no detail, no traceback for the client
 
 
 async def _unexpected_error_handler(request: Request, error: Exception) -> JSONResponse:
-    # No traceback for the client. Starlette re-raises the error after this
-    # response is sent, so the server (uvicorn) logs the traceback.
-    return error_response(APIError(500, "Internal server error", error_type=SERVER_ERROR))
+    # Only errors raised outside UnexpectedErrors (in an outer middleware) get here. Starlette
+    # re-raises the error after this response is sent, so the server (uvicorn) logs the traceback.
+    return error_response(internal_error())
+
+
+class UnexpectedErrors(HttpMiddleware):
+    """Answers an error no handler claimed with the OpenAI-shaped 500 and logs its traceback here.
+
+    Starlette's handler for Exception re-raises after answering, and uvicorn then closes the
+    connection: a client's next request on the same keep-alive connection was reset. This
+    middleware sits below the audit middleware (which records the 500) and does not re-raise.
+    A response already begun (a stream) cannot become a 500: that error is re-raised, and
+    closing the connection is then the only way to tell the client its response is cut off.
+    """
+
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
+        started = False
+
+        async def send_and_watch(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_and_watch)
+        except Exception:
+            if started:
+                raise
+            logger.exception("unexpected error answering %s %s", scope.get("method"), scope.get("path"))
+            await error_response(internal_error())(scope, receive, send)
 
 
 def install_error_handlers(app: FastAPI) -> None:
+    """Every handler, and UnexpectedErrors: call it before adding other middlewares, so that it
+    is the innermost and they see its 500."""
+    app.add_middleware(UnexpectedErrors)
     app.add_exception_handler(APIError, _api_error_handler)
     for domain_error in DOMAIN_ERRORS:
         app.add_exception_handler(domain_error, _domain_error_handler)

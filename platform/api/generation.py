@@ -1,7 +1,9 @@
 """What chat and text completions share: adapter resolution, sampling parameters,
-starting an engine stream, collecting it, usage, SSE framing, disconnects."""
+starting an engine stream per choice, collecting them, usage, SSE framing, disconnects."""
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import functools
 import time
 import uuid
@@ -11,25 +13,30 @@ from typing import Any, TypeVar
 
 import anyio
 from fastapi import Request, Response
-from fastapi.responses import StreamingResponse
 from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 
-from loraloom.engine.adapters import AdapterHandle
-from loraloom.engine.async_engine import AsyncEngine
-from loraloom.engine.lora import AdapterLoadError
-from loraloom.engine.outputs import RequestOutput, TokenLogprob
-from loraloom.engine.request import SamplingParams
+from loraloom.engine import (
+    AdapterLoadError,
+    AsyncEngine,
+    CompiledGrammar,
+    RequestOutput,
+    SamplingParams,
+    TokenLogprob,
+)
 from loraloom.platform.api.errors import APIError, field_error
 from loraloom.platform.api.schemas.generation import DEFAULT_MAX_TOKENS, GenerationRequest, PromptTokensDetails, Usage
+from loraloom.platform.api.sse import ending_in_error_event, events_once_open, opened_within, sse_response
 from loraloom.platform.metering.usage import UsageMeter
 from loraloom.platform.registry.errors import AdapterNotFoundError, InvalidAdapterError
 from loraloom.platform.registry.lookup import AdapterLookup
+from loraloom.platform.registry.named import NamedAdapter
 
 SSE_DONE = "data: [DONE]\n\n"
 CLIENT_CLOSED_REQUEST = 499  # nginx's status for a client that left; nobody reads this response
 
 T = TypeVar("T")
+ChoiceOutput = tuple[int, RequestOutput]  # (choice index, one of its outputs)
 
 
 def adapter_reference(body: GenerationRequest) -> tuple[str, str]:
@@ -39,15 +46,38 @@ def adapter_reference(body: GenerationRequest) -> tuple[str, str]:
     return body.model, "model"
 
 
-async def resolve_adapter(lookup: AdapterLookup, body: GenerationRequest, tenant_id: uuid.UUID) -> AdapterHandle | None:
+async def resolve_adapter(
+    lookup: AdapterLookup, body: GenerationRequest, tenant_id: uuid.UUID, meter: UsageMeter
+) -> NamedAdapter | None:
     name, param = adapter_reference(body)
+    meter.adapter_reference = name  # before resolving: a reference that fails to resolve is logged too
+    adapter = await _resolve(lookup, name, param, tenant_id)
+    if param == "adapter_id":
+        check_model_agrees(body, adapter, await _resolve(lookup, body.model, "model", tenant_id))
+    return adapter
+
+
+async def _resolve(lookup: AdapterLookup, name: str, param: str, tenant_id: uuid.UUID) -> NamedAdapter | None:
     try:
         # A lookup may hash files or query a database: keep it off the event loop.
-        return await run_in_threadpool(lookup.resolve, name, tenant_id)
+        return await run_in_threadpool(lookup.resolve_named, name, tenant_id)
     except AdapterNotFoundError as error:
         raise APIError(404, str(error), param=param, code="model_not_found") from None
     except InvalidAdapterError as error:
         raise APIError(400, str(error), param=param) from None
+
+
+def check_model_agrees(body: GenerationRequest, adapter: NamedAdapter | None, model: NamedAdapter | None) -> None:
+    """With `adapter_id` set, `model` may name the base or the same adapter: the response's `model`
+    echoes the request's, so a different adapter there would say that something ran which did not.
+    Same adapter means the same version of the same name: two names for equal bytes are still two."""
+    if model is not None and (adapter is None or model.handle != adapter.handle):
+        raise APIError(
+            400,
+            f"model {body.model!r} and adapter_id {body.adapter_id!r} name different adapters; set model to the "
+            "base model (or to the same adapter) when adapter_id names the adapter, or leave adapter_id out",
+            param="adapter_id",
+        )
 
 
 def default_max_tokens(num_prompt_tokens: int, max_model_len: int) -> int:
@@ -56,7 +86,20 @@ def default_max_tokens(num_prompt_tokens: int, max_model_len: int) -> int:
     return max(1, min(DEFAULT_MAX_TOKENS, max_model_len - num_prompt_tokens))
 
 
-def sampling_params(body: GenerationRequest, *, max_tokens: int, logprobs: int | None) -> SamplingParams:
+async def compile_grammar(engine: AsyncEngine, body: GenerationRequest) -> CompiledGrammar | None:
+    """The grammar a JSON response_format asks for (None for text), compiled by the engine off its step
+    thread, before the request is queued; a schema it cannot serve is a 400 naming response_format."""
+    if not body.wants_json:
+        return None
+    try:
+        return await engine.compile_grammar(body.json_schema())
+    except ValueError as error:
+        raise field_error(error, {}) from None
+
+
+def sampling_params(
+    body: GenerationRequest, *, max_tokens: int, logprobs: int | None, grammar: CompiledGrammar | None = None
+) -> SamplingParams:
     return SamplingParams(
         max_tokens=max_tokens,
         temperature=body.temperature,
@@ -67,7 +110,26 @@ def sampling_params(body: GenerationRequest, *, max_tokens: int, logprobs: int |
         stop_token_ids=list(body.stop_token_ids),
         ignore_eos=body.ignore_eos,
         logprobs=logprobs,
+        presence_penalty=body.presence_penalty,
+        frequency_penalty=body.frequency_penalty,
+        repetition_penalty=body.repetition_penalty,
+        logit_bias=body.logit_bias_ids(),
+        min_tokens=body.min_tokens,
+        grammar=grammar,
     )
+
+
+def choice_params(params: SamplingParams, n: int) -> list[SamplingParams]:
+    """One SamplingParams per choice. With a seed, choice i draws with seed + i: the choices differ,
+    and each is reproducible (the same as an n=1 request with that seed)."""
+    if params.seed is None:
+        return [params] * n
+    return [dataclasses.replace(params, seed=params.seed + index) for index in range(n)]
+
+
+def choice_request_id(request_id: str, index: int) -> str:
+    """The engine's request id of choice `index` (ids are unique in the engine)."""
+    return request_id if index == 0 else f"{request_id}-{index}"
 
 
 async def open_generation(
@@ -75,23 +137,34 @@ async def open_generation(
     *,
     request_id: str,
     prompt_token_ids: list[int],
-    params: SamplingParams,
-    adapter: AdapterHandle | None,
+    params: list[SamplingParams],  # one per choice (choice_params)
+    adapter: NamedAdapter | None,
     field_names: dict[str, str],
     adapter_param: str,
     model: str,
     meter: UsageMeter,
-) -> AsyncGenerator[RequestOutput, None]:
-    """Start a request and wait for its first output, so that what the engine
-    refuses becomes a 400 before any response (or SSE header) is sent.
+) -> AsyncGenerator[ChoiceOutput, None]:
+    """Start choice 0 and wait for its first output, so that what the engine refuses becomes a 400
+    before any response (or SSE header) is sent. The other choices have the same prompt and
+    parameters but their seed, so the engine would refuse them alike.
 
-    `field_names` maps the engine's field names in its error messages to this
-    endpoint's request fields. The returned stream aborts the request when it
-    is closed or cancelled before the end. `meter` sees every output and is
-    finished when the stream ends, however it ends.
+    Why choice 0 first and alone: its first output comes once its prompt is computed, and its
+    full KV blocks are then in the prefix cache; the other choices, started together after it,
+    read them instead of computing the prompt again (with prefix caching on).
+
+    `field_names` maps the engine's field names in its error messages to this endpoint's request
+    fields. The returned stream yields (choice index, output) and aborts every unfinished choice
+    when it is closed or cancelled before the end. `meter` sees every output and is finished
+    when the stream ends, however it ends.
     """
-    meter.begin(request_id=request_id, model=model, adapter=adapter)
-    outputs = engine.generate(request_id=request_id, prompt_token_ids=prompt_token_ids, params=params, adapter=adapter)
+    meter.begin(request_id=request_id, model=model, adapter=adapter, num_choices=len(params))
+
+    def start(index: int) -> AsyncGenerator[RequestOutput, None]:
+        return engine.generate(request_id=choice_request_id(request_id, index), prompt_token_ids=prompt_token_ids,
+                               params=params[index], adapter=None if adapter is None else adapter.handle,
+                               tenant=meter.caller.tenant_name)
+
+    outputs = start(0)
     try:
         first = await anext(outputs)
     except AdapterLoadError as error:
@@ -104,19 +177,23 @@ async def open_generation(
         meter.finish(failed=isinstance(error, Exception))  # a cancellation is the client leaving
         raise
     meter.observe(first)
-    return _stream_from(first, outputs, meter)
+    others = [start(index) for index in range(1, len(params))]
+    if not others:
+        return _stream_from(first, outputs, meter)
+    return _merged_choices(first, [outputs, *others], meter)
 
 
 async def _stream_from(
     first: RequestOutput, rest: AsyncGenerator[RequestOutput, None], meter: UsageMeter
-) -> AsyncGenerator[RequestOutput, None]:
+) -> AsyncGenerator[ChoiceOutput, None]:
+    """One choice: its outputs in order."""
     failed = False
     try:
-        yield first
+        yield 0, first
         if not first.finished:
             async for output in rest:
                 meter.observe(output)
-                yield output
+                yield 0, output
     except Exception:
         failed = True
         raise
@@ -128,34 +205,81 @@ async def _stream_from(
         meter.finish(failed=failed)
 
 
+async def _merged_choices(
+    first: RequestOutput, streams: list[AsyncGenerator[RequestOutput, None]], meter: UsageMeter
+) -> AsyncGenerator[ChoiceOutput, None]:
+    """Several choices: choice 0's first output, then every choice's outputs as they come. One task per
+    choice reads its stream into a shared queue; the other choices' streams start (and their requests
+    reach the engine, together) when the first output has been taken."""
+    queue: asyncio.Queue[ChoiceOutput | Exception] = asyncio.Queue()
+
+    async def pump(index: int, stream: AsyncGenerator[RequestOutput, None]) -> None:
+        try:
+            async for output in stream:
+                queue.put_nowait((index, output))
+        except Exception as error:  # handed to the reader, which raises it
+            queue.put_nowait(error)
+
+    failed = False
+    tasks: list[asyncio.Task[None]] = []
+    try:
+        yield 0, first
+        unfinished = len(streams) - first.finished
+        tasks = [asyncio.create_task(pump(index, stream)) for index, stream in enumerate(streams)
+                 if index > 0 or not first.finished]
+        while unfinished:
+            item = await queue.get()
+            if isinstance(item, Exception):
+                raise item
+            meter.observe(item[1])
+            unfinished -= item[1].finished
+            yield item
+    except Exception:
+        failed = True
+        raise
+    finally:
+        with anyio.CancelScope(shield=True):  # as in _stream_from: the aborts must reach the engine
+            for task in tasks:
+                task.cancel()  # a stream cancelled mid-way aborts its request
+            await asyncio.gather(*tasks, return_exceptions=True)
+            for stream in streams:
+                await stream.aclose()
+        meter.finish(failed=failed)
+
+
 @dataclass
 class Collected:
+    """One choice's whole generation."""
+
     text: str
     logprobs: list[TokenLogprob] | None
     finish_reason: str | None
     last: RequestOutput
 
 
-async def collect(outputs: AsyncIterator[RequestOutput]) -> Collected:
-    texts: list[str] = []
-    logprobs: list[TokenLogprob] | None = None
-    last: RequestOutput | None = None
-    async for output in outputs:
-        texts.append(output.text_delta)
+async def collect(outputs: AsyncIterator[ChoiceOutput], num_choices: int) -> list[Collected]:
+    texts: list[list[str]] = [[] for _ in range(num_choices)]
+    logprobs: list[list[TokenLogprob] | None] = [None] * num_choices
+    lasts: list[RequestOutput | None] = [None] * num_choices
+    async for index, output in outputs:
+        texts[index].append(output.text_delta)
         if output.logprobs is not None:
-            logprobs = [] if logprobs is None else logprobs
-            logprobs.extend(output.logprobs)
-        last = output
-    assert last is not None, "open_generation yields at least one output"
-    return Collected(text="".join(texts), logprobs=logprobs, finish_reason=last.finish_reason, last=last)
+            logprobs[index] = (logprobs[index] or []) + output.logprobs
+        lasts[index] = output
+    assert all(last is not None for last in lasts), "every choice yields at least one output"
+    return [Collected(text="".join(texts[index]), logprobs=logprobs[index], finish_reason=last.finish_reason,
+                      last=last) for index, last in enumerate(lasts)]
 
 
-def usage(output: RequestOutput) -> Usage:
+def usage(lasts: list[RequestOutput]) -> Usage:
+    """From each choice's last output: the prompt counted once (the choices share it), completions summed."""
+    prompt = lasts[0]
+    completion_tokens = sum(last.num_output_tokens for last in lasts)
     return Usage(
-        prompt_tokens=output.num_prompt_tokens,
-        completion_tokens=output.num_output_tokens,
-        total_tokens=output.num_prompt_tokens + output.num_output_tokens,
-        prompt_tokens_details=PromptTokensDetails(cached_tokens=output.num_cached_tokens),
+        prompt_tokens=prompt.num_prompt_tokens,
+        completion_tokens=completion_tokens,
+        total_tokens=prompt.num_prompt_tokens + completion_tokens,
+        prompt_tokens_details=PromptTokensDetails(cached_tokens=prompt.num_cached_tokens),
     )
 
 
@@ -173,6 +297,7 @@ def sse_event(payload: BaseModel) -> str:
     return f"data: {payload.model_dump_json()}\n\n"
 
 
+
 @dataclass(frozen=True)
 class ResponseHead:
     """What the response and each of its chunks carry: OpenAI's id, created (Unix seconds) and model."""
@@ -180,6 +305,7 @@ class ResponseHead:
     id: str
     created: int
     model: str
+    num_choices: int = 1
 
 
 async def respond(
@@ -191,11 +317,11 @@ async def respond(
     prompt_token_ids: list[int],
     max_tokens: int | None,
     logprobs: int | None,
-    adapter: AdapterHandle | None,
+    adapter: NamedAdapter | None,
     field_names: dict[str, str],
     meter: UsageMeter,
-    events: Callable[[AsyncGenerator[RequestOutput, None], ResponseHead, bool], AsyncGenerator[str, None]],
-    build: Callable[[Collected, ResponseHead], T],
+    events: Callable[[AsyncGenerator[ChoiceOutput, None], ResponseHead, bool], AsyncGenerator[str, None]],
+    build: Callable[[list[Collected], ResponseHead], T],
 ) -> T | Response:
     """Start the generation (open_generation; `max_tokens` None: the default),
     then answer with server-sent events made by `events` (given whether the
@@ -204,28 +330,50 @@ async def respond(
     cancels the generation (Starlette handles it after)."""
     if max_tokens is None:
         max_tokens = default_max_tokens(len(prompt_token_ids), engine.max_model_len)
-    head = ResponseHead(id=f"{id_prefix}-{uuid.uuid4().hex}", created=int(time.time()), model=body.model)
+    grammar = await compile_grammar(engine, body)
+    head = ResponseHead(id=f"{id_prefix}-{uuid.uuid4().hex}", created=int(time.time()), model=body.model,
+                        num_choices=body.n)
     start = functools.partial(
         open_generation,
         engine,
         request_id=head.id,
         prompt_token_ids=prompt_token_ids,
-        params=sampling_params(body, max_tokens=max_tokens, logprobs=logprobs),
+        params=choice_params(sampling_params(body, max_tokens=max_tokens, logprobs=logprobs, grammar=grammar),
+                             body.n),
         adapter=adapter,
         field_names=field_names,
         adapter_param=adapter_reference(body)[1],
         model=body.model,
         meter=meter,
     )
+    if body.stream:
+        return await stream_response(request, cancel_on_disconnect(request, start),
+                                     lambda outputs: ending_in_error_event(events(outputs, head, body.include_usage)))
     outputs = await cancel_on_disconnect(request, start)
     if outputs is None:
         return Response(status_code=CLIENT_CLOSED_REQUEST)
-    if body.stream:
-        return StreamingResponse(events(outputs, head, body.include_usage), media_type="text/event-stream")
-    collected = await cancel_on_disconnect(request, lambda: collect(outputs))
+    collected = await cancel_on_disconnect(request, lambda: collect(outputs, body.n))
     if collected is None:
         return Response(status_code=CLIENT_CLOSED_REQUEST)
     return build(collected, head)
+
+
+async def stream_response(
+    request: Request,
+    opening: Awaitable[AsyncGenerator[ChoiceOutput, None] | None],
+    events: Callable[[AsyncGenerator[ChoiceOutput, None]], AsyncIterator[str]],
+) -> Response:
+    """Wait up to one keep-alive interval for the generation to be accepted: a refusal in that time
+    is a plain 400. A slower first output (a long prefill, a busy engine) starts the stream at once,
+    kept alive until it comes; a refusal then arrives as an error event."""
+    keepalive_s = request.app.state.settings.sse_keepalive_interval_s
+    opened = await opened_within(opening, keepalive_s)
+    if not opened.done():
+        return sse_response(events_once_open(opened, events), keepalive_s)
+    outputs = opened.result()
+    if outputs is None:
+        return Response(status_code=CLIENT_CLOSED_REQUEST)
+    return sse_response(events(outputs), keepalive_s)
 
 
 async def cancel_on_disconnect(request: Request, work: Callable[[], Awaitable[T]]) -> T | None:

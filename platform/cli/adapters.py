@@ -1,7 +1,8 @@
-"""`loraloom adapters ...`: the adapter registry over HTTP (push, list, versions, promote, rm)."""
+"""`loraloom adapters ...`: the adapter registry over HTTP (push, pull, list, versions, promote, rm)."""
 from __future__ import annotations
 
 import argparse
+import operator
 import sys
 from contextlib import ExitStack
 from pathlib import Path
@@ -9,11 +10,14 @@ from pathlib import Path
 import httpx
 from tqdm import tqdm
 
-from loraloom.platform.cli.http_client import Command, CommandError, ProgressReader, call, pages, print_table, segment
+from loraloom.engine import ADAPTER_CONFIG_FILE, ADAPTER_FILES, ADAPTER_WEIGHTS_FILE
+from loraloom.platform.cli.adapter_pull import add_pull_command, adapters_pull
+from loraloom.platform.cli.http_client import Command, CommandError, ProgressReader, call, pages, segment
+from loraloom.platform.cli.listing import add_json_option, field_columns, print_listing
 from loraloom.platform.cli.options import positive_int
 
-# What a PEFT adapter directory must hold (the client checks before it uploads anything).
-ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")
+# adapter_model.safetensors, .bin, .pt...: whatever format the weights were saved in.
+ADAPTER_WEIGHTS_STEM = ADAPTER_WEIGHTS_FILE.split(".")[0] + "."
 
 
 def add_commands(commands: argparse._SubParsersAction) -> None:
@@ -25,31 +29,39 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     push.add_argument("path", type=Path, metavar="DIR")
     push.add_argument("--name", required=True, help="adapter name; created on its first push")
     push.add_argument("--alias", help="also point this alias (e.g. prod) at the new version")
-    adapter_commands.add_parser("list", help="list adapters")
+    add_pull_command(adapter_commands)
+    add_json_option(adapter_commands.add_parser("list", help="list adapters"))
     versions = adapter_commands.add_parser("versions", help="list an adapter's versions")
     versions.add_argument("name", metavar="NAME")
+    add_json_option(versions)
     promote = adapter_commands.add_parser("promote", help="point ALIAS of NAME at VERSION (promote or roll back)")
     promote.add_argument("name", metavar="NAME")
     promote.add_argument("alias", metavar="ALIAS")
     promote.add_argument("version", type=positive_int, metavar="VERSION")
     remove = adapter_commands.add_parser("rm", help="delete an adapter (NAME) or one version (NAME@N)")
     remove.add_argument("reference", metavar="NAME|NAME@N")
-    remove.add_argument("--force", action="store_true", help="delete a version even if an alias points to it")
+    remove.add_argument("--force", action="store_true",
+                        help="delete even while an alias other than latest points at it (the aliases go too)")
 
 
 def upload_paths(path: Path) -> list[Path]:
-    """A PEFT adapter directory's two files, or the archive file itself."""
+    """An archive file itself; from a directory, its two PEFT files. A directory without both sends
+    the adapter files it has (adapter_config.json, adapter_model.*) as they are: the server judges
+    them, and its message (e.g. why a pickled adapter_model.bin is refused) reaches the user as is."""
     if path.is_file():
         return [path]
     if not path.is_dir():
         raise CommandError(f"{path}: no such file or directory")
-    missing = [name for name in ADAPTER_FILES if not (path / name).is_file()]
-    if missing:
+    if all((path / name).is_file() for name in ADAPTER_FILES):
+        return [path / name for name in ADAPTER_FILES]
+    found = sorted(file for file in path.iterdir() if file.is_file() and (
+        file.name == ADAPTER_CONFIG_FILE or file.name.startswith(ADAPTER_WEIGHTS_STEM)))
+    if not found:
         raise CommandError(
-            f"{path}: missing {', '.join(missing)}; push a PEFT adapter directory "
-            f"({' + '.join(ADAPTER_FILES)}) or a .tar.gz/.zip of one"
+            f"{path}: no adapter files there; push a PEFT adapter directory ({' + '.join(ADAPTER_FILES)}) "
+            "or a .tar.gz/.zip of one"
         )
-    return [path / name for name in ADAPTER_FILES]
+    return found
 
 
 def adapters_push(client: httpx.Client, args: argparse.Namespace) -> None:
@@ -65,6 +77,8 @@ def adapters_push(client: httpx.Client, args: argparse.Namespace) -> None:
         ]
         version = call(client, "POST", f"/v1/adapters/{segment(args.name)}/versions", files=files)
     print(f"{args.name}@{version['version']}")
+    if version.get("deduplicated"):
+        print(f"{args.name}@{version['version']} already holds these files: no new version was made", file=sys.stderr)
     if args.alias is not None:
         move_alias(client, args.name, args.alias, version["version"])
 
@@ -75,23 +89,19 @@ def move_alias(client: httpx.Client, name: str, alias: str, version: int) -> Non
 
 
 def adapters_list(client: httpx.Client, args: argparse.Namespace) -> None:
-    print_table(
-        ["NAME", "ALIASES", "UPDATED"],
-        [
-            [a["name"], " ".join(f"{alias}={v}" for alias, v in sorted(a["aliases"].items())), a["updated_at"]]
-            for a in pages(client, "/v1/adapters", "name")
-        ],
-    )
+    print_listing(args, pages(client, "/v1/adapters", "name"), [
+        ("NAME", operator.itemgetter("name")),
+        ("ALIASES", lambda a: " ".join(f"{alias}={v}" for alias, v in sorted(a["aliases"].items()))),
+        ("UPDATED", operator.itemgetter("updated_at")),
+    ])
 
 
 def adapters_versions(client: httpx.Client, args: argparse.Namespace) -> None:
-    print_table(
-        ["VERSION", "STATUS", "RANK", "ALPHA", "ALIASES", "CREATED"],
-        [
-            [v["version"], v["status"], v["rank"], v["alpha"], " ".join(v["aliases"]), v["created_at"]]
-            for v in pages(client, f"/v1/adapters/{segment(args.name)}/versions", "version")
-        ],
-    )
+    print_listing(args, pages(client, f"/v1/adapters/{segment(args.name)}/versions", "version"), [
+        *field_columns(("VERSION", "version"), ("STATUS", "status"), ("RANK", "rank"), ("ALPHA", "alpha")),
+        ("ALIASES", lambda v: " ".join(v["aliases"])),
+        ("CREATED", operator.itemgetter("created_at")),
+    ])
 
 
 def adapters_promote(client: httpx.Client, args: argparse.Namespace) -> None:
@@ -101,7 +111,7 @@ def adapters_promote(client: httpx.Client, args: argparse.Namespace) -> None:
 def adapters_rm(client: httpx.Client, args: argparse.Namespace) -> None:
     name, separator, number = args.reference.partition("@")
     if not separator:
-        path, params = f"/v1/adapters/{segment(name)}", {}
+        path, params = f"/v1/adapters/{segment(name)}", {"force": str(args.force).lower()}
     elif number.isdigit():
         path, params = f"/v1/adapters/{segment(name)}/versions/{number}", {"force": str(args.force).lower()}
     else:
@@ -112,6 +122,7 @@ def adapters_rm(client: httpx.Client, args: argparse.Namespace) -> None:
 
 COMMANDS: dict[tuple[str, str], Command] = {
     ("adapters", "push"): adapters_push,
+    ("adapters", "pull"): adapters_pull,
     ("adapters", "list"): adapters_list,
     ("adapters", "versions"): adapters_versions,
     ("adapters", "promote"): adapters_promote,

@@ -1,6 +1,6 @@
 """What the CLI commands that talk to a loraloom server over HTTP share (keys.py, adapters.py,
-training.py): the client, the call that turns error responses into messages, pagination,
-tables and upload progress.
+training.py): the client, the call that turns error responses into messages, pagination
+and upload progress.
 
 The server is LORALOOM_BASE_URL (default http://127.0.0.1:8000) and the key LORALOOM_API_KEY
 (never taken on the command line, where shell history and `ps` would keep it). Results go
@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from typing import Any, BinaryIO
 from urllib.parse import quote
 
@@ -48,8 +48,15 @@ def call(client: httpx.Client, method: str, path: str, **request: Any) -> Any:
         response = client.request(method, path, **request)
     except httpx.TransportError as error:
         raise CommandError(f"cannot reach {client.base_url} ({BASE_URL_VARIABLE}): {error}") from None
+    raise_for_error(method, path, response)
+    return response.json()
+
+
+def raise_for_error(method: str, path: str, response: httpx.Response) -> None:
+    """A CommandError with the server's message, unless the response is a success (read the body of
+    a streamed response before calling this)."""
     if response.is_success:
-        return response.json()
+        return
     try:
         error = response.json()["error"]
         message = error["message"]
@@ -67,13 +74,6 @@ def call(client: httpx.Client, method: str, path: str, **request: Any) -> Any:
 def segment(value: str) -> str:
     """A user-given name as one URL path segment."""
     return quote(value, safe="")
-
-
-def print_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
-    cells = [[str(h) for h in headers]] + [["-" if v is None else str(v) for v in row] for row in rows]
-    widths = [max(len(row[column]) for row in cells) for column in range(len(headers))]
-    for row in cells:
-        print("  ".join(value.ljust(width) for value, width in zip(row, widths)).rstrip())
 
 
 class ProgressReader:

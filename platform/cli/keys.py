@@ -6,7 +6,8 @@ import sys
 
 import httpx
 
-from loraloom.platform.cli.http_client import Command, call, print_table, segment
+from loraloom.platform.cli.http_client import Command, call, segment
+from loraloom.platform.cli.listing import add_json_option, field_columns, print_listing
 from loraloom.platform.cli.options import ROLE_CHOICES
 
 
@@ -20,6 +21,7 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     create.add_argument("--expires-at", help="ISO 8601 time with offset, e.g. 2027-01-01T00:00:00Z")
     listing = key_commands.add_parser("list", help="list keys: prefix, role, last use (never the key)")
     listing.add_argument("--tenant", help="tenant name (admin); default: your key's tenant")
+    add_json_option(listing)
     revoke = key_commands.add_parser("revoke", help="revoke a key by id (admin)")
     revoke.add_argument("key_id", metavar="KEY_ID")
 
@@ -35,11 +37,10 @@ def keys_create(client: httpx.Client, args: argparse.Namespace) -> None:
 def keys_list(client: httpx.Client, args: argparse.Namespace) -> None:
     params = {} if args.tenant is None else {"tenant": args.tenant}
     keys = call(client, "GET", "/v1/keys", params=params)["data"]
-    print_table(
-        ["ID", "PREFIX", "NAME", "ROLE", "CREATED", "LAST USED", "REVOKED"],
-        [[k["id"], k["prefix"], k["name"], k["role"], k["created_at"], k["last_used_at"], k["revoked_at"]]
-         for k in keys],
-    )
+    print_listing(args, keys, field_columns(
+        ("ID", "id"), ("PREFIX", "prefix"), ("NAME", "name"), ("ROLE", "role"), ("CREATED", "created_at"),
+        ("LAST USED", "last_used_at"), ("REVOKED", "revoked_at"),
+    ))
 
 
 def keys_revoke(client: httpx.Client, args: argparse.Namespace) -> None:

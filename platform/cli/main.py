@@ -57,7 +57,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     elif args.command == "worker":
         run_worker_command(args)
     elif args.command == "model":
-        from loraloom.engine.bundled import import_bundled  # imported here: it needs torch
+        from loraloom.engine import import_bundled  # imported here: it needs torch
 
         print(import_bundled(force=args.force))
     elif args.command in ("db", "admin"):

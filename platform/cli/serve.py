@@ -3,17 +3,18 @@ training worker beside it, unless --no-worker); worker consumes the training que
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import logging
-import subprocess
+import signal
 import sys
 from pathlib import Path
 
-from loraloom.engine.config import FP8_ACTIVATION_TERMS, KV_CACHE_DTYPES, QUANTIZATION_METHODS, EngineConfig
+from loraloom.engine import FP8_ACTIVATION_TERMS, KV_CACHE_DTYPES, QUANTIZATION_METHODS, EngineConfig
 from loraloom.platform.cli.options import adapter_argument, fraction, load_settings, positive_int
+from loraloom.platform.log_format import configure_logging
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8000
-WORKER_STOP_TIMEOUT_S = 30
 
 
 def add_serve_command(commands: argparse._SubParsersAction) -> None:
@@ -131,8 +132,7 @@ def serve(args: argparse.Namespace) -> None:
     import uvicorn
     from sqlalchemy.exc import SQLAlchemyError
 
-    from loraloom.engine.async_engine import AsyncEngine
-    from loraloom.engine.bundled import import_bundled
+    from loraloom.engine import AsyncEngine, import_bundled
     from loraloom.platform.api.app import create_app
     from loraloom.platform.cli.admin import prepare_database, shown_url
     from loraloom.platform.registry.fetch import adapter_fetcher_from_settings
@@ -140,8 +140,9 @@ def serve(args: argparse.Namespace) -> None:
     from loraloom.platform.registry.lookup import registry_lookup_from_settings
     from loraloom.platform.storage import storage_from_settings
     from loraloom.platform.training.jobs import find_checkpoint
+    from loraloom.platform.training.supervisor import TrainingSupervisor
 
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    configure_logging(logging.INFO)
     settings = load_settings(args.broker_url)
     try:
         prepare_database(settings, sys.stderr)
@@ -157,44 +158,53 @@ def serve(args: argparse.Namespace) -> None:
         lookup = registry_lookup_from_settings(settings, store, local, find_checkpoint=find_checkpoint)
     except (ValueError, FileNotFoundError) as error:  # bad model directory or adapter names: say which, no traceback
         sys.exit(f"loraloom serve: {error}")
-    app = create_app(engine, lookup, settings)
-    worker = None if args.no_worker else start_worker_process(model_dir, settings.broker_url)
+    # The training side: the worker beside the server (unless --no-worker), restarted when it dies or
+    # gets stuck, and a reaper of jobs whose worker died.
+    training = TrainingSupervisor(settings, None if args.no_worker else worker_command(model_dir, settings.broker_url))
+    app = create_app(engine, lookup, settings, training=training)
+    # uvicorn handles SIGTERM with a graceful shutdown, then raises it again with the handler found at
+    # its start: the default one would end the process before the `finally` stops the worker.
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    training.start()
     try:
-        uvicorn.run(app, host=args.host, port=args.port)
+        # log_config=None: uvicorn's lines go through our JSON handler; its access log would repeat the
+        # app's own request lines (api/request_log.py), which carry the request id, tenant and tokens.
+        uvicorn.run(app, host=args.host, port=args.port, log_config=None, access_log=False, **fast_server_options())
     finally:
-        if worker is not None:
-            stop_worker_process(worker)
+        training.stop()
 
 
-def start_worker_process(model_dir: Path, broker_url: str | None) -> subprocess.Popen:
+def _exit_on_sigterm(signum: int, frame: object) -> None:
+    sys.exit(128 + signum)
+
+
+def fast_server_options() -> dict[str, str]:
+    """uvicorn's event loop and HTTP parser for `serve`: uvloop's and httptools', both in C and faster
+    than the pure-Python ones, wherever they are installed (uvloop has no Windows build)."""
+    return {
+        "loop": "uvloop" if importlib.util.find_spec("uvloop") is not None else "asyncio",
+        "http": "httptools" if importlib.util.find_spec("httptools") is not None else "h11",
+    }
+
+
+def worker_command(model_dir: Path, broker_url: str | None) -> list[str]:
     """`loraloom worker` beside the server, so `serve` alone trains too. A process of its own: it
     forks a fresh child per job, which the server's threads and CUDA state must not be part of."""
-    from loraloom.platform.training.worker import end_with_parent
-
     command = [sys.executable, "-m", "loraloom.platform.cli", "worker", "--model", str(model_dir)]
     if broker_url is not None:
         command += ["--broker-url", broker_url]
-    return subprocess.Popen(command, preexec_fn=end_with_parent)
-
-
-def stop_worker_process(worker: subprocess.Popen) -> None:
-    worker.terminate()  # Celery's warm shutdown; a running job is requeued by the reaper if it is cut off
-    try:
-        worker.wait(timeout=WORKER_STOP_TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        worker.kill()
-        worker.wait()
+    return command
 
 
 def run_worker_command(args: argparse.Namespace) -> None:
     from sqlalchemy.exc import SQLAlchemyError
 
-    from loraloom.engine.bundled import import_bundled
+    from loraloom.engine import import_bundled
     from loraloom.platform.cli.admin import shown_url
     from loraloom.platform.db import upgrade_database
     from loraloom.platform.training.worker import run_worker
 
-    logging.basicConfig(level=args.loglevel, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    configure_logging(args.loglevel)
     settings = load_settings(args.broker_url)
     try:
         upgrade_database(settings.database_url)

@@ -1,11 +1,14 @@
 """CLI commands for fine-tuning over HTTP: `loraloom files ...` and `loraloom jobs ...`.
 
 `jobs follow` tails a job's events (oldest first, from a cursor) and draws a progress bar
-of its steps with the latest loss, until the job ends; its exit status says how it ended.
+of its steps with the latest loss (one line per step where stderr is not a terminal), until
+the job ends; its exit status says how it ended. `jobs create`'s hyperparameter flags come
+from the server's own Hyperparameters model, defaults included.
 """
 from __future__ import annotations
 
 import argparse
+import shutil
 import sys
 import time
 from typing import Any
@@ -13,13 +16,13 @@ from typing import Any
 import httpx
 from tqdm import tqdm
 
-from loraloom.platform.cli.http_client import Command, CommandError, ProgressReader, call, pages, print_table, segment
+from loraloom.platform.cli.http_client import Command, CommandError, ProgressReader, call, pages, segment
+from loraloom.platform.cli.listing import add_json_option, field_columns, print_listing
 from loraloom.platform.cli.options import positive_int
+from loraloom.platform.training.hyperparameters import Hyperparameters
 
 FOLLOW_POLL_S = 1.0
 FINISHED = ("succeeded", "failed", "cancelled")
-HYPERPARAMETER_FLAGS = ("n_epochs", "batch_size", "learning_rate", "lora_r", "lora_alpha", "lora_dropout",
-                        "max_seq_len")
 
 
 def add_commands(commands: argparse._SubParsersAction) -> None:
@@ -28,7 +31,7 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     upload = file_commands.add_parser("upload", help="upload a JSONL dataset; prints its file id")
     upload.add_argument("path", metavar="FILE")
     upload.add_argument("--purpose", default="fine-tune")
-    file_commands.add_parser("list", help="list your files")
+    add_json_option(file_commands.add_parser("list", help="list your files"))
     remove = file_commands.add_parser("rm", help="delete a file")
     remove.add_argument("file_id", metavar="FILE_ID")
 
@@ -40,16 +43,30 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     create.add_argument("--suffix", required=True, help="adapter name the result is registered under")
     create.add_argument("--model", help="the base model; default: the one the server serves")
     create.add_argument("--seed", type=int)
-    for flag in HYPERPARAMETER_FLAGS:
-        kind = float if flag in ("learning_rate", "lora_alpha", "lora_dropout") else positive_int
-        create.add_argument(f"--{flag.replace('_', '-')}", dest=flag, type=kind, help="default: the server's")
-    create.add_argument("--target-modules", help="comma-separated, e.g. q_proj,v_proj")
+    add_hyperparameter_flags(create)
     create.add_argument("--follow", action="store_true", help="then follow it like `jobs follow`")
-    job_commands.add_parser("list", help="list your jobs")
+    add_json_option(job_commands.add_parser("list", help="list your jobs"))
     for name, help_text in (("get", "show a job"), ("follow", "show a job's progress live until it ends"),
                             ("cancel", "cancel a job (a running one stops after its current step)")):
         command = job_commands.add_parser(name, help=help_text)
         command.add_argument("job_id", metavar="JOB_ID")
+
+
+def comma_separated(value: str) -> list[str]:
+    return [item.strip() for item in value.split(",")]
+
+
+def add_hyperparameter_flags(parser: argparse.ArgumentParser) -> None:
+    """One flag per hyperparameter, read off the model the server validates jobs with, so that each
+    help shows the default the server applies when the flag is left out."""
+    for name, field in Hyperparameters.model_fields.items():
+        default = field.get_default(call_default_factory=True)
+        if isinstance(default, list):
+            kind, shown = comma_separated, ",".join(default)
+        else:
+            kind, shown = (positive_int if field.annotation is int else float), default
+        parser.add_argument(f"--{name.replace('_', '-')}", dest=name, type=kind,
+                            help=f"{field.description} Default: {shown}.")
 
 
 # ------------------------------------------------------------------ files
@@ -75,9 +92,10 @@ def _size(file: Any) -> int:
 
 
 def files_list(client: httpx.Client, args: argparse.Namespace) -> None:
-    print_table(["ID", "FILENAME", "FORMAT", "LINES", "TOKENS", "BYTES"],
-                [[f["id"], f["filename"], f["format"], f["line_count"], f["token_count"], f["bytes"]]
-                 for f in pages(client, "/v1/files", "id")])
+    print_listing(args, pages(client, "/v1/files", "id"), field_columns(
+        ("ID", "id"), ("FILENAME", "filename"), ("FORMAT", "format"), ("LINES", "line_count"),
+        ("TOKENS", "token_count"), ("BYTES", "bytes"),
+    ))
 
 
 def files_rm(client: httpx.Client, args: argparse.Namespace) -> None:
@@ -92,9 +110,8 @@ def served_base(client: httpx.Client) -> str:
 
 
 def jobs_create(client: httpx.Client, args: argparse.Namespace) -> None:
-    hyperparameters = {flag: getattr(args, flag) for flag in HYPERPARAMETER_FLAGS if getattr(args, flag) is not None}
-    if args.target_modules:
-        hyperparameters["target_modules"] = [module.strip() for module in args.target_modules.split(",")]
+    hyperparameters = {name: getattr(args, name) for name in Hyperparameters.model_fields
+                       if getattr(args, name) is not None}
     body = {
         "model": args.model or served_base(client),
         "training_file": args.training_file,
@@ -110,10 +127,11 @@ def jobs_create(client: httpx.Client, args: argparse.Namespace) -> None:
 
 
 def jobs_list(client: httpx.Client, args: argparse.Namespace) -> None:
-    print_table(["ID", "STATUS", "SUFFIX", "FINE-TUNED MODEL", "TRAINING FILE", "CREATED"],
-                [[j["id"], j["status"], j["suffix"], j["fine_tuned_model"], j["training_file"],
-                  time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(j["created_at"]))]
-                 for j in pages(client, "/v1/fine_tuning/jobs", "id")])
+    print_listing(args, pages(client, "/v1/fine_tuning/jobs", "id"), [
+        *field_columns(("ID", "id"), ("STATUS", "status"), ("SUFFIX", "suffix"), ("FINE-TUNED MODEL", "fine_tuned_model"),
+                       ("TRAINING FILE", "training_file")),
+        ("CREATED", lambda j: time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(j["created_at"]))),
+    ])
 
 
 def jobs_get(client: httpx.Client, args: argparse.Namespace) -> None:
@@ -136,7 +154,7 @@ def follow(client: httpx.Client, job_id: str) -> None:
     """Print the job's messages and move a step bar with the loss until the job ends."""
     path = f"/v1/fine_tuning/jobs/{segment(job_id)}"
     after: str | None = None
-    with tqdm(total=None, unit="step", desc=job_id, file=sys.stderr, dynamic_ncols=True) as bar:
+    with step_bar(job_id) as bar:
         while True:
             status = call(client, "GET", path)["status"]  # read before the events: none is missed at the end
             while True:
@@ -158,6 +176,14 @@ def follow(client: httpx.Client, job_id: str) -> None:
     raise CommandError(f"{job_id} {job['status']}" + (f": [{error['code']}] {error['message']}" if error else ""))
 
 
+def step_bar(job_id: str) -> tqdm:
+    """The step bar, as wide as the terminal (shutil's answer: COLUMNS, else the terminal's size, else
+    80 columns when neither is known). Off where stderr is no terminal (a pipe, a CI log): there each
+    step is a line of its own (_show), not a redraw with carriage returns."""
+    return tqdm(total=None, unit="step", desc=job_id, file=sys.stderr, ncols=shutil.get_terminal_size().columns,
+                disable=not sys.stderr.isatty())
+
+
 def _show(bar: tqdm, event: dict[str, Any]) -> None:
     data = event.get("data") or {}
     if event["type"] == "metrics" and "step" in data:
@@ -168,6 +194,10 @@ def _show(bar: tqdm, event: dict[str, Any]) -> None:
             postfix["eval_loss"] = f"{data['eval_loss']:.4f}"
         if "eta_seconds" in data:
             postfix["eta"] = f"{data['eta_seconds']:.0f}s"
+        if bar.disable:
+            bar.write(f"step {bar.n}/{bar.total} " + " ".join(f"{key}={value}" for key, value in postfix.items()),
+                      file=sys.stderr)
+            return
         bar.set_postfix(postfix, refresh=False)
         bar.refresh()
     else:

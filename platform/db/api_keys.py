@@ -12,7 +12,7 @@ import uuid
 from datetime import datetime
 
 from sqlalchemy import select
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, joinedload
 
 from loraloom.platform.db.models import ApiKey, ApiKeyRole
 
@@ -47,5 +47,8 @@ def create_api_key(
 
 
 def find_api_key(session: Session, plaintext: str) -> ApiKey | None:
-    """The key row for a presented bearer token, revoked or not (the caller checks is_usable)."""
-    return session.scalar(select(ApiKey).where(ApiKey.key_hash == hash_api_key(plaintext)))
+    """The key row for a presented bearer token, revoked or not (the caller checks is_usable), with its
+    tenant loaded in the same query: whether the key is the operator's depends on the tenant."""
+    return session.scalar(
+        select(ApiKey).where(ApiKey.key_hash == hash_api_key(plaintext)).options(joinedload(ApiKey.tenant))
+    )

@@ -83,6 +83,9 @@ class UTCDateTime(TypeDecorator[datetime]):
 JSONDocument = JSON().with_variant(JSONB(), "postgresql")
 # 64-bit ids for append-only tables; SQLite autoincrements only an INTEGER primary key.
 BigIntId = BigInteger().with_variant(Integer(), "sqlite")
+# The largest integer either database holds (SQLite's INTEGER, PostgreSQL's BIGINT). A larger one
+# from a client must be refused where it arrives: SQLite's driver raised OverflowError (a 500).
+MAX_INT64 = 2**63 - 1
 
 
 def _enum_column(enum_class: type[enum.Enum], name: str) -> Enum:
@@ -297,9 +300,13 @@ class UsageRecord(Base):
     id: Mapped[int] = mapped_column(BigIntId, primary_key=True)
     tenant_id: Mapped[uuid.UUID]
     api_key_id: Mapped[uuid.UUID | None]
-    adapter_version_id: Mapped[uuid.UUID | None]  # None: the base model
-    # The engine's runtime adapter key (unique per immutable weights); None: the base model.
+    adapter_version_id: Mapped[uuid.UUID | None]  # None: the base model, a checkpoint or a server-local adapter
+    # The engine's runtime adapter key (tenant and content digest), for operators; never shown to users.
     adapter_key: Mapped[str | None] = mapped_column(String(256))
+    # The adapter as the tenant knows it (what /v1/usage groups by); all None: the base model.
+    adapter_name: Mapped[str | None] = mapped_column(String(128))  # registry name, checkpoint id or local name
+    adapter_version: Mapped[int | None]  # registry versions only
+    adapter_alias: Mapped[str | None] = mapped_column(String(64))  # the alias followed; None for name@N
     model: Mapped[str] = mapped_column(String(256))  # what the client asked for, e.g. "support-bot:prod"
     request_id: Mapped[str] = mapped_column(String(64))
     endpoint: Mapped[str] = mapped_column(String(32))  # "chat.completions" | "completions"
@@ -443,6 +450,9 @@ class FineTuningCheckpoint(Base):
     config_sha256: Mapped[str] = mapped_column(String(64))  # adapter_config.json
     weights_sha256: Mapped[str] = mapped_column(String(64), index=True)  # adapter_model.safetensors
     weights_size_bytes: Mapped[int] = mapped_column(BigInteger)
+    # The run's optimizer, schedule and RNG state (training/resume.py), which a retry resumes from.
+    # Never served; None for checkpoints saved before training states were kept.
+    training_state_sha256: Mapped[str | None] = mapped_column(String(64))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
@@ -464,3 +474,26 @@ def _refuse_changes_to_immutable_columns(mapper: Mapper[Any], connection: Any, t
         raise ValueError(
             f"{type(target).__name__}: {', '.join(changed)} cannot change after it is written; register a new version"
         )
+
+
+class BlobLock(Base):
+    """One row per blob that was ever claimed or collected: the row both take a lock on, so that
+    "is this blob referenced? then delete it" (collection) and "this blob is about to be referenced"
+    (a claim) never interleave. Rows stay: deleting a lock row would let a waiter lock nothing."""
+
+    __tablename__ = "blob_locks"
+
+    sha256: Mapped[str] = mapped_column(String(64), primary_key=True)
+
+
+class BlobClaim(Base):
+    """A blob some operation is storing and will reference once it commits (an upload being
+    registered, a training file, a checkpoint): collection keeps the blob meanwhile. Claims are
+    released when the operation ends; one left by a killed process stops counting after
+    blob_references.CLAIM_TTL."""
+
+    __tablename__ = "blob_claims"
+
+    id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=uuid.uuid4)
+    sha256: Mapped[str] = mapped_column(String(64), index=True)
+    created_at: Mapped[datetime] = mapped_column(default=utcnow)

@@ -54,8 +54,7 @@ def audit_entry(scope: Scope, status_code: int, response_json: Any) -> dict[str,
     details: dict[str, Any] = {"path": scope["path"], "path_params": path_params}
     if isinstance(response_json, dict) and isinstance(response_json.get("error"), dict):
         details["error"] = str(response_json["error"].get("message", ""))[:MAX_ERROR_CHARS]
-    headers = dict(scope.get("headers", []))
-    request_id = headers.get(b"x-request-id", b"").decode("latin-1")[:64] or None
+    request_id = scope["state"].get("request_id")  # api/request_log.py: the client's X-Request-ID, or one made
     client = scope.get("client")
     return {
         "tenant_id": None if caller is None else caller.tenant_id,

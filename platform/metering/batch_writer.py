@@ -12,19 +12,26 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import Generic, TypeVar
 
+from collections.abc import Iterator
+
+from prometheus_client.core import CounterMetricFamily
 from starlette.concurrency import run_in_threadpool
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
+MAX_BACKOFF_S = 30.0  # the longest wait between two attempts at a failing database
+CLOSE_ATTEMPTS = 3  # failed writes after shutdown began before the rest is given up
+
 
 class BatchWriter(Generic[T]):
     """`write(batch)` runs in a thread, one batch (at most `max_batch` records) at a time.
 
-    Not thread-safe: `submit` is called from the event loop. Past `max_pending` records
-    (the database is down or too slow) new records are dropped with an error in the log,
-    rather than holding requests or growing memory without bound.
+    Not thread-safe: `submit` is called from the event loop. A failed write is retried with
+    back-off and its records kept until written. Past `max_pending` records (the database is
+    down or too slow) new records are dropped, logged and counted (`dropped`, DroppedRecordsCollector), rather
+    than holding requests or growing memory without bound.
     """
 
     def __init__(
@@ -46,7 +53,8 @@ class BatchWriter(Generic[T]):
         self.flush_interval_s = flush_interval_s
         self.max_batch = max_batch
         self.max_pending = max_pending
-        self.dropped = 0  # records lost to a full buffer or a failed write
+        self.dropped = 0  # records lost to a full buffer or a database still failing at shutdown
+        self._failures = 0  # consecutive failed writes
         self._pending: list[T] = []
         self._has_pending = asyncio.Event()
         self._batch_full = asyncio.Event()
@@ -56,13 +64,10 @@ class BatchWriter(Generic[T]):
     def submit(self, record: T) -> None:
         if self._closing and self._task is not None and self._task.done():
             # A request that outlived the server's shutdown (e.g. a stream closed by the garbage collector).
-            self.dropped += 1
-            logger.error("%s writer: a record arrived after the writer closed; dropped", self.name)
+            self._drop(1, "it arrived after the writer closed")
             return
         if len(self._pending) >= self.max_pending:
-            self.dropped += 1
-            logger.error("%s writer: %d records pending, dropping one (database down or too slow?)",
-                         self.name, len(self._pending))
+            self._drop(1, f"{len(self._pending)} records pending (database down or too slow?)")
             return
         self._pending.append(record)
         self._has_pending.set()
@@ -92,8 +97,14 @@ class BatchWriter(Generic[T]):
                 except asyncio.TimeoutError:
                     pass
             await self._write_pending()
+            if self._failures and self._closing and self._failures >= CLOSE_ATTEMPTS:
+                self._drop(len(self._pending), "the database is still failing at shutdown")
+                self._pending = []
             if self._closing and not self._pending:
                 return
+            if self._failures:
+                # Back off (doubling, capped) so that a database that is down is not hammered.
+                await asyncio.sleep(min(MAX_BACKOFF_S, self.flush_interval_s * 2 ** (self._failures - 1)))
 
     async def _write_pending(self) -> None:
         # Records submitted while a batch is being written land in the fresh list and
@@ -106,5 +117,39 @@ class BatchWriter(Generic[T]):
             try:
                 await run_in_threadpool(self.write, batch)
             except Exception:
-                self.dropped += len(batch)
-                logger.exception("%s writer: %d records could not be written and are lost", self.name, len(batch))
+                # A write is one transaction, rolled back when it fails: the batch and those after it
+                # are kept, oldest first, and written again after a back-off (usage rows are billing data).
+                self._failures += 1
+                logger.exception("%s writer: %d records not written yet (attempt %d); retrying",
+                                 self.name, len(pending) - start, self._failures)
+                self._requeue(pending[start:])
+                return
+        self._failures = 0
+
+    def _requeue(self, unwritten: list[T]) -> None:
+        kept = unwritten + self._pending
+        if len(kept) > self.max_pending:  # the newest go, as submit() refuses them once full
+            self._drop(len(kept) - self.max_pending, "the buffer is full while the database fails")
+            kept = kept[: self.max_pending]
+        self._pending = kept
+        self._has_pending.set()
+
+    def _drop(self, count: int, why: str) -> None:
+        if count:
+            self.dropped += count
+            logger.error("%s writer: %d records lost: %s", self.name, count, why)
+
+
+class DroppedRecordsCollector:
+    """Prometheus: each writer's dropped count, read at scrape time (a collector, not a global
+    Counter, because every app has its own registry and its own writers)."""
+
+    def __init__(self, writers: Callable[[], Sequence[BatchWriter[object]]]) -> None:
+        self.writers = writers
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        family = CounterMetricFamily("loraloom_records_dropped", "Usage, audit and key last-used records lost "
+                                     "(buffer full, or the database still failing at shutdown)", labels=["writer"])
+        for writer in self.writers():
+            family.add_metric([writer.name], writer.dropped)
+        yield family

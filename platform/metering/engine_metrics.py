@@ -1,4 +1,12 @@
-"""Prometheus metrics read from the engine at scrape time (no counters kept on the side)."""
+"""Prometheus metrics read from the engine at scrape time (no counters kept on the side).
+
+Per-adapter metrics carry two labels: `tenant` (the name of the tenant whose requests they count,
+as the API shows it) and `adapter` (the name the request resolved to: `name@N` for a registry
+version, a checkpoint id, a server-local adapter's name, or `base`), so two tenants' adapters of
+the same name move different series. Cardinality: the running and waiting gauges list only pairs
+with requests in flight; the requests counter keeps at most MAX_ADAPTER_SERIES pairs and counts
+any further ones under tenant="other", adapter="other" (engine/outputs.py).
+"""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
@@ -7,7 +15,9 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from loraloom.engine.outputs import EngineStats
+from loraloom.engine import EngineStats
+
+ADAPTER_LABELS = ["tenant", "adapter"]  # the order of EngineStats' per-adapter keys
 
 
 class EngineStatsCollector(Collector):
@@ -39,23 +49,23 @@ class EngineStatsCollector(Collector):
         )
         yield _per_adapter(
             GaugeMetricFamily(
-                "loraloom_adapter_requests_running", "Requests being generated, per adapter.", labels=["adapter"]
+                "loraloom_adapter_requests_running", "Requests being generated, per adapter.", labels=ADAPTER_LABELS
             ),
             stats.running_per_adapter,
         )
         yield _per_adapter(
-            GaugeMetricFamily("loraloom_adapter_requests_waiting", "Requests queued, per adapter.", labels=["adapter"]),
+            GaugeMetricFamily("loraloom_adapter_requests_waiting", "Requests queued, per adapter.", labels=ADAPTER_LABELS),
             stats.waiting_per_adapter,
         )
         yield _per_adapter(
-            CounterMetricFamily("loraloom_adapter_requests", "Requests received, per adapter.", labels=["adapter"]),
+            CounterMetricFamily("loraloom_adapter_requests", "Requests received, per adapter.", labels=ADAPTER_LABELS),
             stats.requests_per_adapter_total,
         )
 
 
-def _per_adapter(family: GaugeMetricFamily | CounterMetricFamily, counts: dict[str, int]) -> Metric:
-    for adapter, count in sorted(counts.items()):
-        family.add_metric([adapter], count)
+def _per_adapter(family: GaugeMetricFamily | CounterMetricFamily, counts: dict[tuple[str, str], int]) -> Metric:
+    for labels, count in sorted(counts.items()):
+        family.add_metric(list(labels), count)
     return family
 
 

@@ -3,7 +3,8 @@
 A route takes a `UsageMeter` (api/deps.py: ChatUsageMeterDep, CompletionUsageMeterDep) when the
 request arrives; the generation stream reports its outputs to it and finishes it once, with the
 outcome. The row goes to the app's usage BatchWriter, which inserts rows in batches.
-`aggregate_usage` sums the rows for GET /v1/usage.
+`aggregate_usage` sums the rows for GET /v1/usage, by the names users know (adapter, version,
+alias), by API key or by UTC day; never by the engine's runtime key, which names content.
 """
 from __future__ import annotations
 
@@ -13,18 +14,32 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
-from sqlalchemy import ColumnElement, case, func, insert, select
+from sqlalchemy import ColumnElement, case, func, insert, nulls_first, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from loraloom.engine.adapters import AdapterHandle
-from loraloom.engine.outputs import RequestOutput
+from loraloom.engine import AdapterHandle, RequestOutput
 from loraloom.platform.accounts.keys import Caller
 from loraloom.platform.db.models import ApiKey, UsageRecord, UsageStatus, utcnow
 from loraloom.platform.metering.batch_writer import BatchWriter
 
 BASE_ADAPTER = "base"  # how the base model (no adapter) appears in aggregates
+
+
+class MeteredAdapter(Protocol):
+    """What a usage row records of the adapter a request ran (registry.named.NamedAdapter is one)."""
+
+    @property
+    def handle(self) -> AdapterHandle: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def version(self) -> int | None: ...
+    @property
+    def alias(self) -> str | None: ...
+    @property
+    def version_id(self) -> uuid.UUID | None: ...
 
 
 @dataclass
@@ -33,6 +48,9 @@ class UsageMeter:
 
     Created when the request arrives (so times include tokenizing); `begin` names the
     generation once it is known, `observe` sees each output, `finish` submits the row.
+    A request for n choices runs n engine requests over one prompt: one row, whose prompt
+    (and cached) tokens are the first choice's, counted once, and whose completion tokens are
+    the sum over the choices.
     """
 
     writer: BatchWriter[dict[str, Any]]
@@ -41,50 +59,70 @@ class UsageMeter:
     received_s: float = field(default_factory=time.monotonic)
     request_id: str = ""
     model: str = ""  # what the client asked for
-    adapter_key: str | None = None
+    adapter_reference: str = ""  # the adapter as the request named it (`adapter_id`, else `model`)
+    adapter: MeteredAdapter | None = None
     first_token_s: float | None = None
-    last: RequestOutput | None = None
+    num_choices: int = 1
+    lasts: dict[str, RequestOutput] = field(default_factory=dict)  # engine request id -> its latest output
     finished: bool = False
 
-    def begin(self, *, request_id: str, model: str, adapter: AdapterHandle | None) -> None:
+    def begin(self, *, request_id: str, model: str, adapter: MeteredAdapter | None, num_choices: int = 1) -> None:
         self.request_id = request_id
         self.model = model
-        self.adapter_key = None if adapter is None else adapter.key
+        self.adapter = adapter
+        self.num_choices = num_choices
 
     def observe(self, output: RequestOutput) -> None:
         if self.first_token_s is None and output.token_ids:
             self.first_token_s = time.monotonic()
-        self.last = output
+        self.lasts[output.request_id] = output
 
     def outcome(self, *, failed: bool) -> UsageStatus:
         if failed:
             return UsageStatus.error
-        if self.last is not None and self.last.finished and self.last.finish_reason != "abort":
+        if len(self.lasts) == self.num_choices and all(
+            last.finished and last.finish_reason != "abort" for last in self.lasts.values()
+        ):
             return UsageStatus.ok
         return UsageStatus.aborted  # the stream was closed (client left, shutdown) before the end
+
+    def token_counts(self) -> dict[str, Any]:
+        """prompt_tokens, completion_tokens, cached_tokens and time_to_first_token_ms (None before one)."""
+        first = next(iter(self.lasts.values()), None)  # the first choice observed: outputs come in choice order
+        return {
+            "prompt_tokens": 0 if first is None else first.num_prompt_tokens,
+            "completion_tokens": sum(last.num_output_tokens for last in self.lasts.values()),
+            "cached_tokens": 0 if first is None else first.num_cached_tokens,
+            "time_to_first_token_ms": (
+                None if self.first_token_s is None else (self.first_token_s - self.received_s) * 1000
+            ),
+        }
+
+    def log_fields(self) -> dict[str, Any]:
+        """What the request's log line (api/request_log.py) says of the generation, however far it got."""
+        return {"adapter": self.adapter_reference or None, "completion_id": self.request_id or None,
+                **self.token_counts()}
 
     def finish(self, *, failed: bool) -> None:
         """Submit the row; later calls do nothing (a stream may be closed more than once)."""
         if self.finished:
             return
         self.finished = True
-        last = self.last
+        adapter = self.adapter
         self.writer.submit(
             {
                 "tenant_id": self.caller.tenant_id,
                 "api_key_id": self.caller.api_key_id,
-                "adapter_version_id": None,  # the runtime key identifies the weights; see adapter_key
-                "adapter_key": self.adapter_key,
+                "adapter_version_id": None if adapter is None else adapter.version_id,
+                "adapter_key": None if adapter is None else adapter.handle.key,
+                "adapter_name": None if adapter is None else adapter.name,
+                "adapter_version": None if adapter is None else adapter.version,
+                "adapter_alias": None if adapter is None else adapter.alias,
                 "model": self.model[:256],
                 "request_id": self.request_id,
                 "endpoint": self.endpoint,
                 "status": self.outcome(failed=failed),
-                "prompt_tokens": 0 if last is None else last.num_prompt_tokens,
-                "completion_tokens": 0 if last is None else last.num_output_tokens,
-                "cached_tokens": 0 if last is None else last.num_cached_tokens,
-                "time_to_first_token_ms": (
-                    None if self.first_token_s is None else (self.first_token_s - self.received_s) * 1000
-                ),
+                **self.token_counts(),
                 "duration_ms": (time.monotonic() - self.received_s) * 1000,
                 "created_at": utcnow(),
             }
@@ -97,15 +135,17 @@ def write_usage_records(session_factory: sessionmaker[Session], rows: Sequence[d
 
 
 class UsageGroup(str, enum.Enum):
-    adapter = "adapter"
+    adapter = "adapter"  # the adapter's name ("base" for none)
+    version = "version"  # adapter name and version number
+    alias = "alias"  # adapter name and the alias the requests followed (none for name@N)
     key = "key"
     day = "day"
 
 
 @dataclass
 class UsageTotals:
-    group: str  # the adapter key ("base" for none), the API key id, or the UTC day "YYYY-MM-DD"
-    api_key_prefix: str | None  # when grouped by key
+    """One group's sums; the fields of the grouping are set, the others None."""
+
     requests: int
     errors: int
     aborted: int
@@ -114,6 +154,24 @@ class UsageTotals:
     cached_tokens: int
     mean_time_to_first_token_ms: float | None
     mean_duration_ms: float
+    adapter: str | None = None  # by adapter, version or alias: the name, "base" for the base model
+    version: int | None = None  # by version: None for the base, checkpoints and server-local adapters
+    alias: str | None = None  # by alias: None for requests that named no alias
+    api_key_id: str | None = None  # by key
+    api_key_prefix: str | None = None
+    day: str | None = None  # by day: "YYYY-MM-DD" in UTC
+
+
+def _group_columns(session: Session, group_by: UsageGroup) -> dict[str, ColumnElement[Any]]:
+    """UsageTotals field -> the column it is grouped and ordered by."""
+    adapter = func.coalesce(UsageRecord.adapter_name, BASE_ADAPTER)
+    return {
+        UsageGroup.adapter: {"adapter": adapter},
+        UsageGroup.version: {"adapter": adapter, "version": UsageRecord.adapter_version},
+        UsageGroup.alias: {"adapter": adapter, "alias": UsageRecord.adapter_alias},
+        UsageGroup.key: {"api_key_id": UsageRecord.api_key_id},
+        UsageGroup.day: {"day": _utc_day(session)},
+    }[group_by]
 
 
 def _utc_day(session: Session) -> ColumnElement[Any]:
@@ -133,14 +191,10 @@ def aggregate_usage(
     end: datetime | None,
 ) -> list[UsageTotals]:
     """Totals per group for one tenant over [start, end), ordered by group."""
-    group_column = {
-        UsageGroup.adapter: func.coalesce(UsageRecord.adapter_key, BASE_ADAPTER),
-        UsageGroup.key: UsageRecord.api_key_id,
-        UsageGroup.day: _utc_day(session),
-    }[group_by]
+    columns = _group_columns(session, group_by)
     query = (
         select(
-            group_column.label("group"),
+            *(column.label(field) for field, column in columns.items()),
             func.count().label("requests"),
             func.sum(case((UsageRecord.status == UsageStatus.error, 1), else_=0)).label("errors"),
             func.sum(case((UsageRecord.status == UsageStatus.aborted, 1), else_=0)).label("aborted"),
@@ -151,8 +205,8 @@ def aggregate_usage(
             func.avg(UsageRecord.duration_ms).label("duration"),
         )
         .where(UsageRecord.tenant_id == tenant_id)
-        .group_by(group_column)
-        .order_by(group_column)
+        .group_by(*columns.values())
+        .order_by(*(nulls_first(column) for column in columns.values()))
     )
     if start is not None:
         query = query.where(UsageRecord.created_at >= start)
@@ -161,13 +215,16 @@ def aggregate_usage(
     rows = session.execute(query).all()
     prefixes: dict[uuid.UUID, str] = {}
     if group_by is UsageGroup.key:
-        key_ids = [row.group for row in rows if row.group is not None]
+        key_ids = [row.api_key_id for row in rows if row.api_key_id is not None]
         found = session.execute(select(ApiKey.id, ApiKey.prefix).where(ApiKey.id.in_(key_ids)))
         prefixes = {key_id: prefix for key_id, prefix in found}
-    return [
-        UsageTotals(
-            group=str(row.group),
-            api_key_prefix=prefixes.get(row.group),
+    totals = []
+    for row in rows:
+        group = {field: getattr(row, field) for field in columns}
+        if group_by is UsageGroup.key:
+            group = {"api_key_id": None if row.api_key_id is None else str(row.api_key_id),
+                     "api_key_prefix": prefixes.get(row.api_key_id)}
+        totals.append(UsageTotals(
             requests=row.requests,
             errors=int(row.errors),
             aborted=int(row.aborted),
@@ -176,6 +233,6 @@ def aggregate_usage(
             cached_tokens=int(row.cached_tokens),
             mean_time_to_first_token_ms=None if row.ttft is None else float(row.ttft),
             mean_duration_ms=float(row.duration),
-        )
-        for row in rows
-    ]
+            **group,
+        ))
+    return totals

@@ -40,7 +40,9 @@ def move_alias(
     """Point `alias` at version `number` (creating the alias if new); returns the alias and the version
     it now names, which the caller prefetches into the engines."""
     _check_movable(alias)
-    adapter = find_adapter(session, tenant_id=tenant_id, name=name)
+    # Locked before reading: the version's status (a concurrent delete) and the alias's current
+    # version, which history records as from_version (concurrent moves must chain).
+    adapter = find_adapter(session, tenant_id=tenant_id, name=name, lock=True)
     version = find_version(session, tenant_id=tenant_id, name=name, number=number)
     row = set_alias(session, adapter=adapter, name=alias, version=version, actor_key_id=actor_key_id)
     adapter.updated_at = utcnow()
@@ -50,7 +52,7 @@ def move_alias(
 
 def remove_alias(session: Session, *, tenant_id: uuid.UUID, name: str, alias: str, actor_key_id: uuid.UUID | None) -> None:
     _check_movable(alias)
-    adapter = find_adapter(session, tenant_id=tenant_id, name=name)
+    adapter = find_adapter(session, tenant_id=tenant_id, name=name, lock=True)
     delete_alias(session, alias=_find_alias(session, adapter=adapter, alias=alias), actor_key_id=actor_key_id)
     adapter.updated_at = utcnow()
     session.commit()

@@ -14,16 +14,14 @@ import tempfile
 import threading
 from pathlib import Path
 
-from loraloom.engine.adapter_cache import fetch_local_dir
-from loraloom.engine.adapters import AdapterHandle
-from loraloom.engine.lora_weights import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE, AdapterLoadError
+from loraloom.engine import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE, AdapterHandle, AdapterLoadError, fetch_local_dir
 from loraloom.platform.settings import Settings
-from loraloom.platform.storage import BlobStore, content_key
+from loraloom.platform.storage import BlobNotFoundError, BlobStore, BlobVerificationError, content_key
 
 logger = logging.getLogger(__name__)
 
 CONFIG_FRAGMENT_PREFIX = f"{ADAPTER_CONFIG_FILE}="
-_PARTIAL_PREFIX = ".partial-"
+PARTIAL_PREFIX = ".partial-"
 
 
 def version_uri(store: BlobStore, *, weights_sha256: str, config_sha256: str) -> str:
@@ -31,7 +29,7 @@ def version_uri(store: BlobStore, *, weights_sha256: str, config_sha256: str) ->
 
 
 class StorageAdapterFetcher:
-    """The engine's fetcher (engine/adapter_cache.AdapterFetcher) for a server with a registry.
+    """The engine's fetcher (loraloom.engine.AdapterFetcher) for a server with a registry.
 
     Registry versions are downloaded from `store` into `cache_dir/<weights>-<config>/`, once;
     the directory is bounded to `max_bytes` by evicting the least recently used versions.
@@ -54,7 +52,7 @@ class StorageAdapterFetcher:
         if directory.is_dir():
             os.utime(directory)  # recency for eviction
             return directory
-        partial = Path(tempfile.mkdtemp(dir=self.cache_dir, prefix=_PARTIAL_PREFIX))
+        partial = Path(tempfile.mkdtemp(dir=self.cache_dir, prefix=PARTIAL_PREFIX))
         try:
             # get_to_path checks the bytes against the digest in each content key.
             self.store.get_to_path(content_key(adapter.sha256), partial / ADAPTER_WEIGHTS_FILE)
@@ -65,7 +63,14 @@ class StorageAdapterFetcher:
                 shutil.rmtree(partial)
         except Exception as error:
             shutil.rmtree(partial, ignore_errors=True)
-            raise AdapterLoadError(f"adapter {adapter.name!r}: fetching {adapter.uri} failed: {error}") from error
+            # The message reaches clients: the store's own errors name the blob's key; anything else
+            # (a disk error in the cache dir, a network error) would name server paths or hosts.
+            if isinstance(error, (BlobNotFoundError, BlobVerificationError)):
+                detail = str(error)
+            else:
+                logger.exception("fetching %s for adapter %r failed", adapter.uri, adapter.name)
+                detail = "storage could not be read; the server log has the cause"
+            raise AdapterLoadError(f"adapter {adapter.name!r}: fetching its files failed: {detail}") from error
         self._evict(keep=directory)
         return directory
 
@@ -89,7 +94,7 @@ class StorageAdapterFetcher:
 
     def _evict(self, *, keep: Path) -> None:
         with self._evict_lock:
-            versions = [entry for entry in self.cache_dir.iterdir() if not entry.name.startswith(_PARTIAL_PREFIX)]
+            versions = [entry for entry in self.cache_dir.iterdir() if not entry.name.startswith(PARTIAL_PREFIX)]
             sizes = {entry: sum(f.stat().st_size for f in entry.iterdir()) for entry in versions}
             total = sum(sizes.values())
             for entry in sorted(versions, key=lambda e: e.stat().st_mtime_ns):

@@ -3,10 +3,10 @@
 `LocalAdapterLookup` is an AdapterLookup (lookup.py) on its own (a server without a
 registry) and the fallback of the registry's lookup for bare names.
 
-The runtime key must change whenever the weights change (it is mixed into the
-prefix-cache block hashes), so it carries a hash of the weights file. Hashing
-is done once per (path, inode, mtime, size) of that file: the inode catches a
-same-size file swapped in by rename within one timestamp tick.
+The runtime key must change whenever the content changes (it is mixed into the
+prefix-cache block hashes), so it carries a hash of both files. Hashing is done
+once per (path, inode, mtime, size) of each file: the inode catches a same-size
+file swapped in by rename within one timestamp tick.
 """
 from __future__ import annotations
 
@@ -15,12 +15,11 @@ import threading
 import uuid
 from pathlib import Path
 
-from loraloom.engine.adapter_cache import file_sha256
-from loraloom.engine.adapters import AdapterHandle
-from loraloom.engine.lora_weights import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE
+from loraloom.engine import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE, AdapterHandle, file_sha256, runtime_key
+from loraloom.platform.registry.catalog import ServableName
 from loraloom.platform.registry.errors import AdapterNotFoundError, InvalidAdapterError
+from loraloom.platform.registry.named import NamedAdapter
 from loraloom.platform.registry.references import ALWAYS_BASE_NAMES
-from loraloom.platform.registry.resolution import KEY_HASH_CHARS
 
 logger = logging.getLogger(__name__)
 
@@ -42,7 +41,7 @@ class LocalAdapterLookup:
         self.adapters = dict(adapters)
         self.adapter_dir = adapter_dir
         self._hash_lock = threading.Lock()
-        # weights path -> ((inode, mtime_ns, size), sha256); one entry per path, replaced when the file changes
+        # file path -> ((inode, mtime_ns, size), sha256); one entry per path, replaced when the file changes
         self._hashes: dict[Path, tuple[tuple[int, int, int], str]] = {}
 
     def resolve(self, model: str, tenant_id: uuid.UUID | None = None) -> AdapterHandle | None:
@@ -53,6 +52,11 @@ class LocalAdapterLookup:
             raise AdapterNotFoundError(model)
         return self._handle(model, directory)
 
+    def resolve_named(self, model: str, tenant_id: uuid.UUID | None = None) -> NamedAdapter | None:
+        """Server-local adapters have one name each: no versions, no aliases."""
+        handle = self.resolve(model, tenant_id)
+        return None if handle is None else NamedAdapter(handle, name=handle.name)
+
     def list_adapters(self, tenant_id: uuid.UUID | None = None) -> list[AdapterHandle]:
         handles = []
         for name in sorted(self._all_names()):
@@ -62,6 +66,13 @@ class LocalAdapterLookup:
                 # Listed anyway would promise something unservable; say why it is left out.
                 logger.warning("adapter not listed: %s", error)
         return handles
+
+    def list_models(self, tenant_id: uuid.UUID | None = None, *, include_versions: bool = False) -> list[ServableName]:
+        """Local adapters have no versions or aliases: one name each, the same for every tenant."""
+        return [ServableName(id=handle.name) for handle in self.list_adapters(tenant_id)]
+
+    def find_model(self, model_id: str, tenant_id: uuid.UUID | None = None) -> ServableName | None:
+        return next((model for model in self.list_models(tenant_id) if model.id == model_id), None)
 
     def _all_names(self) -> set[str]:
         names = set(self.adapters)
@@ -83,24 +94,27 @@ class LocalAdapterLookup:
 
     def _handle(self, name: str, directory: Path) -> AdapterHandle:
         directory = directory.resolve()
-        sha256 = self._weights_sha256(name, directory / ADAPTER_WEIGHTS_FILE)
-        return AdapterHandle(key=f"{name}@{sha256[:KEY_HASH_CHARS]}", name=name, uri=directory.as_uri(), sha256=sha256)
+        weights_sha256 = self._sha256(name, directory / ADAPTER_WEIGHTS_FILE)
+        config_sha256 = self._sha256(name, directory / ADAPTER_CONFIG_FILE)
+        return AdapterHandle(
+            key=runtime_key(weights_sha256, config_sha256), name=name, uri=directory.as_uri(), sha256=weights_sha256
+        )
 
-    def _weights_sha256(self, name: str, weights: Path) -> str:
+    def _sha256(self, name: str, path: Path) -> str:
         try:
-            stat = weights.stat()
+            stat = path.stat()
         except FileNotFoundError:
             raise InvalidAdapterError(
-                f"adapter {name!r}: {weights} not found; a PEFT adapter directory needs "
+                f"adapter {name!r}: {path} not found; a PEFT adapter directory needs "
                 f"{ADAPTER_CONFIG_FILE} and {ADAPTER_WEIGHTS_FILE} (pickled .bin weights are not loaded)"
             ) from None
         version = (stat.st_ino, stat.st_mtime_ns, stat.st_size)
         with self._hash_lock:
-            cached = self._hashes.get(weights)
+            cached = self._hashes.get(path)
             if cached is not None and cached[0] == version:
                 return cached[1]
-            sha256 = file_sha256(weights)
-            self._hashes[weights] = (version, sha256)
+            sha256 = file_sha256(path)
+            self._hashes[path] = (version, sha256)
             return sha256
 
 

@@ -14,19 +14,23 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session, selectinload, sessionmaker
 
-from loraloom.engine.adapters import AdapterHandle
+from loraloom.engine import AdapterHandle, runtime_key
 from loraloom.platform.db import create_db_engine, create_session_factory
 from loraloom.platform.db.models import Adapter, AdapterVersion, AdapterVersionStatus, Alias, FineTuningCheckpoint
+from loraloom.platform.registry.catalog import ServableName, tenant_catalog
 from loraloom.platform.registry.errors import AdapterNotFoundError
 from loraloom.platform.registry.fetch import version_uri
+from loraloom.platform.registry.leftovers import remove_upload_leftovers
 from loraloom.platform.registry.local import LocalAdapterLookup
+from loraloom.platform.registry.named import NamedAdapter
 from loraloom.platform.registry.references import LATEST_ALIAS, AdapterReference, parse_reference
-from loraloom.platform.registry.resolution import KEY_HASH_CHARS, ResolutionCache, ResolvedVersion, resolve_reference
+from loraloom.platform.registry.resolution import ResolutionCache, ResolvedVersion, resolve_reference
 from loraloom.platform.registry.staging import UploadLimits
 from loraloom.platform.settings import Settings
 from loraloom.platform.storage import BlobStore
@@ -41,8 +45,20 @@ class AdapterLookup(Protocol):
         (also for another tenant's adapter). tenant_id None: server-wide adapters only."""
         ...
 
+    def resolve_named(self, model: str, tenant_id: uuid.UUID | None = None) -> NamedAdapter | None:
+        """`resolve`, with the names the tenant knows the adapter by (for usage)."""
+        ...
+
     def list_adapters(self, tenant_id: uuid.UUID | None = None) -> list[AdapterHandle]:
         """Every adapter that `tenant_id` can be served now."""
+        ...
+
+    def list_models(self, tenant_id: uuid.UUID, *, include_versions: bool) -> list[ServableName]:
+        """The adapter names a request of `tenant_id` may send as `model` (catalog.py), the base aside."""
+        ...
+
+    def find_model(self, model_id: str, tenant_id: uuid.UUID) -> ServableName | None:
+        """The entry list_models(include_versions=True) would show for `model_id`, or None."""
         ...
 
 
@@ -63,6 +79,7 @@ class AdapterRegistry:
     resolutions: ResolutionCache
     upload_limits: UploadLimits
     presigned_expires_s: int
+    staging_dir: Path  # uploads are unpacked in folders of their own here
 
 
 class RegistryAdapterLookup:
@@ -74,18 +91,25 @@ class RegistryAdapterLookup:
         self.find_checkpoint = find_checkpoint
 
     def resolve(self, model: str, tenant_id: uuid.UUID | None = None) -> AdapterHandle | None:
+        named = self.resolve_named(model, tenant_id)
+        return None if named is None else named.handle
+
+    def resolve_named(self, model: str, tenant_id: uuid.UUID | None = None) -> NamedAdapter | None:
         if model in self.local.base_names:
             return None
         if model.startswith(CHECKPOINT_ID_PREFIX) and tenant_id is not None:
-            return self._checkpoint(model, tenant_id)
+            return NamedAdapter(self._checkpoint(model, tenant_id), name=model)
         reference = parse_reference(model)
         if reference is not None and tenant_id is not None:
             resolved = self._registry_version(reference, tenant_id)
             if resolved is not None:
-                return resolved.handle(self.registry.store)
+                return NamedAdapter(
+                    resolved.handle(self.registry.store), name=resolved.adapter_name, version=resolved.number,
+                    alias=reference.target_alias, version_id=resolved.version_id,
+                )
         if reference is not None and not reference.is_bare_name:
             raise AdapterNotFoundError(model)  # aliases and versions exist only in the registry
-        return self.local.resolve(model, tenant_id)
+        return self.local.resolve_named(model, tenant_id)
 
     def _registry_version(self, reference: AdapterReference, tenant_id: uuid.UUID) -> ResolvedVersion | None:
         def load() -> ResolvedVersion | None:
@@ -101,7 +125,7 @@ class RegistryAdapterLookup:
         if checkpoint is None:
             raise AdapterNotFoundError(checkpoint_id)
         return AdapterHandle(
-            key=f"{tenant_id}/{checkpoint.id}#{checkpoint.weights_sha256[:KEY_HASH_CHARS]}",
+            key=runtime_key(checkpoint.weights_sha256, checkpoint.config_sha256, tenant_id),
             name=checkpoint.id,
             uri=version_uri(self.registry.store, weights_sha256=checkpoint.weights_sha256,
                             config_sha256=checkpoint.config_sha256),
@@ -129,6 +153,27 @@ class RegistryAdapterLookup:
             registered = [ResolvedVersion.of(version, adapter).handle(self.registry.store) for version, adapter in rows]
         return registered + local
 
+    def list_models(self, tenant_id: uuid.UUID, *, include_versions: bool) -> list[ServableName]:
+        with self.registry.session_factory() as session:
+            registered = tenant_catalog(session, tenant_id=tenant_id, include_versions=include_versions)
+        # A registry name hides a server-local adapter of the same name (resolve asks the registry first).
+        shadowed = {model.id for model in registered}
+        local = [model for model in self.local.list_models(tenant_id, include_versions=include_versions)
+                 if model.id not in shadowed]
+        return registered + local
+
+    def find_model(self, model_id: str, tenant_id: uuid.UUID) -> ServableName | None:
+        reference = parse_reference(model_id)
+        if reference is None:
+            return self.local.find_model(model_id, tenant_id)
+        with self.registry.session_factory() as session:
+            registered = tenant_catalog(session, tenant_id=tenant_id, include_versions=True,
+                                        adapter_name=reference.name)
+        found = next((model for model in registered if model.id == model_id), None)
+        if found is not None or not reference.is_bare_name or any(m.id == reference.name for m in registered):
+            return found
+        return self.local.find_model(model_id, tenant_id)
+
     def invalidate(self, tenant_id: uuid.UUID, adapter_name: str) -> None:
         """Forget cached resolutions of one adapter: call after any change to its versions or aliases."""
         self.registry.resolutions.invalidate(tenant_id, adapter_name)
@@ -137,12 +182,16 @@ class RegistryAdapterLookup:
 def registry_lookup_from_settings(
     settings: Settings, store: BlobStore, local: LocalAdapterLookup, *, find_checkpoint: CheckpointFinder
 ) -> RegistryAdapterLookup:
-    """The gateway's lookup: the registry in settings.database_url, then `local`."""
+    """The gateway's lookup: the registry in settings.database_url, then `local`. Called once as a
+    server starts, which is when the upload leftovers of killed servers are removed."""
+    settings.staging_dir.mkdir(parents=True, exist_ok=True)
+    remove_upload_leftovers(settings, store)
     registry = AdapterRegistry(
         session_factory=create_session_factory(create_db_engine(settings.database_url)),
         store=store,
         resolutions=ResolutionCache(capacity=RESOLUTION_CACHE_ENTRIES, ttl_s=settings.adapter_resolution_ttl_s),
         upload_limits=UploadLimits(max_total_bytes=settings.adapter_upload_max_bytes),
         presigned_expires_s=settings.presigned_url_expires_s,
+        staging_dir=settings.staging_dir,
     )
     return RegistryAdapterLookup(registry=registry, local=local, find_checkpoint=find_checkpoint)

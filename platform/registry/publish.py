@@ -1,14 +1,17 @@
 """Register a validated adapter directory as a new immutable version: blobs first, then one
 database transaction that adds the version, its files and moves `latest`.
 
-All or nothing: if anything fails, the blobs this registration added are deleted again
-and the transaction is rolled back, so a refused upload leaves no row and no blob.
+All or nothing: the blobs are claimed while they are stored (registry/blobs.py), and if anything
+fails the transaction is rolled back and the blobs nothing else holds are collected, so a refused
+upload leaves no row and no blob, and a deletion running beside it never takes its bytes.
+
+Content seen before is not registered again: when a ready version of the same adapter holds the
+same two files byte for byte (the weights and the adapter_config.json that scales them), that
+version is the answer, `deduplicated`, and nothing is written (no row, no alias move, no blob).
 """
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,9 +19,9 @@ from sqlalchemy import func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
-from loraloom.engine.adapter_cache import file_sha256
-from loraloom.engine.lora_weights import AdapterSummary
+from loraloom.engine import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE, AdapterSummary, file_sha256
 from loraloom.platform.db.aliases import set_alias
+from loraloom.platform.db.locking import for_update
 from loraloom.platform.db.models import (
     Adapter,
     AdapterVersion,
@@ -26,10 +29,11 @@ from loraloom.platform.db.models import (
     AdapterVersionSource,
     AdapterVersionStatus,
 )
+from loraloom.platform.registry.blobs import claimed_blobs
 from loraloom.platform.registry.references import LATEST_ALIAS, check_adapter_name
 from loraloom.platform.registry.staging import ADAPTER_FILES
 from loraloom.platform.registry.validation import ServedBase, validate_adapter_dir
-from loraloom.platform.storage import BlobRef, BlobStore, content_key
+from loraloom.platform.storage import BlobRef, BlobStore
 
 # Concurrent uploads to one adapter race for the next version number (a unique constraint):
 # the loser retries with the number after the winner's.
@@ -42,42 +46,14 @@ class StoredFile:
     ref: BlobRef
 
 
-class NewBlobs:
-    """The blobs one registration added to storage, so that a failure can take them back.
-    Blobs that already existed (the same bytes in another version) are never touched."""
-
-    def __init__(self, store: BlobStore) -> None:
-        self.store = store
-        self.keys: list[str] = []
-
-    def note(self, key: str, *, existed: bool) -> None:
-        if not existed:
-            self.keys.append(key)
-
-    def delete_all(self) -> None:
-        for key in self.keys:
-            self.store.delete(key)
+@dataclass(frozen=True)
+class Published:
+    version: AdapterVersion
+    deduplicated: bool  # an existing version with the same content, returned instead of a new one
 
 
-@contextmanager
-def all_or_nothing(store: BlobStore) -> Iterator[NewBlobs]:
-    new_blobs = NewBlobs(store)
-    try:
-        yield new_blobs
-    except BaseException:
-        new_blobs.delete_all()
-        raise
-
-
-def store_adapter_files(directory: Path, *, store: BlobStore, new_blobs: NewBlobs) -> list[StoredFile]:
-    stored = []
-    for filename in ADAPTER_FILES:
-        path = directory / filename
-        existed = store.exists(content_key(file_sha256(path)))
-        ref = store.put_file(path)
-        new_blobs.note(ref.key, existed=existed)
-        stored.append(StoredFile(filename=filename, ref=ref))
-    return stored
+def store_adapter_files(directory: Path, *, store: BlobStore) -> list[StoredFile]:
+    return [StoredFile(filename=filename, ref=store.put_file(directory / filename)) for filename in ADAPTER_FILES]
 
 
 def publish_adapter_dir(
@@ -92,13 +68,18 @@ def publish_adapter_dir(
     source: AdapterVersionSource,
     training_job_id: str | None,
     actor_key_id: uuid.UUID | None,
-) -> AdapterVersion:
+) -> Published:
     """Validate the PEFT files in `directory` and register them as the adapter's next version
-    (what an upload and a finished training job both end with)."""
+    (what an upload and a finished training job both end with), unless a version holds them already."""
     check_adapter_name(adapter_name, reserved=base.reserved_names)
     summary = validate_adapter_dir(directory, base=base, allow_base_mismatch=allow_base_mismatch)
-    with all_or_nothing(store) as new_blobs:
-        files = store_adapter_files(directory, store=store, new_blobs=new_blobs)
+    # Checked before storing too, so that a repeated push uploads no blob at all.
+    digests = {filename: file_sha256(directory / filename) for filename in ADAPTER_FILES}
+    existing = same_content_version(session, tenant_id=tenant_id, adapter_name=adapter_name, digests=digests)
+    if existing is not None:
+        return Published(existing, deduplicated=True)
+    with claimed_blobs(session, store, digests.values()):
+        files = store_adapter_files(directory, store=store)
         return register_version(
             session,
             tenant_id=tenant_id,
@@ -123,19 +104,29 @@ def register_version(
     source: AdapterVersionSource,
     training_job_id: str | None,
     actor_key_id: uuid.UUID | None,
-) -> AdapterVersion:
+) -> Published:
     """Add version N+1 of the adapter (creating the adapter on its first version) and point `latest`
-    at it, in one transaction. The files must already be in storage."""
+    at it, in one transaction; or return the version that holds the same files already, changing
+    nothing (`latest` stays). The files must already be in storage."""
     attempt = 1
     while True:
         try:
-            adapter = session.scalar(
-                select(Adapter).where(Adapter.tenant_id == tenant_id, Adapter.name == adapter_name)
-            )
+            # Locked like every change to the adapter (versions.find_adapter): `latest`'s history chains.
+            adapter = session.scalar(for_update(
+                session, select(Adapter).where(Adapter.tenant_id == tenant_id, Adapter.name == adapter_name)
+            ))
             if adapter is None:
                 adapter = Adapter(tenant_id=tenant_id, name=adapter_name)
                 session.add(adapter)
                 session.flush()
+            else:  # under the adapter's lock: two identical pushes at once make one version
+                existing = same_content_version(
+                    session, tenant_id=tenant_id, adapter_name=adapter_name,
+                    digests={file.filename: file.ref.sha256 for file in files},
+                )
+                if existing is not None:
+                    session.commit()  # releases the lock; nothing was written
+                    return Published(existing, deduplicated=True)
             # Deleted versions count: a number, once given, never names other weights.
             highest = session.scalar(
                 select(func.max(AdapterVersion.number)).where(AdapterVersion.adapter_id == adapter.id)
@@ -162,9 +153,35 @@ def register_version(
             set_alias(session, adapter=adapter, name=LATEST_ALIAS, version=version, actor_key_id=actor_key_id)
             adapter.updated_at = version.created_at
             session.commit()
-            return version
+            return Published(version, deduplicated=False)
         except IntegrityError:  # another upload took this number (or created the adapter) first
             session.rollback()
             if attempt == REGISTER_ATTEMPTS:
                 raise
             attempt += 1
+
+
+def same_content_version(
+    session: Session, *, tenant_id: uuid.UUID, adapter_name: str, digests: dict[str, str]
+) -> AdapterVersion | None:
+    """The adapter's lowest-numbered ready version whose files have these sha256 digests, or None.
+    Only ready versions count: a deleted one's blobs are gone and its number is never reused."""
+    weights, config = (
+        select(AdapterVersionFile.version_id).where(
+            AdapterVersionFile.filename == filename, AdapterVersionFile.sha256 == digests[filename]
+        )
+        for filename in (ADAPTER_WEIGHTS_FILE, ADAPTER_CONFIG_FILE)
+    )
+    return session.scalars(
+        select(AdapterVersion)
+        .join(Adapter, AdapterVersion.adapter_id == Adapter.id)
+        .where(
+            Adapter.tenant_id == tenant_id,
+            Adapter.name == adapter_name,
+            AdapterVersion.status == AdapterVersionStatus.ready,
+            AdapterVersion.id.in_(weights),
+            AdapterVersion.id.in_(config),
+        )
+        .order_by(AdapterVersion.number)
+        .limit(1)
+    ).first()

@@ -1,8 +1,7 @@
 """Reference -> immutable version, for the request path, with a cache in front of the database.
 
-The runtime adapter key of a registry version is unique per tenant and immutable version
-(it is mixed into the prefix cache's block hashes, so two weights under one key would share
-cached KV), and carries the weights' digest.
+The runtime adapter key of a registry version is its tenant and content digest (files.runtime_key):
+versions of one tenant holding the same bytes share a key, hence a slot; other tenants never do.
 The cache holds answers (found or not) per (tenant, reference); every change to an
 adapter's versions or aliases invalidates that adapter's entries, and a TTL bounds how
 stale an entry can be when another gateway process made the change.
@@ -19,15 +18,11 @@ from dataclasses import dataclass
 from sqlalchemy import select
 from sqlalchemy.orm import Session, selectinload
 
-from loraloom.engine.adapters import AdapterHandle
-from loraloom.engine.lora_weights import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE
+from loraloom.engine import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE, AdapterHandle, runtime_key
 from loraloom.platform.db.models import Adapter, AdapterVersion, AdapterVersionStatus, Alias
 from loraloom.platform.registry.fetch import version_uri
 from loraloom.platform.registry.references import AdapterReference
 from loraloom.platform.storage import BlobStore
-
-# Runtime keys carry this many hex digits of the weights' sha256 (here, in local.py and for checkpoints).
-KEY_HASH_CHARS = 16
 
 
 @dataclass(frozen=True)
@@ -55,7 +50,7 @@ class ResolvedVersion:
 
     @property
     def key(self) -> str:
-        return f"{self.tenant_id}/{self.adapter_name}@{self.number}#{self.weights_sha256[:KEY_HASH_CHARS]}"
+        return runtime_key(self.weights_sha256, self.config_sha256, self.tenant_id)
 
     def handle(self, store: BlobStore) -> AdapterHandle:
         return AdapterHandle(

@@ -13,11 +13,11 @@ import tarfile
 import zipfile
 import zlib
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
 from typing import BinaryIO, TypeVar
 
-from loraloom.engine.lora_weights import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE
+from loraloom.engine import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE
 from loraloom.platform.registry.errors import UploadRejectedError
 
 ADAPTER_FILES = (ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE)
@@ -34,6 +34,16 @@ MemberT = TypeVar("MemberT", tarfile.TarInfo, zipfile.ZipInfo)
 class UploadLimits:
     max_total_bytes: int = 2 * GIB  # all files of one upload, after unpacking
     max_archive_members: int = 16  # entries of an archive, folders included
+    # Why max_total_bytes is what it is, for the error: the server's setting, or the served base.
+    limit_reason: str = "this server's limit"
+
+    def for_base(self, largest_adapter_bytes: int, rank: int) -> "UploadLimits":
+        """At most what a valid adapter for the served base can unpack to, so that an archive bomb
+        is stopped there rather than at the server-wide limit (GBs of writes to refuse it)."""
+        if largest_adapter_bytes >= self.max_total_bytes:
+            return self
+        return replace(self, max_total_bytes=largest_adapter_bytes,
+                       limit_reason=f"the largest adapter the served base model takes at rank {rank}")
 
 
 @dataclass(frozen=True)
@@ -62,7 +72,7 @@ def stage_adapter_files(parts: Sequence[UploadedPart], dest: Path, *, limits: Up
         raise UploadRejectedError(
             f"files: {archives[0]!r} is an archive, so it must be the only file uploaded; got {len(parts)} files"
         )
-    budget = _Budget(limits.max_total_bytes)
+    budget = _Budget(limits)
     if archives:
         _stage_archive(parts[0].stream, names[0], dest, budget, limits)
     else:
@@ -80,16 +90,17 @@ def stage_adapter_files(parts: Sequence[UploadedPart], dest: Path, *, limits: Up
 class _Budget:
     """Bytes still allowed for this upload, counted as they are written (declared sizes may lie)."""
 
-    def __init__(self, max_total_bytes: int) -> None:
-        self.max_total_bytes = max_total_bytes
+    def __init__(self, limits: UploadLimits) -> None:
+        self.max_total_bytes = limits.max_total_bytes
+        self.reason = limits.limit_reason
         self.used = 0
 
     def take(self, size: int) -> None:
         self.used += size
         if self.used > self.max_total_bytes:
             raise UploadRejectedError(
-                f"files: the upload is larger than this server's limit of {self.max_total_bytes} bytes "
-                "(after unpacking); adapters this large need the presigned upload flow"
+                f"files: the upload is larger than {self.reason}, {self.max_total_bytes} bytes (after unpacking); "
+                "check that these are the adapter's files"
             )
 
 
@@ -195,7 +206,7 @@ def _checked_members(
         declared += entry.size
         if declared > limits.max_total_bytes:
             raise UploadRejectedError(
-                f"files: {archive_name!r} unpacks to more than this server's limit of {limits.max_total_bytes} bytes"
+                f"files: {archive_name!r} unpacks to more than {limits.limit_reason}, {limits.max_total_bytes} bytes"
             )
         if len(path.parts) > 2:
             raise UploadRejectedError(

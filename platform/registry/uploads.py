@@ -3,6 +3,7 @@ archive), or straight to object storage with presigned URLs followed by a "compl
 Either way the files are validated before anything is registered (publish.py)."""
 from __future__ import annotations
 
+import logging
 import tempfile
 import uuid
 from collections.abc import Sequence
@@ -12,13 +13,16 @@ from pathlib import Path
 
 from sqlalchemy.orm import Session
 
-from loraloom.platform.db.models import AdapterVersion, AdapterVersionSource
+from loraloom.platform.db.models import AdapterVersionSource
 from loraloom.platform.registry.errors import UploadRejectedError
-from loraloom.platform.registry.publish import StoredFile, all_or_nothing, publish_adapter_dir, register_version
+from loraloom.platform.registry.blobs import claimed_blobs
+from loraloom.platform.registry.publish import Published, StoredFile, publish_adapter_dir, register_version
 from loraloom.platform.registry.references import check_adapter_name
 from loraloom.platform.registry.staging import ADAPTER_FILES, UploadedPart, UploadLimits, stage_adapter_files
 from loraloom.platform.registry.validation import ServedBase, validate_adapter_dir
 from loraloom.platform.storage import BlobNotFoundError, BlobStore, BlobVerificationError, content_key
+
+logger = logging.getLogger(__name__)
 
 UPLOAD_DIR_PREFIX = "loraloom-upload-"
 
@@ -59,11 +63,13 @@ def upload_version(
     base: ServedBase,
     allow_base_mismatch: bool,
     actor_key_id: uuid.UUID | None,
-) -> AdapterVersion:
-    """Register the uploaded files (the two PEFT files or one archive of them) as a new version."""
+    staging_dir: Path,
+) -> Published:
+    """Register the uploaded files (the two PEFT files or one archive of them) as a new version, or
+    return the version holding them already; they are unpacked in a folder of its own under `staging_dir`."""
     check_adapter_name(adapter_name, reserved=base.reserved_names)
-    with tempfile.TemporaryDirectory(prefix=UPLOAD_DIR_PREFIX) as workdir:
-        stage_adapter_files(parts, Path(workdir), limits=limits)
+    with tempfile.TemporaryDirectory(prefix=UPLOAD_DIR_PREFIX, dir=staging_dir) as workdir:
+        stage_adapter_files(parts, Path(workdir), limits=limits.for_base(base.largest_upload_bytes, base.max_lora_rank))
         return publish_adapter_dir(
             session,
             store=store,
@@ -118,21 +124,23 @@ def complete_presigned_upload(
     base: ServedBase,
     allow_base_mismatch: bool,
     actor_key_id: uuid.UUID | None,
-) -> AdapterVersion:
+    staging_dir: Path,
+) -> Published:
     """Verify each uploaded file's size and sha256, validate the adapter, then register it.
     A failure at any point deletes the uploads and leaves no row and no new blob."""
     check_adapter_name(adapter_name, reserved=base.reserved_names)
     _check_files(files, limits)
+    for file in files:
+        _check_declared_sha256(file)  # a malformed digest is refused before it is claimed
     pending = {file.upload_key for file in files}
     try:
-        with all_or_nothing(store) as new_blobs, tempfile.TemporaryDirectory(prefix=UPLOAD_DIR_PREFIX) as workdir:
+        with claimed_blobs(session, store, (file.sha256 for file in files)), tempfile.TemporaryDirectory(
+            prefix=UPLOAD_DIR_PREFIX, dir=staging_dir
+        ) as workdir:
             stored = []
             for file in files:
-                key = _declared_content_key(file)
-                existed = store.exists(key)
                 pending.discard(file.upload_key)  # complete_upload consumes it, verified or not
                 ref = store.complete_upload(file.upload_key, sha256=file.sha256, size=file.size_bytes)
-                new_blobs.note(ref.key, existed=existed)
                 store.get_to_path(ref.key, Path(workdir) / file.filename)
                 stored.append(StoredFile(filename=file.filename, ref=ref))
             summary = validate_adapter_dir(Path(workdir), base=base, allow_base_mismatch=allow_base_mismatch)
@@ -151,12 +159,21 @@ def complete_presigned_upload(
         raise UploadRejectedError(f"files: {error}") from error
     finally:
         for upload_key in pending:
-            store.abort_upload(upload_key)
+            _abort_quietly(store, upload_key)
 
 
-def _declared_content_key(file: UploadedFile) -> str:
+def _abort_quietly(store: BlobStore, upload_key: str) -> None:
+    """Cleanup after a completion: a failure here is logged, never raised, since raising would
+    replace the error the client must see (why its upload was refused) with a 500."""
     try:
-        return content_key(file.sha256)
+        store.abort_upload(upload_key)
+    except Exception:
+        logger.exception("could not discard presigned upload %s; object storage keeps it until its lifecycle rule", upload_key)
+
+
+def _check_declared_sha256(file: UploadedFile) -> None:
+    try:
+        content_key(file.sha256)  # the one place that knows what a blob digest looks like
     except ValueError:
         raise UploadRejectedError(
             f"files: sha256 of {file.filename} must be 64 lowercase hex digits, got {file.sha256!r}"

@@ -5,8 +5,14 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from loraloom.engine.config import ModelConfig
-from loraloom.engine.lora_weights import AdapterLoadError, AdapterSummary, base_model_matches, inspect_adapter
+from loraloom.engine import (
+    AdapterLoadError,
+    AdapterSummary,
+    ModelConfig,
+    base_model_matches,
+    inspect_adapter,
+    largest_adapter_bytes,
+)
 from loraloom.platform.registry.errors import UploadRejectedError
 from loraloom.platform.registry.references import ALWAYS_BASE_NAMES
 
@@ -22,6 +28,11 @@ class ServedBase:
     @property
     def reserved_names(self) -> frozenset[str]:
         return ALWAYS_BASE_NAMES | {self.name}
+
+    @property
+    def largest_upload_bytes(self) -> int:
+        """The most a valid adapter's two files can unpack to for this base and rank."""
+        return largest_adapter_bytes(self.config, self.max_lora_rank)
 
 
 def validate_adapter_dir(directory: Path, *, base: ServedBase, allow_base_mismatch: bool) -> AdapterSummary:

@@ -2,20 +2,20 @@
 
 Another tenant's adapter is answered exactly like a missing one. A deleted version keeps
 its row (status `deleted`): its number is never given to other weights, and alias
-history keeps naming it. Its blobs go once no live version references them.
+history keeps naming it. Its blobs go once nothing references them (db/blob_references.py).
 """
 from __future__ import annotations
 
 import uuid
 
-from sqlalchemy import delete, exists, select
+from sqlalchemy import delete, select
 from sqlalchemy.orm import Session, selectinload
 
 from loraloom.platform.db.aliases import delete_alias, set_alias
+from loraloom.platform.db.locking import for_update
 from loraloom.platform.db.models import (
     Adapter,
     AdapterVersion,
-    AdapterVersionFile,
     AdapterVersionStatus,
     Alias,
     utcnow,
@@ -23,14 +23,20 @@ from loraloom.platform.db.models import (
 from loraloom.platform.db.pages import Page, fetch_page
 from loraloom.platform.registry.errors import RegistryConflictError, RegistryNotFoundError
 from loraloom.platform.registry.references import LATEST_ALIAS
+from loraloom.platform.registry.blobs import collect_blob
 from loraloom.platform.registry.resolution import ResolvedVersion
-from loraloom.platform.storage import BlobStore, content_key
+from loraloom.platform.storage import BlobStore
 
 LIVE = AdapterVersion.status != AdapterVersionStatus.deleted
 
 
-def find_adapter(session: Session, *, tenant_id: uuid.UUID, name: str) -> Adapter:
-    adapter = session.scalar(select(Adapter).where(Adapter.tenant_id == tenant_id, Adapter.name == name))
+def find_adapter(session: Session, *, tenant_id: uuid.UUID, name: str, lock: bool = False) -> Adapter:
+    """`lock`: hold the adapter's row (SELECT ... FOR UPDATE on PostgreSQL; SQLite has one writer at a
+    time anyway) until the transaction ends. Every change to an adapter's versions or aliases takes
+    it first, so they run one after another: what one reads (a version's status, where an alias
+    points) cannot change under it before it commits."""
+    query = select(Adapter).where(Adapter.tenant_id == tenant_id, Adapter.name == name)
+    adapter = session.scalar(for_update(session, query) if lock else query)
     if adapter is None:
         raise RegistryNotFoundError(f"adapter {name!r} does not exist; GET /v1/adapters lists yours")
     return adapter
@@ -94,7 +100,9 @@ def delete_version(
     `force` (then those aliases are removed, in their history). `latest` moves back to the
     newest remaining version, or goes when none is left. Returns what the caller needs to
     unload it from engines and to collect its blobs."""
-    adapter = find_adapter(session, tenant_id=tenant_id, name=name)
+    # Locked: an alias moving onto this version at the same time either commits first (and is seen
+    # here, so the delete is refused) or waits and then finds the version deleted.
+    adapter = find_adapter(session, tenant_id=tenant_id, name=name, lock=True)
     version = find_version(session, tenant_id=tenant_id, name=name, number=number)
     aliases = list(session.scalars(select(Alias).where(Alias.version_id == version.id)))
     pinned = sorted(alias.name for alias in aliases if alias.name != LATEST_ALIAS)
@@ -130,10 +138,20 @@ def _move_latest_back(session: Session, *, adapter: Adapter, alias: Alias, actor
         set_alias(session, adapter=adapter, name=LATEST_ALIAS, version=newest, actor_key_id=actor_key_id)
 
 
-def delete_adapter(session: Session, *, tenant_id: uuid.UUID, name: str) -> list[ResolvedVersion]:
+def delete_adapter(session: Session, *, tenant_id: uuid.UUID, name: str, force: bool) -> list[ResolvedVersion]:
     """Delete the adapter with its versions, aliases and alias history; returns its live versions
-    (to unload from engines and to collect blobs)."""
-    adapter = find_adapter(session, tenant_id=tenant_id, name=name)
+    (to unload from engines and to collect blobs). Refused, as delete_version is, while an alias
+    other than `latest` points at one of its versions, unless `force`."""
+    # Locked like delete_version: an alias set at the same time is either seen here or finds no adapter.
+    adapter = find_adapter(session, tenant_id=tenant_id, name=name, lock=True)
+    pinned = sorted(session.scalars(
+        select(Alias.name).where(Alias.adapter_id == adapter.id, Alias.name != LATEST_ALIAS)
+    ))
+    if pinned and not force:
+        raise RegistryConflictError(
+            f"adapter {name!r} has alias(es) {', '.join(pinned)} that clients may be calling; remove them first "
+            f"(DELETE /v1/adapters/{name}/aliases/<alias>) or delete with force=true, which removes them too"
+        )
     versions = session.scalars(
         select(AdapterVersion).where(AdapterVersion.adapter_id == adapter.id, LIVE).options(selectinload(AdapterVersion.files))
     )
@@ -147,18 +165,10 @@ def delete_adapter(session: Session, *, tenant_id: uuid.UUID, name: str) -> list
 
 
 def delete_unreferenced_blobs(session: Session, *, store: BlobStore, versions: list[ResolvedVersion]) -> list[str]:
-    """Delete the blobs of `versions` that no live version (of any tenant) still references;
-    returns the deleted sha256s. Blobs are shared by content, hence the check."""
+    """Delete the blobs of `versions` that nothing else (a live version, a checkpoint, a training
+    file, of any tenant) still references; returns the deleted sha256s."""
     deleted = []
     for sha256 in sorted({digest for v in versions for digest in (v.weights_sha256, v.config_sha256)}):
-        referenced = session.scalar(
-            select(
-                exists()
-                .where(AdapterVersionFile.sha256 == sha256, AdapterVersionFile.version_id == AdapterVersion.id)
-                .where(LIVE)
-            )
-        )
-        if not referenced:
-            store.delete(content_key(sha256))
+        if collect_blob(session, store, sha256):
             deleted.append(sha256)
     return deleted

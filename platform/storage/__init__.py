@@ -15,8 +15,10 @@ from loraloom.platform.storage.base import (
     BlobRef,
     BlobStore,
     BlobVerificationError,
+    PresignedGet,
     PresignedPut,
     content_key,
+    read_chunks,
     sha256_of_key,
 )
 from loraloom.platform.storage.local import LocalBlobStore
@@ -28,9 +30,11 @@ __all__ = [
     "BlobStore",
     "BlobVerificationError",
     "LocalBlobStore",
+    "PresignedGet",
     "PresignedPut",
     "S3BlobStore",
     "content_key",
+    "read_chunks",
     "sha256_of_key",
     "storage_from_settings",
     "storage_from_url",

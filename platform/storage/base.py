@@ -14,6 +14,7 @@ import os
 import re
 import tempfile
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -48,6 +49,14 @@ class PresignedPut:
     expires_at: datetime  # UTC
 
 
+@dataclass(frozen=True)
+class PresignedGet:
+    """Where a client GETs one blob's bytes directly from object storage, bypassing the gateway."""
+
+    url: str  # carries its own signature: send no Authorization header with it
+    expires_at: datetime  # UTC
+
+
 def content_key(sha256: str) -> str:
     key = f"sha256/{sha256[:2]}/{sha256}"
     sha256_of_key(key)  # validates the digest's form
@@ -60,6 +69,14 @@ def sha256_of_key(key: str) -> str:
     if match is None or not match.group(2).startswith(match.group(1)):
         raise ValueError(f"blob key: {key!r} is not a content key of the form 'sha256/<2 hex>/<64 lowercase hex>'")
     return match.group(2)
+
+
+def read_chunks(stream: BinaryIO, chunk_bytes: int = COPY_CHUNK_BYTES) -> Iterator[bytes]:
+    """A blob's bytes in chunks, for streaming it out; the stream is closed at the end, also when
+    the consumer stops early (a client that disconnects)."""
+    with stream:
+        while chunk := stream.read(chunk_bytes):
+            yield chunk
 
 
 class HashingReader:
@@ -112,6 +129,11 @@ class BlobStore(ABC):
         cannot offer one (the caller then uploads through the gateway with put_stream)."""
 
     @abstractmethod
+    def presigned_get(self, key: str, *, expires_s: int, filename: str) -> PresignedGet | None:
+        """A URL to GET the blob straight from storage, saved as `filename` by browsers, or None when
+        this backend cannot offer one (the caller then streams the blob through the gateway with open)."""
+
+    @abstractmethod
     def complete_upload(self, upload_key: str, *, sha256: str, size: int) -> BlobRef:
         """Verify a presigned upload against the size and sha256 the client declared and move it
         to its content key. On a mismatch the staged bytes are deleted and BlobVerificationError
@@ -120,6 +142,11 @@ class BlobStore(ABC):
     @abstractmethod
     def abort_upload(self, upload_key: str) -> None:
         """Discard a presigned upload that will not be completed."""
+
+    def remove_stale_writes(self, *, grace_s: float) -> None:
+        """Remove writes in progress that a killed process left, once untouched for `grace_s`.
+        Nothing to do by default: S3 keeps no partial object of a failed write (an abandoned
+        multipart upload is for the bucket's AbortIncompleteMultipartUpload lifecycle rule)."""
 
     def put_file(self, path: Path) -> BlobRef:
         with open(path, "rb") as stream:

@@ -1,8 +1,8 @@
 """`file://` storage: blobs as files under one root directory, the laptop default.
 
 Layout: `<root>/sha256/ab/<digest>` for blobs and `<root>/tmp/` for writes in progress
-(same filesystem, so the final os.replace is atomic). Presigned uploads are not offered:
-there is no second server to PUT to, so clients upload through the gateway.
+(same filesystem, so the final os.replace is atomic). Presigned URLs are not offered: there
+is no second server to PUT to or GET from, so clients upload and download through the gateway.
 """
 from __future__ import annotations
 
@@ -17,9 +17,13 @@ from loraloom.platform.storage.base import (
     BlobRef,
     BlobStore,
     HashingReader,
+    PresignedGet,
     PresignedPut,
     sha256_of_key,
 )
+from loraloom.platform.storage.leftovers import remove_stale_entries
+
+PART_SUFFIX = ".part"
 
 
 class LocalBlobStore(BlobStore):
@@ -35,7 +39,7 @@ class LocalBlobStore(BlobStore):
         return self.root / key
 
     def put_stream(self, stream: BinaryIO) -> BlobRef:
-        fd, tmp_name = tempfile.mkstemp(dir=self._tmp_dir, suffix=".part")
+        fd, tmp_name = tempfile.mkstemp(dir=self._tmp_dir, suffix=PART_SUFFIX)
         try:
             with os.fdopen(fd, "wb") as out:
                 reader = HashingReader(stream)
@@ -55,11 +59,15 @@ class LocalBlobStore(BlobStore):
             Path(tmp_name).unlink(missing_ok=True)
             raise
 
+    def remove_stale_writes(self, *, grace_s: float) -> None:
+        remove_stale_entries(self._tmp_dir, f"*{PART_SUFFIX}", grace_s=grace_s)
+
     def open(self, key: str) -> BinaryIO:
         try:
             return open(self._path(key), "rb")
         except FileNotFoundError:
-            raise BlobNotFoundError(f"blob {key}: not found under {self.root}") from None
+            # The key only: the error reaches clients, the server's paths must not.
+            raise BlobNotFoundError(f"blob {key}: not found in file storage") from None
 
     def exists(self, key: str) -> bool:
         return self._path(key).is_file()
@@ -73,11 +81,16 @@ class LocalBlobStore(BlobStore):
     def presigned_put(self, *, size: int, expires_s: int) -> PresignedPut | None:
         return None
 
+    def presigned_get(self, key: str, *, expires_s: int, filename: str) -> PresignedGet | None:
+        return None  # as for uploads: no second server, the gateway streams the file
+
     def complete_upload(self, upload_key: str, *, sha256: str, size: int) -> BlobRef:
         raise _no_presigned_uploads(upload_key)
 
     def abort_upload(self, upload_key: str) -> None:
-        raise _no_presigned_uploads(upload_key)
+        # Nothing was staged, so nothing to discard. Raising here (as it once did) ran in the
+        # cleanup of a refused completion and replaced its 400 with a 500.
+        return None
 
 
 def _no_presigned_uploads(upload_key: str) -> BlobNotFoundError:

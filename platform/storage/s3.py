@@ -29,6 +29,7 @@ from loraloom.platform.storage.base import (
     BlobStore,
     BlobVerificationError,
     HashingReader,
+    PresignedGet,
     PresignedPut,
     sha256_of_key,
 )
@@ -152,8 +153,7 @@ class S3BlobStore(BlobStore):
     def presigned_put(self, *, size: int, expires_s: int) -> PresignedPut | None:
         if not 0 <= size <= S3_MAX_SINGLE_PUT_BYTES:
             raise ValueError(f"size: {size} bytes is outside 0..{S3_MAX_SINGLE_PUT_BYTES}, the range of one S3 PUT")
-        if not 1 <= expires_s <= S3_MAX_PRESIGN_EXPIRES_S:
-            raise ValueError(f"expires_s: {expires_s} is outside 1..{S3_MAX_PRESIGN_EXPIRES_S} seconds")
+        expires_at = _expiry(expires_s)
         upload_key = self._new_upload_key()
         # Content-Length is part of the signature, so S3 refuses a PUT of any other size.
         url = self._client.generate_presigned_url(
@@ -171,8 +171,23 @@ class S3BlobStore(BlobStore):
             upload_key=upload_key,
             url=url,
             headers={"Content-Type": OCTET_STREAM},
-            expires_at=datetime.now(timezone.utc) + timedelta(seconds=expires_s),
+            expires_at=expires_at,
         )
+
+    def presigned_get(self, key: str, *, expires_s: int, filename: str) -> PresignedGet | None:
+        expires_at = _expiry(expires_s)
+        url = self._client.generate_presigned_url(
+            "get_object",
+            Params={
+                "Bucket": self.bucket,
+                "Key": self._content_object(key),
+                # Blobs are named by their digest; a browser following the URL saves the file's real name.
+                "ResponseContentDisposition": f'attachment; filename="{filename}"',
+            },
+            ExpiresIn=expires_s,
+            HttpMethod="GET",
+        )
+        return PresignedGet(url=url, expires_at=expires_at)
 
     def complete_upload(self, upload_key: str, *, sha256: str, size: int) -> BlobRef:
         staged = self._upload_object(upload_key)
@@ -201,3 +216,10 @@ class S3BlobStore(BlobStore):
 
     def abort_upload(self, upload_key: str) -> None:
         self._client.delete_object(Bucket=self.bucket, Key=self._upload_object(upload_key))
+
+
+def _expiry(expires_s: int) -> datetime:
+    """When a URL presigned now for `expires_s` seconds expires; refuses what SigV4 cannot sign."""
+    if not 1 <= expires_s <= S3_MAX_PRESIGN_EXPIRES_S:
+        raise ValueError(f"expires_s: {expires_s} is outside 1..{S3_MAX_PRESIGN_EXPIRES_S} seconds")
+    return datetime.now(timezone.utc) + timedelta(seconds=expires_s)

@@ -23,7 +23,8 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from loraloom.engine.tokenizer import ChatTemplateError, Tokenizer
+from loraloom.engine import ChatTemplateError, Tokenizer
+from loraloom.platform.json_input import JsonInputError, parse_json
 from loraloom.platform.training.errors import TrainingInputError
 
 MAX_REPORTED_ERRORS = 20
@@ -200,9 +201,11 @@ def _parse_object(raw: bytes) -> dict:
             f"not valid UTF-8 (byte 0x{raw[error.start]:02x} at column {error.start + 1}); save the file as UTF-8",
         ) from error
     try:
-        record = json.loads(text)
+        record = parse_json(text, "the line")
     except json.JSONDecodeError as error:
         raise _InvalidLine("invalid_json", f"not valid JSON: {error.msg} at column {error.colno}") from error
+    except JsonInputError as error:  # nested too deep, or a lone surrogate the tokenizer cannot encode
+        raise _InvalidLine("invalid_json", str(error), error.path) from error
     if not isinstance(record, dict):
         raise _InvalidLine(
             "not_an_object", f"the line is a JSON {_json_type(record)}; each line must be one JSON object"

@@ -11,13 +11,13 @@ import io
 import uuid
 from typing import BinaryIO
 
-from sqlalchemy import func, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from loraloom.engine.tokenizer import Tokenizer
-from loraloom.platform.db.models import AdapterVersionFile, FineTuningCheckpoint, FineTuningJob, TrainingFile
+from loraloom.engine import Tokenizer
+from loraloom.platform.db.models import FineTuningJob, TrainingFile
 from loraloom.platform.db.pages import Page, newest_first
-from loraloom.platform.registry.publish import all_or_nothing
+from loraloom.platform.registry.blobs import claimed_blobs, collect_blob
 from loraloom.platform.storage import BlobStore, content_key
 from loraloom.platform.training.datasets import load_dataset
 from loraloom.platform.training.errors import TrainingConflictError, TrainingInputError, TrainingNotFoundError
@@ -55,10 +55,8 @@ def create_file(
         )
     report, examples = load_dataset(data, tokenizer, max_seq_len, param="file")
     assert report.format is not None, "a valid dataset has a format"
-    with all_or_nothing(store) as new_blobs:
-        existed = store.exists(content_key(hashlib.sha256(data).hexdigest()))
+    with claimed_blobs(session, store, [hashlib.sha256(data).hexdigest()]):
         ref = store.put_stream(io.BytesIO(data))
-        new_blobs.note(ref.key, existed=existed)
         row = TrainingFile(
             id=new_id("file"),
             tenant_id=tenant_id,
@@ -117,17 +115,4 @@ def delete_file(session: Session, *, store: BlobStore, tenant_id: uuid.UUID, fil
     sha256 = row.sha256
     session.delete(row)
     session.commit()
-    if not _blob_referenced(session, sha256):
-        store.delete(content_key(sha256))
-
-
-def _blob_referenced(session: Session, sha256: str) -> bool:
-    """Blobs are content-addressed: the same bytes may belong to another file, an adapter or a checkpoint."""
-    counts = [
-        select(func.count()).select_from(TrainingFile).where(TrainingFile.sha256 == sha256),
-        select(func.count()).select_from(AdapterVersionFile).where(AdapterVersionFile.sha256 == sha256),
-        select(func.count()).select_from(FineTuningCheckpoint).where(
-            (FineTuningCheckpoint.weights_sha256 == sha256) | (FineTuningCheckpoint.config_sha256 == sha256)
-        ),
-    ]
-    return any(session.scalar(count) for count in counts)
+    collect_blob(session, store, sha256)  # the same bytes may be another file, an adapter or a checkpoint

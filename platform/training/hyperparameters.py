@@ -8,8 +8,7 @@ from __future__ import annotations
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from loraloom.engine.config import EngineConfig
-from loraloom.engine.lora_weights import LORA_MODULE_PARENTS
+from loraloom.engine import LORA_MODULE_PARENTS, EngineConfig
 
 # An adapter is only useful if the engine can load it: its rank must fit a GPU slot.
 MAX_LORA_RANK = EngineConfig.max_lora_rank

@@ -12,6 +12,7 @@ behind its back can no longer change the job.
 """
 from __future__ import annotations
 
+import logging
 import secrets
 import uuid
 from collections.abc import Callable
@@ -19,7 +20,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from loraloom.platform.db.models import (
@@ -34,6 +35,10 @@ ACTIVE = (FineTuningJobStatus.running, FineTuningJobStatus.cancel_requested)
 # Codes of the errors the system (not the user's input) is to blame for.
 WORKER_LOST = "worker_lost"
 SYSTEM_ERROR = "system_error"
+
+logger = logging.getLogger(__name__)
+# An event's level (the API's "info" | "warn" | "error") as a log level.
+EVENT_LOG_LEVELS = {"info": logging.INFO, "warn": logging.WARNING, "error": logging.ERROR}
 
 
 class LostOwnershipError(RuntimeError):
@@ -57,6 +62,9 @@ def add_event(
     data: dict[str, Any] | None = None,
 ) -> None:
     session.add(FineTuningJobEvent(job_id=job_id, level=level, type=type, message=message, data=data))
+    # The worker's log tells the same story as the job's events, each line naming the job.
+    logger.log(EVENT_LOG_LEVELS.get(level, logging.INFO), "job %s: %s", job_id, message,
+               extra={"job_id": job_id, "event_type": type, **({"data": data} if data else {})})
 
 
 def claim_job(factory: sessionmaker[Session], job_id: str, worker_id: str) -> Claim | None:
@@ -110,20 +118,56 @@ def cancel_requested(factory: sessionmaker[Session], claim: Claim) -> bool:
 
 def record_checkpoint(
     factory: sessionmaker[Session], claim: Claim, *, step: int, metrics: dict[str, Any], config_sha256: str,
-    weights_sha256: str, weights_size_bytes: int,
+    weights_sha256: str, weights_size_bytes: int, training_state_sha256: str | None,
 ) -> str | None:
-    """Add a checkpoint row (its blobs are already stored); None when the run lost the job."""
+    """Add a checkpoint row (its blobs are already stored); None when the run lost the job.
+
+    A job has one checkpoint per step. A run that could not resume (its job's checkpoints predate
+    training states) trains the same steps again: its checkpoint replaces the earlier run's."""
     with factory.begin() as session:
         if session.scalar(select(FineTuningJob.id).where(_owned(claim))) is None:
             return None
-        checkpoint_id = new_id("ftckpt")
-        session.add(FineTuningCheckpoint(
-            id=checkpoint_id, job_id=claim.job_id, step=step, metrics=metrics, config_sha256=config_sha256,
-            weights_sha256=weights_sha256, weights_size_bytes=weights_size_bytes,
-        ))
+        values = dict(metrics=metrics, config_sha256=config_sha256, weights_sha256=weights_sha256,
+                      weights_size_bytes=weights_size_bytes, training_state_sha256=training_state_sha256)
+        checkpoint_id = session.scalar(select(FineTuningCheckpoint.id).where(
+            FineTuningCheckpoint.job_id == claim.job_id, FineTuningCheckpoint.step == step))
+        if checkpoint_id is None:
+            checkpoint_id = new_id("ftckpt")
+            session.add(FineTuningCheckpoint(id=checkpoint_id, job_id=claim.job_id, step=step, **values))
+        else:
+            session.execute(update(FineTuningCheckpoint).where(FineTuningCheckpoint.id == checkpoint_id).values(**values))
         add_event(session, claim.job_id, f"Checkpoint {checkpoint_id} saved at step {step}",
                   data={"checkpoint": checkpoint_id, "step": step})
     return checkpoint_id
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    """The checkpoint a new run of a job continues from: its latest one with a training state."""
+
+    checkpoint_id: str
+    step: int
+    metrics: dict[str, Any]
+    config_sha256: str
+    weights_sha256: str
+    training_state_sha256: str
+
+
+def resume_point(factory: sessionmaker[Session], job_id: str) -> ResumePoint | None:
+    with factory() as session:
+        checkpoint = session.scalar(
+            select(FineTuningCheckpoint)
+            .where(FineTuningCheckpoint.job_id == job_id, FineTuningCheckpoint.training_state_sha256.is_not(None))
+            .order_by(FineTuningCheckpoint.step.desc())
+            .limit(1)
+        )
+        if checkpoint is None:
+            return None
+        return ResumePoint(
+            checkpoint_id=checkpoint.id, step=checkpoint.step, metrics=dict(checkpoint.metrics),
+            config_sha256=checkpoint.config_sha256, weights_sha256=checkpoint.weights_sha256,
+            training_state_sha256=checkpoint.training_state_sha256,
+        )
 
 
 def set_checkpoint_metrics(factory: sessionmaker[Session], checkpoint_id: str, metrics: dict[str, Any]) -> None:
@@ -202,6 +246,22 @@ def reap_stale_jobs(
             if moved is not None:
                 reaped.append((job.id, moved))
     return reaped
+
+
+@dataclass(frozen=True)
+class QueueView:
+    """What a supervisor needs to tell an idle worker from a stuck one."""
+
+    queued: list[str]  # ids of the jobs waiting for a worker, oldest first
+    active: int  # jobs running (or being cancelled) anywhere
+
+
+def queue_view(factory: sessionmaker[Session]) -> QueueView:
+    with factory() as session:
+        queued = session.scalars(select(FineTuningJob.id).where(FineTuningJob.status == FineTuningJobStatus.queued)
+                                 .order_by(FineTuningJob.created_at)).all()
+        active = session.scalar(select(func.count()).where(FineTuningJob.status.in_(ACTIVE)))
+    return QueueView(queued=list(queued), active=active or 0)
 
 
 def tenant_job(session: Session, tenant_id: uuid.UUID, job_id: str) -> FineTuningJob | None:

@@ -16,6 +16,7 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from loraloom.platform.db.models import (
+    MAX_INT64,
     FineTuningCheckpoint,
     FineTuningJob,
     FineTuningJobEvent,
@@ -192,7 +193,7 @@ def event_id(event: FineTuningJobEvent) -> str:
 
 def parse_event_id(value: str) -> int:
     number = value.removeprefix(EVENT_ID_PREFIX)
-    if not number.isdigit():
+    if not number.isdigit() or int(number) > MAX_INT64:  # no event id is larger; SQLite would overflow
         raise TrainingInputError(code="invalid_cursor", param="after",
                                  message=f"after: {value!r} is not an event id (ftevent-<number>)")
     return int(number)

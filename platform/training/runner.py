@@ -3,7 +3,10 @@
 Runs in the worker's child process (a fresh one per job), where torch may be imported.
 Failures are told apart for the user: TrainingInputError is their input's fault (the job
 fails with its code and param; retrying cannot help), the time limit is its own code, and
-anything else is a system fault, retried on another run while attempts remain.
+anything else is a system fault, retried on another run while attempts remain. A retry
+resumes from the job's last checkpoint (weights, optimizer, schedule, RNG, data position).
+What a system fault's message tells the user never includes SQL or server paths: those go
+to the worker's log.
 """
 from __future__ import annotations
 
@@ -15,18 +18,28 @@ from pathlib import Path
 from typing import Any
 
 from celery.exceptions import SoftTimeLimitExceeded
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 
+from loraloom.engine import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE, file_sha256
 from loraloom.platform.db import create_db_engine, create_session_factory
 from loraloom.platform.db.models import AdapterVersionSource, FineTuningJob, FineTuningJobStatus, TrainingFile
+from loraloom.platform.registry.blobs import claimed_blobs
 from loraloom.platform.settings import Settings
-from loraloom.platform.storage import BlobStore, content_key, storage_from_settings
+from loraloom.platform.storage import (
+    BlobNotFoundError,
+    BlobStore,
+    BlobVerificationError,
+    content_key,
+    storage_from_settings,
+)
 from loraloom.platform.training.errors import TrainingInputError
 from loraloom.platform.training.hyperparameters import MAX_LORA_RANK, Hyperparameters
 from loraloom.platform.training.job_state import (
     SYSTEM_ERROR,
     Claim,
     LostOwnershipError,
+    ResumePoint,
     add_event,
     beat,
     cancel_requested,
@@ -34,6 +47,7 @@ from loraloom.platform.training.job_state import (
     finish_job,
     record_checkpoint,
     requeue_or_fail,
+    resume_point,
     set_checkpoint_metrics,
 )
 
@@ -63,7 +77,7 @@ class Heartbeat:
                 if not beat(self.factory, self.claim):
                     return  # the job was taken away; the training loop notices at its next step
             except Exception:  # a database hiccup: the next beat may succeed before the job looks stale
-                logger.exception("heartbeat of job %s failed", self.claim.job_id)
+                logger.exception("heartbeat of job %s failed", self.claim.job_id, extra={"job_id": self.claim.job_id})
 
     def __enter__(self) -> Heartbeat:
         self.thread.start()
@@ -81,7 +95,7 @@ def run_job(job_id: str, context: WorkerContext) -> None:
         claim = claim_job(factory, job_id, context.worker_id)
         if claim is None:
             # A redelivered or duplicate message: the job runs elsewhere or is over.
-            logger.info("job %s is not queued; nothing to do for this message", job_id)
+            logger.info("job %s is not queued; nothing to do for this message", job_id, extra={"job_id": job_id})
             return
         with Heartbeat(factory, claim, context.settings.training_heartbeat_interval_s):
             _run_claimed(factory, claim, context)
@@ -93,7 +107,8 @@ def _run_claimed(factory: sessionmaker[Session], claim: Claim, context: WorkerCo
     try:
         _train_and_publish(factory, claim, context)
     except LostOwnershipError:
-        logger.warning("job %s was requeued while this run was alive; stopping without writing", claim.job_id)
+        logger.warning("job %s was requeued while this run was alive; stopping without writing", claim.job_id,
+                       extra={"job_id": claim.job_id})
     except TrainingInputError as error:
         _fail(factory, claim, (error.code, error.message, error.param))
     except SoftTimeLimitExceeded:
@@ -101,13 +116,23 @@ def _run_claimed(factory: sessionmaker[Session], claim: Claim, context: WorkerCo
         _fail(factory, claim, (TIME_LIMIT_EXCEEDED, f"The job ran longer than the time limit of {limit} s "
                                                     "(LORALOOM_TRAINING_TIME_LIMIT_S); train fewer epochs", None))
     except Exception as error:
-        logger.exception("job %s: system error", claim.job_id)
+        logger.exception("job %s: system error", claim.job_id, extra={"job_id": claim.job_id})
         with factory() as session:
             job = session.get(FineTuningJob, claim.job_id)
             if job is not None and job.run_token == claim.run_token:
                 requeue_or_fail(session, job, send=context.send, error_code=SYSTEM_ERROR,
                                 expected_token=claim.run_token,
-                                reason=f"System error on worker {claim.worker_id}: {type(error).__name__}: {error}")
+                                reason=f"System error on worker {claim.worker_id}: {shown_system_error(error)}")
+
+
+def shown_system_error(error: Exception) -> str:
+    """What the job's user is told of a system fault. Database and file system errors carry SQL,
+    table names and server paths, which are the operator's business: the log has them."""
+    if isinstance(error, SQLAlchemyError):
+        return "a database error (the worker's log has the details)"
+    if isinstance(error, OSError):
+        return "a storage or file system error (the worker's log has the details)"
+    return f"{type(error).__name__}: {error}"
 
 
 def _fail(factory: sessionmaker[Session], claim: Claim, error: tuple[str, str, str | None]) -> None:
@@ -153,11 +178,11 @@ def _read_file(factory: sessionmaker[Session], store: BlobStore, spec: _JobSpec,
 
 def _train_and_publish(factory: sessionmaker[Session], claim: Claim, context: WorkerContext) -> None:
     # Imported here: torch, transformers and peft load only in the worker's child process.
-    from loraloom.engine.config import ModelConfig
-    from loraloom.engine.tokenizer import Tokenizer
+    from loraloom.engine import ModelConfig, Tokenizer
     from loraloom.platform.registry.publish import publish_adapter_dir
     from loraloom.platform.registry.validation import ServedBase
     from loraloom.platform.training.datasets import load_dataset
+    from loraloom.platform.training.resume import TRAINING_STATE_FILE
     from loraloom.platform.training.trainer import TrainingMetrics, TrainStatus, train_lora
 
     settings, model_dir = context.settings, context.model_dir
@@ -195,20 +220,30 @@ def _train_and_publish(factory: sessionmaker[Session], claim: Claim, context: Wo
                         f"{evaluated}", claim, type="metrics", data=dict(last_metrics))
 
     def save_checkpoint(step: int, directory: Path) -> None:
-        config_ref = store.put_file(directory / "adapter_config.json")
-        weights_ref = store.put_file(directory / "adapter_model.safetensors")
+        state_file = directory / TRAINING_STATE_FILE  # absent from the final adapter saved on a late cancel
+        files = [directory / ADAPTER_CONFIG_FILE, directory / ADAPTER_WEIGHTS_FILE]
+        files += [state_file] if state_file.is_file() else []
         # On cancel the checkpoint holds the last reported step; on schedule, the step reported next.
         reported = last_metrics.get("step") == step
-        checkpoint_id = record_checkpoint(
-            factory, claim, step=step, metrics=dict(last_metrics) if reported else {"step": step},
-            config_sha256=config_ref.sha256, weights_sha256=weights_ref.sha256, weights_size_bytes=weights_ref.size,
-        )
+        # Claimed until the checkpoint row holds them: a version deleted meanwhile that shares
+        # these bytes (the same adapter pushed earlier) must not take them from the checkpoint.
+        with factory() as session, claimed_blobs(session, store, (file_sha256(path) for path in files)):
+            config_ref, weights_ref, *state_refs = [store.put_file(path) for path in files]
+            checkpoint_id = record_checkpoint(
+                factory, claim, step=step, metrics=dict(last_metrics) if reported else {"step": step},
+                config_sha256=config_ref.sha256, weights_sha256=weights_ref.sha256,
+                weights_size_bytes=weights_ref.size,
+                training_state_sha256=state_refs[0].sha256 if state_refs else None,
+            )
         if checkpoint_id is None:
             raise LostOwnershipError(claim.job_id)
         if not reported:
             checkpoints_awaiting_metrics[step] = checkpoint_id
 
     work_dir = settings.training_work_dir / claim.job_id / f"attempt-{claim.attempt}"
+    resume = _fetch_resume_point(factory, store, claim, work_dir)
+    if resume is not None:
+        last_metrics.update(resume[0].metrics)
     result = train_lora(
         base_model_dir=model_dir,
         train_examples=train_examples,
@@ -220,6 +255,7 @@ def _train_and_publish(factory: sessionmaker[Session], claim: Claim, context: Wo
         should_cancel=lambda: cancel_requested(factory, claim),
         save_checkpoint=save_checkpoint,
         checkpoint_every=settings.training_checkpoint_every,
+        resume_from=resume[1] if resume is not None else None,
     )
     if result.status is TrainStatus.CANCELLED:
         with factory() as session:
@@ -242,14 +278,42 @@ def _train_and_publish(factory: sessionmaker[Session], claim: Claim, context: Wo
             session, store=store, tenant_id=spec.tenant_id, adapter_name=spec.suffix, directory=result.adapter_dir,
             base=base, allow_base_mismatch=False, source=AdapterVersionSource.training, training_job_id=claim.job_id,
             actor_key_id=spec.actor_key_id,
-        )
+        ).version
         reference = f"{spec.suffix}@{version.number}"
         if finish_job(session, claim, FineTuningJobStatus.succeeded, result_version_id=version.id,
                       fine_tuned_model=reference, trained_tokens=result.trained_tokens, metrics=last_metrics or None,
-                      message=f"The job has successfully completed: the adapter is {reference} ({spec.suffix}:latest)"):
+                      message=f"The job has successfully completed: the adapter is {reference} ({spec.suffix}:latest); "
+                              f"download it with `loraloom adapters pull {reference} DIR`"):
             session.commit()
         else:
-            logger.warning("job %s: registered %s but the job was taken away meanwhile", claim.job_id, reference)
+            logger.warning("job %s: registered %s but the job was taken away meanwhile", claim.job_id, reference,
+                           extra={"job_id": claim.job_id})
+
+
+def _fetch_resume_point(
+    factory: sessionmaker[Session], store: BlobStore, claim: Claim, work_dir: Path
+) -> tuple[ResumePoint, Path] | None:
+    """The job's last checkpoint with its training state, downloaded for train_lora's resume_from;
+    None when this run starts from step 1 (the first run, or no checkpoint can be resumed)."""
+    from loraloom.platform.training.resume import TRAINING_STATE_FILE
+
+    point = resume_point(factory, claim.job_id)
+    if point is None:
+        return None
+    directory = work_dir / f"resume-{point.step}"
+    try:
+        for name, sha256 in ((ADAPTER_CONFIG_FILE, point.config_sha256), (ADAPTER_WEIGHTS_FILE, point.weights_sha256),
+                             (TRAINING_STATE_FILE, point.training_state_sha256)):
+            store.get_to_path(content_key(sha256), directory / name)
+    except (BlobNotFoundError, BlobVerificationError):
+        logger.exception("job %s: checkpoint %s cannot be read back", claim.job_id, point.checkpoint_id,
+                         extra={"job_id": claim.job_id})
+        _event(factory, f"Checkpoint {point.checkpoint_id} could not be read back; training starts over from step 1",
+               claim, level="warn")
+        return None
+    _event(factory, f"Resuming from checkpoint {point.checkpoint_id} at step {point.step}", claim,
+           data={"checkpoint": point.checkpoint_id, "step": point.step})
+    return point, directory
 
 
 def _event(factory: sessionmaker[Session], message: str, claim: Claim, **fields: Any) -> None:

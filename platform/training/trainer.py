@@ -12,6 +12,10 @@ norm clipped to 1. Cancellation is cooperative: `should_cancel` is asked before
 every step, and a cancelled run saves a checkpoint of the steps it finished
 (Celery's revoke(terminate=True) kills the process mid-step and saves nothing).
 
+Every checkpoint also holds the run's optimizer, schedule and RNG state (resume.py): a
+run started from one (`resume_from`) continues at the next step, on the same example
+order, and ends with the weights the run would have had if it had not been interrupted.
+
 The final adapter is loaded back with the engine's own loader before it is
 returned, so a run that succeeds has produced an adapter the engine serves.
 """
@@ -26,11 +30,16 @@ from pathlib import Path
 
 import torch
 
-from loraloom.engine.config import ModelConfig
-from loraloom.engine.lora_weights import load_adapter_weights
+from loraloom.engine import ADAPTER_WEIGHTS_FILE, ModelConfig, load_adapter_weights
 from loraloom.platform.training.datasets import TokenizedExample
 from loraloom.platform.training.errors import TrainingInputError
 from loraloom.platform.training.hyperparameters import Hyperparameters
+from loraloom.platform.training.resume import (
+    TRAINING_STATE_FILE,
+    RunPosition,
+    load_training_state,
+    save_training_state,
+)
 
 WARMUP_FRACTION = 0.05
 MAX_GRAD_NORM = 1.0
@@ -83,11 +92,14 @@ def train_lora(
     save_checkpoint: Callable[[int, Path], None],
     checkpoint_every: int,
     device: torch.device | None = None,
+    resume_from: Path | None = None,
 ) -> TrainResult:
     """Train a LoRA adapter on `base_model_dir`; checkpoints and the final adapter go under `output_dir`.
 
-    `save_checkpoint(step, directory)` is called with each checkpoint's PEFT directory (every
-    `checkpoint_every` steps and on cancel) so the caller can copy it to object storage.
+    `save_checkpoint(step, directory)` is called with each checkpoint's directory (every
+    `checkpoint_every` steps and on cancel): the PEFT files plus TRAINING_STATE_FILE, so the caller
+    can copy them to object storage. `resume_from`, such a directory of an earlier run of the same
+    job (same inputs and seed), continues that run from its step.
     """
     _check_inputs(train_examples, eval_examples, hyperparameters, checkpoint_every)
     device = device or default_device()
@@ -106,6 +118,15 @@ def train_lora(
         train_loss: float | None = None
         eval_loss: float | None = None
         last_checkpoint: tuple[int, Path] | None = None
+        if resume_from is not None:
+            position = _resume(model, optimizer, scheduler, Path(resume_from), device)
+            step, trained_tokens = position.step, position.trained_tokens
+            last_checkpoint = (step, Path(resume_from))
+        resumed_at = step
+
+        def checkpoint() -> tuple[int, Path]:
+            position = RunPosition(step=step, trained_tokens=trained_tokens)
+            return step, _save_checkpoint(model, optimizer, scheduler, position, device, output_dir, save_checkpoint)
 
         def result(status: TrainStatus, adapter_dir: Path | None) -> TrainResult:
             return TrainResult(
@@ -121,11 +142,14 @@ def train_lora(
 
         started = time.monotonic()
         for epoch in range(hyperparameters.n_epochs):
+            # Drawn for every epoch, resumed-over ones too, so the order matches the uninterrupted run's.
             permutation = torch.randperm(len(train_examples), generator=order).tolist()
             for first in range(0, len(permutation), hyperparameters.batch_size):
+                if epoch * batches_per_epoch + first // hyperparameters.batch_size < resumed_at:
+                    continue  # trained by the run this one resumes
                 if should_cancel():
                     if step > 0 and (last_checkpoint is None or last_checkpoint[0] != step):
-                        last_checkpoint = (step, _save_checkpoint(model, output_dir, step, save_checkpoint))
+                        last_checkpoint = checkpoint()
                     return result(TrainStatus.CANCELLED, adapter_dir=None)
                 batch = _collate([train_examples[i] for i in permutation[first:first + hyperparameters.batch_size]],
                                  device)
@@ -149,7 +173,7 @@ def train_lora(
 
                 checkpoint_due = step % checkpoint_every == 0
                 if checkpoint_due:
-                    last_checkpoint = (step, _save_checkpoint(model, output_dir, step, save_checkpoint))
+                    last_checkpoint = checkpoint()
                 evaluated = (checkpoint_due or step == total_steps) and bool(eval_examples)
                 if evaluated:
                     eval_loss = evaluate_loss(model, eval_examples, hyperparameters.batch_size, device)
@@ -162,7 +186,7 @@ def train_lora(
                     eval_loss=eval_loss if evaluated else None,
                     tokens_per_second=trained_tokens / elapsed if elapsed > 0 else 0.0,
                     elapsed_seconds=elapsed,
-                    eta_seconds=elapsed / step * (total_steps - step),
+                    eta_seconds=elapsed / (step - resumed_at) * (total_steps - step),
                 ))
 
     adapter_dir = output_dir / FINAL_ADAPTER_DIR
@@ -289,9 +313,27 @@ def _warmup_then_linear_decay(total_steps: int) -> Callable[[int], float]:
 
 
 def _save_checkpoint(
-    model, output_dir: Path, step: int, save_checkpoint: Callable[[int, Path], None]
+    model, optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LRScheduler, position: RunPosition,
+    device: torch.device, output_dir: Path, save_checkpoint: Callable[[int, Path], None],
 ) -> Path:
-    directory = output_dir / f"checkpoint-{step}"
+    directory = output_dir / f"checkpoint-{position.step}"
     model.save_pretrained(str(directory), safe_serialization=True)
-    save_checkpoint(step, directory)
+    save_training_state(directory / TRAINING_STATE_FILE, position, optimizer, scheduler, device)
+    save_checkpoint(position.step, directory)
     return directory
+
+
+def _resume(
+    model, optimizer: torch.optim.Optimizer, scheduler: torch.optim.lr_scheduler.LRScheduler, directory: Path,
+    device: torch.device,
+) -> RunPosition:
+    """Load a checkpoint's LoRA weights into `model` and its state into the optimizer and schedule."""
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    loaded = set_peft_model_state_dict(model, load_file(str(directory / ADAPTER_WEIGHTS_FILE), device=str(device)))
+    missing_lora = [key for key in loaded.missing_keys if "lora_" in key]
+    if loaded.unexpected_keys or missing_lora:
+        raise ValueError(f"checkpoint {directory} does not fit this job's LoRA modules: "
+                         f"unexpected {loaded.unexpected_keys[:3]}, missing {missing_lora[:3]}")
+    return load_training_state(directory / TRAINING_STATE_FILE, optimizer, scheduler, device)

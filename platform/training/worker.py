@@ -1,14 +1,17 @@
 """`loraloom worker`: a Celery worker for the training queue, plus the reaper.
 
 The worker's main process only consumes messages; each job runs in a fresh child (max
-tasks per child 1), which imports torch. The reaper, a process beside it, requeues or
-fails jobs whose worker stopped writing heartbeats, so a job whose worker died (on any
-machine) is never left `running`. Several workers reap at once safely: every requeue
-is a compare-and-set.
+tasks per child 1), which imports torch, and which dies with the main process (a job
+child left running by a killed worker would train on with nobody to report to). The
+reaper, a process beside it, requeues or fails jobs whose worker stopped writing
+heartbeats, so a job whose worker died (on any machine) is never left `running`.
+Several reapers (other workers', serve's) run at once safely: every requeue is a
+compare-and-set.
 """
 from __future__ import annotations
 
 import ctypes
+import functools
 import logging
 import multiprocessing
 import os
@@ -19,6 +22,7 @@ import time
 from pathlib import Path
 
 from celery import Celery
+from celery.signals import worker_process_init
 
 from loraloom.platform.db import create_db_engine, create_session_factory
 from loraloom.platform.settings import Settings
@@ -29,11 +33,22 @@ logger = logging.getLogger(__name__)
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
-def end_with_parent() -> None:
-    """A Popen preexec_fn: on Linux, the child gets SIGTERM when the process that started it dies,
-    so a worker started by `serve` never outlives it (not even a SIGKILLed one)."""
+def end_with_parent(sig: int = signal.SIGTERM, parent_pid: int | None = None) -> None:
+    """Called in a child process (a Popen preexec_fn, or first thing in it): on Linux, the child
+    gets `sig` when the thread that started it dies, so it never outlives its parent, not even a
+    SIGKILLed one. Linux ties this to the starting *thread*: start children from a long-lived one.
+    `parent_pid`, the parent's pid as the parent saw it, covers a parent that died before this
+    call (the signal would never come): the child then gets `sig` at once."""
     if sys.platform == "linux":
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, sig)
+    if parent_pid is not None and os.getppid() != parent_pid:
+        os.kill(os.getpid(), sig)
+
+
+def _job_child_ends_with_worker(worker_pid: int, **_: object) -> None:
+    # SIGKILL: the worker main is gone, so nothing would take this run's result; its job is
+    # requeued by a reaper once its heartbeat is stale, and resumes from its last checkpoint.
+    end_with_parent(signal.SIGKILL, worker_pid)
 
 
 def worker_id() -> str:
@@ -43,6 +58,7 @@ def worker_id() -> str:
 def create_worker_app(settings: Settings, model_dir: Path) -> Celery:
     """The Celery app with the training task registered; `model_dir` is the served base."""
     app = create_celery_app(settings)
+    worker_process_init.connect(functools.partial(_job_child_ends_with_worker, os.getpid()), weak=False)
     if settings.broker_url is None:
         # The embedded broker is for one machine: no remote control, whose broadcasts it does not need.
         app.conf.worker_enable_remote_control = False
@@ -60,12 +76,12 @@ def create_worker_app(settings: Settings, model_dir: Path) -> Celery:
     return app
 
 
-def reap_forever(settings: Settings) -> None:
+def reap_forever(settings: Settings, worker_pid: int) -> None:
     """The reaper's process: every heartbeat interval, requeue or fail the jobs whose heartbeat is
     older than the timeout. A process, not a thread of the worker: the worker forks a child per
     job, and a fork while another thread holds a lock (SQLAlchemy's, kombu's) leaves the child
     waiting on that lock for ever."""
-    end_with_parent()
+    end_with_parent(signal.SIGTERM, worker_pid)
     app = create_celery_app(settings)
     db_engine = create_db_engine(settings.database_url)
     factory = create_session_factory(db_engine)
@@ -77,7 +93,8 @@ def reap_forever(settings: Settings) -> None:
                     factory, heartbeat_timeout_s=settings.training_heartbeat_timeout_s,
                     send=lambda job_id: send_run_job(app, job_id),
                 ):
-                    logger.warning("job %s had a stale heartbeat: now %s", job_id, status.value)
+                    logger.warning("job %s had a stale heartbeat: now %s", job_id, status.value,
+                                   extra={"job_id": job_id})
             except Exception:  # the database or broker is down for now: try again next round
                 logger.exception("reaping stale training jobs failed")
     finally:
@@ -87,7 +104,7 @@ def reap_forever(settings: Settings) -> None:
 def start_reaper(settings: Settings) -> multiprocessing.process.BaseProcess:
     # Spawned, not forked: a fresh interpreter that shares nothing with the worker's state.
     reaper = multiprocessing.get_context("spawn").Process(
-        target=reap_forever, args=(settings,), name="training-reaper", daemon=True
+        target=reap_forever, args=(settings, os.getpid()), name="training-reaper", daemon=True
     )
     reaper.start()
     return reaper

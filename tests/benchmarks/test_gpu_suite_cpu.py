@@ -91,7 +91,7 @@ def test_cpu_mode_reports_every_scenario_with_a_number(suite_run) -> None:
 def test_cpu_mode_prints_one_table_and_its_metadata(suite_run) -> None:
     result, table = suite_run
     meta = table["meta"]
-    assert meta["device"].startswith("cpu") and meta["quantization"] == "none" and meta["kernels"] == "reference"
+    assert meta["device"].startswith("cpu") and meta["quantization"] == "none" and meta["kernels"] == "cpu"
     assert "SmolLM2-135M shape, 2 layers" in meta["model"]
     lines = result.stdout.splitlines()
     header = next(i for i, line in enumerate(lines) if line.startswith("scenario"))
@@ -139,7 +139,7 @@ def engine_tokens(engine, requests: dict) -> dict[str, list[int]]:
 def peer_with_adapter(gpusuite, directory: Path, config):
     """A rank-8 random adapter "a" for `config` written to `directory`, and the HF+PEFT peer (seed 3) with it."""
     adapters, peer = gpusuite
-    from loraloom.engine.adapters import AdapterHandle
+    from loraloom.engine.lora.handle import AdapterHandle
 
     path = adapters.write_random_adapter(directory, config, rank=8, seed=1, dtype=torch.float32, device="cpu")
     handle = AdapterHandle(key="a", name="a", uri=path.as_uri())
@@ -150,8 +150,8 @@ def test_the_peer_computes_what_the_engine_computes(gpusuite, tmp_path) -> None:
     """Same random weights and adapter file in HF+PEFT and in loraloom: same greedy tokens, base and adapter."""
     _, peer = gpusuite
     from loraloom.engine.config import EngineConfig
-    from loraloom.engine.engine import LLMEngine
-    from loraloom.engine.random_model import random_model
+    from loraloom.engine.llm_engine import LLMEngine
+    from loraloom.engine.model.random_model import random_model
 
     config = tiny_config(tied=False)
     handle, model = peer_with_adapter(gpusuite, tmp_path / "a", config)
@@ -166,8 +166,8 @@ def test_the_peer_computes_what_the_engine_computes(gpusuite, tmp_path) -> None:
 def test_the_peer_of_a_tied_model_reads_the_embedding_as_lm_head(gpusuite, tmp_path) -> None:
     _, peer = gpusuite
     from loraloom.engine.config import EngineConfig
-    from loraloom.engine.engine import LLMEngine
-    from loraloom.engine.random_model import random_model
+    from loraloom.engine.llm_engine import LLMEngine
+    from loraloom.engine.model.random_model import random_model
 
     config = tiny_config(tied=True)
     _, model = peer_with_adapter(gpusuite, tmp_path / "a", config)

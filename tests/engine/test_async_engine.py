@@ -11,9 +11,13 @@ import asyncio
 from pathlib import Path
 
 import pytest
+from lora_factory import make_peft_adapter
+
+from loraloom.engine import AdapterHandle
 from loraloom.engine.async_engine import AsyncEngine
 from loraloom.engine.config import EngineConfig
-from loraloom.engine.engine import LLMEngine
+from loraloom.engine.llm_engine import LLMEngine
+from loraloom.engine.outputs import RequestFailedError
 from loraloom.engine.request import SamplingParams
 
 CONFIG = EngineConfig(num_kv_blocks=64, block_size=4, max_num_batched_tokens=64)
@@ -114,3 +118,61 @@ def test_a_failing_step_fails_open_streams_and_the_engine_goes_on(engine, monkey
 
     assert len(asyncio.run(run())) == 4
     assert engine.engine.block_manager.num_used_blocks == 0
+
+
+def test_a_request_failed_by_the_engine_raises_in_its_own_stream_only(engine, monkeypatch):
+    """An output with finish_reason "error" (LLMEngine fails a request whose logits are not finite)
+    reaches its stream as RequestFailedError with the engine's message; the stream beside it finishes."""
+    real_step = engine.engine.step
+
+    def step_failing_victim():
+        outputs = real_step()
+        for output in outputs:
+            if output.request_id == "victim":
+                engine.engine.abort_request("victim")
+                output.token_ids, output.finished, output.finish_reason = [], True, "error"
+                output.error = "generation failed: non-finite values"
+        return outputs
+
+    monkeypatch.setattr(engine.engine, "step", step_failing_victim)
+
+    async def run():
+        await engine.start()
+        try:
+            victim = asyncio.ensure_future(collect(engine, "victim", PROMPTS[0], greedy(6)))
+            survivor = await collect(engine, "survivor", PROMPTS[1], greedy(6))
+            with pytest.raises(RequestFailedError, match="non-finite values"):
+                await victim
+            return survivor
+        finally:
+            await engine.shutdown()
+
+    assert len(asyncio.run(run())) == 6
+    assert engine.engine.block_manager.num_used_blocks == 0
+
+
+def test_a_request_reads_its_adapter_from_the_host_cache_once_and_gives_its_hold_back(
+    engine, tiny_checkpoint, tmp_path
+):
+    """Issue 11: generate() used to read the host cache before queueing and admit_request again.
+    Now the hold taken off the step thread is the request's: one lookup (a miss, then nothing)."""
+    directory = make_peft_adapter(tiny_checkpoint, tmp_path / "a", rank=4, alpha=8,
+                                  target_modules=["q_proj", "v_proj"], seed=5)
+    adapter = AdapterHandle(key="a@test", name="a", uri=directory.as_uri())
+    cache = engine.engine.adapter_cache
+
+    async def run() -> list[int]:
+        tokens: list[int] = []
+        await engine.start()
+        try:
+            async for output in engine.generate(request_id="r", prompt_token_ids=PROMPTS[0], params=greedy(4),
+                                                adapter=adapter):
+                tokens += output.token_ids
+        finally:
+            await engine.shutdown()
+        return tokens
+
+    assert len(asyncio.run(run())) == 4
+    assert (cache.hits, cache.misses) == (0, 1)
+    with pytest.raises(KeyError):
+        cache.held(adapter.key)  # the request's end gave the hold back

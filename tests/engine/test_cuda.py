@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from greedy_runs import generate
-from loraloom.engine.adapters import AdapterHandle
+from loraloom.engine.lora.handle import AdapterHandle
 from loraloom.engine.config import EngineConfig, ModelConfig
-from loraloom.engine.engine import LLMEngine
-from loraloom.engine.random_model import random_model
+from loraloom.engine.llm_engine import LLMEngine
+from loraloom.engine.model.random_model import random_model
 from loraloom.kernels.backend import get_backend
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))

@@ -14,11 +14,11 @@ import pytest
 import torch
 
 from greedy_runs import generate
-from loraloom.engine.adapters import AdapterHandle
+from loraloom.engine.lora.handle import AdapterHandle
 from loraloom.engine.config import EngineConfig, ModelConfig
 from loraloom.engine.cuda_graphs import CAPTURE_SIZES, DecodeGraphs, capture_sizes
-from loraloom.engine.engine import LLMEngine
-from loraloom.engine.random_model import random_model
+from loraloom.engine.llm_engine import LLMEngine
+from loraloom.engine.model.random_model import random_model
 from loraloom.engine.request import SamplingParams
 from loraloom.kernels.backend import REFERENCE_BACKEND
 

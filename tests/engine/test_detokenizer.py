@@ -15,7 +15,7 @@ import pytest
 from tokenizers import Tokenizer as RustTokenizer
 from tokenizers import decoders, models, normalizers, trainers
 
-from loraloom.engine.bundled import import_bundled
+from loraloom.engine.model.bundled import import_bundled
 from loraloom.engine.detokenizer import PROMPT_CONTEXT_TOKENS, DeferredDetokenizer, IncrementalDetokenizer
 from loraloom.engine.outputs import RequestOutput
 from loraloom.engine.tokenizer import Tokenizer

@@ -1,4 +1,4 @@
-"""LLMEngine.from_model and engine/random_model.py: serving a model built in memory, without a tokenizer."""
+"""LLMEngine.from_model and engine/model/random_model.py: serving a model built in memory, without a tokenizer."""
 from __future__ import annotations
 
 
@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from loraloom.engine.config import EngineConfig, ModelConfig
-from loraloom.engine.engine import LLMEngine
-from loraloom.engine.fp8 import Fp8Linear
-from loraloom.engine.loader import load_model
-from loraloom.engine.random_model import WEIGHT_STD, random_model
+from loraloom.engine.llm_engine import LLMEngine
+from loraloom.engine.model.fp8 import Fp8Linear
+from loraloom.engine.model.loader import load_model
+from loraloom.engine.model.random_model import WEIGHT_STD, random_model
 from loraloom.engine.request import SamplingParams
 
 TINY = ModelConfig(

@@ -8,7 +8,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from loraloom.engine.adapters import AdapterHandle
+from loraloom.engine.lora.handle import AdapterHandle
 from loraloom.engine.kv_cache import BlockManager
 from loraloom.engine.request import Request, SamplingParams
 
@@ -231,6 +231,6 @@ def test_prefix_caching_disabled_matches_nothing():
 
 
 def test_scheduling_modules_do_not_import_torch():
-    code = ("import sys; import loraloom.engine.scheduler, loraloom.engine.kv_cache, loraloom.engine.adapter_slots; "
+    code = ("import sys; import loraloom.engine.scheduler, loraloom.engine.kv_cache, loraloom.engine.lora.slots; "
             "assert 'torch' not in sys.modules, 'torch was imported'")
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -9,11 +9,11 @@ import pytest
 import torch
 
 from loraloom.engine.config import DEFAULT_NUM_KV_BLOCKS, EngineConfig, ModelConfig
-from loraloom.engine.engine import LLMEngine
-from loraloom.engine.lora import LoRASlotPool, attach_lora
+from loraloom.engine.llm_engine import LLMEngine
+from loraloom.engine.lora.layers import LoRASlotPool, attach_lora
 from loraloom.engine.memory import kv_block_bytes, kv_blocks_for_budget, plan_memory, run_profile_step
-from loraloom.engine.model import allocate_kv_cache
-from loraloom.engine.random_model import random_model
+from loraloom.engine.model.llama import allocate_kv_cache
+from loraloom.engine.model.random_model import random_model
 
 TINY = ModelConfig(
     vocab_size=320, hidden_size=64, intermediate_size=160, num_layers=2, num_heads=4, num_kv_heads=2, head_dim=16,

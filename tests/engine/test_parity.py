@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from lora_factory import make_peft_adapter
-from loraloom.engine.adapters import AdapterHandle
+from loraloom.engine.lora.handle import AdapterHandle
 from loraloom.engine.config import EngineConfig
-from loraloom.engine.engine import LLMEngine
+from loraloom.engine.llm_engine import LLMEngine
 from loraloom.engine.request import SamplingParams
 
 NEW_TOKENS = 32

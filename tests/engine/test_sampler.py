@@ -1,6 +1,9 @@
 """The batched sampler against fp64 references computed independently of its code."""
 from __future__ import annotations
 
+import dataclasses
+from dataclasses import dataclass
+
 import pytest
 import torch
 
@@ -270,3 +273,133 @@ def test_top_k_keeps_every_token_tied_with_the_kth_even_past_the_candidates():
     assert set(out.token_ids[:draws]) == {0, 1}
     # About vocab - 1 equally likely tokens: 2000 draws see far more of them than the window holds.
     assert len(set(out.token_ids[draws:])) > CANDIDATES, "tied tokens past the candidate window were dropped"
+
+
+# ------------------------------------------------- logit adjustments (penalties, logit_bias, min_tokens)
+
+@dataclass
+class History:
+    prompt_token_ids: list[int]
+    output_token_ids: list[int]
+
+
+def reference_adjusted(logits_row: torch.Tensor, p: SamplingParams, history: History,
+                       eos_token_ids: tuple[int, ...]) -> torch.Tensor:
+    """One row adjusted token by token in fp64, from the definitions in vLLM's and OpenAI's documentation."""
+    row = logits_row.double().clone()
+    for token in set(history.prompt_token_ids) | set(history.output_token_ids):
+        row[token] = row[token] / p.repetition_penalty if row[token] > 0 else row[token] * p.repetition_penalty
+    for token in set(history.output_token_ids):
+        count = history.output_token_ids.count(token)
+        row[token] -= p.frequency_penalty * count + p.presence_penalty
+    for token, bias in p.logit_bias.items():
+        row[token] += bias
+    if len(history.output_token_ids) < p.min_tokens:
+        for token in set(p.stop_token_ids) | (set() if p.ignore_eos else set(eos_token_ids)):
+            row[token] = float("-inf")
+    return row
+
+
+EOS = (3,)
+ADJUSTING = [
+    SamplingParams(temperature=0.0, repetition_penalty=1.3),
+    SamplingParams(temperature=0.0, repetition_penalty=0.7),
+    SamplingParams(temperature=0.0, frequency_penalty=1.5),
+    SamplingParams(temperature=0.0, presence_penalty=-0.8),
+    SamplingParams(temperature=0.0, presence_penalty=2.0, frequency_penalty=-1.0, repetition_penalty=1.2),
+    SamplingParams(temperature=0.0, logit_bias={5: -100, 7: 3.5, 11: 100}),
+    SamplingParams(temperature=0.0, min_tokens=6, stop_token_ids=[9]),
+    SamplingParams(temperature=0.0, min_tokens=6, ignore_eos=True, stop_token_ids=[9]),
+    SamplingParams(temperature=0.0, min_tokens=2, logit_bias={3: 50}),  # already past min_tokens: eos allowed
+]
+
+
+def adjusting_batch(seed: int) -> tuple[torch.Tensor, list[SamplingParams], list[History]]:
+    """ADJUSTING interleaved with plain greedy rows, over a small vocabulary so that histories repeat tokens."""
+    vocab = 40
+    generator = torch.Generator().manual_seed(seed)
+    params, histories = [], []
+    for p in ADJUSTING:
+        prompt = torch.randint(0, vocab, (12,), generator=generator).tolist()
+        output = torch.randint(0, vocab, (4,), generator=generator).tolist()
+        params += [p, SamplingParams(temperature=0.0)]
+        histories += [History(prompt, output), History(prompt, output)]
+    return random_logits(len(params), vocab, seed=seed), params, histories
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_adjusted_rows_choose_by_their_definition_and_plain_rows_are_untouched(seed):
+    logits, params, histories = adjusting_batch(seed)
+    raw = logits.clone()
+    out = Sampler(EOS).sample(logits, params, [None] * len(params), histories)
+    for row, (p, history) in enumerate(zip(params, histories)):
+        expected = reference_adjusted(raw[row], p, history, EOS)
+        assert logits[row].double() == pytest.approx(expected, abs=1e-4), (row, p)
+        assert out.token_ids[row] == int(expected.argmax()), (row, p)
+        if not p.adjusts_logits:
+            assert torch.equal(logits[row], raw[row])
+
+
+def test_min_tokens_masks_eos_and_stop_tokens_only_until_reached():
+    logits = torch.zeros(1, 20)
+    logits[0, [3, 9]] = torch.tensor([5.0, 4.0])  # eos first, then the stop token
+    logits[0, 12] = 1.0
+    p = SamplingParams(temperature=0.0, min_tokens=3, stop_token_ids=[9])
+
+    def choose(num_output: int) -> int:
+        return Sampler(EOS).sample(logits.clone(), [p], [None], [History([1], [0] * num_output)]).token_ids[0]
+
+    assert [choose(n) for n in range(5)] == [12, 12, 12, 3, 3]
+
+
+def test_logprobs_of_adjusted_rows_stay_raw():
+    logits, params, histories = adjusting_batch(seed=5)
+    params = [dataclasses.replace(p, logprobs=2) for p in params]
+    reference = torch.log_softmax(logits.double(), dim=-1)
+    out = Sampler(EOS).sample(logits, params, [None] * len(params), histories)
+    for row, token in enumerate(out.token_ids):
+        assert out.logprobs[row] == pytest.approx(reference[row, token].item(), abs=1e-5)
+        assert [t for t, _ in out.top_logprobs[row]] == reference[row].topk(2).indices.tolist()
+
+
+def test_sampled_frequencies_follow_the_penalized_distribution():
+    vocab, draws = 8, 20000
+    logits_row = random_logits(1, vocab, seed=13, scale=1.0)[0]
+    p = SamplingParams(temperature=0.8, presence_penalty=0.5, frequency_penalty=0.4, repetition_penalty=1.3,
+                       logit_bias={6: 1.0})
+    history = History([0, 1, 2, 2], [2, 5, 5, 5])
+    expected = torch.softmax(reference_adjusted(logits_row, p, history, EOS) / p.temperature, dim=-1)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(14)
+        out = Sampler(EOS).sample(logits_row.expand(draws, vocab).contiguous(), [p] * draws, [None] * draws,
+                                  [history] * draws)
+    counts = torch.bincount(torch.tensor(out.token_ids), minlength=vocab).double()
+    assert chi_square_p_value(counts, expected) > 1e-3
+    # The penalties move real mass: the unpenalized distribution is refused.
+    assert chi_square_p_value(counts, reference_distribution(logits_row, p.temperature, 0, 1.0)) < 1e-6
+
+
+def test_adjusting_rows_need_their_histories():
+    with pytest.raises(ValueError, match="histories"):
+        Sampler().sample(random_logits(1, 10, seed=0), [SamplingParams(presence_penalty=1.0)], [None])
+
+
+@pytest.mark.parametrize(
+    ("fields", "name"),
+    [
+        (dict(presence_penalty=2.5), "presence_penalty"),
+        (dict(frequency_penalty=-2.01), "frequency_penalty"),
+        (dict(frequency_penalty=float("nan")), "frequency_penalty"),
+        (dict(repetition_penalty=0.0), "repetition_penalty"),
+        (dict(logit_bias={5: 101}), "logit_bias"),
+        (dict(logit_bias={-1: 1}), "logit_bias"),
+        (dict(logit_bias={i: 1.0 for i in range(301)}), "logit_bias"),
+        (dict(min_tokens=17), "min_tokens"),  # more than max_tokens (16)
+        (dict(min_tokens=-1), "min_tokens"),
+    ],
+)
+def test_adjustment_fields_are_validated_by_name(fields, name):
+    with pytest.raises(ValueError, match=f"^{name}: "):
+        SamplingParams(**fields).validate()
+    SamplingParams(presence_penalty=-2, frequency_penalty=2, logit_bias={i: 100.0 for i in range(300)},
+                   min_tokens=16, repetition_penalty=1e-3).validate()

@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 import pytest
 
-from loraloom.engine.adapter_slots import AdapterSlotTable
-from loraloom.engine.adapters import AdapterHandle
+from loraloom.engine.lora.slots import AdapterSlotTable
+from loraloom.engine.lora.handle import AdapterHandle
 from loraloom.engine.config import EngineConfig
 from loraloom.engine.kv_cache import BlockManager
 from loraloom.engine.request import Request, RequestStatus, SamplingParams
@@ -432,8 +432,8 @@ def test_abort_frees_waiting_and_running_requests():
     waiting = simulation.add("waiting", [1, 2, 3], max_tokens=8)
     output = simulation.step()
     assert [item.request for item in output.scheduled] == [running] and waiting.status is RequestStatus.WAITING
-    assert simulation.scheduler.running_adapter_counts() == {"a": 1}
-    assert simulation.scheduler.waiting_adapter_counts() == {"base": 1}
+    assert simulation.scheduler.running_adapter_counts() == {("", "a"): 1}  # (tenant label, adapter name); none given here
+    assert simulation.scheduler.waiting_adapter_counts() == {("", "base"): 1}
     assert simulation.scheduler.abort_request("waiting") is waiting
     assert simulation.scheduler.abort_request("running") is running
     assert simulation.scheduler.abort_request("running") is None

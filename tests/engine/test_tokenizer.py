@@ -69,6 +69,13 @@ def test_chat_template_equals_transformers(ours, theirs, conversation, add_gener
     assert ours.encode_chat(conversation, add_generation_prompt) == theirs.encode(expected, add_special_tokens=False)
 
 
+def test_developer_role_renders_as_system(ours):
+    developer = [{"role": "developer", "content": "Be brief."}, {"role": "user", "content": "Hi!"}]
+    system = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi!"}]
+    assert ours.apply_chat_template(developer) == ours.apply_chat_template(system)
+    assert "developer" not in ours.apply_chat_template(developer)
+
+
 def test_text_parts_render_like_a_string(ours):
     parts = [{"role": "user", "content": [{"type": "text", "text": "first"}, {"type": "text", "text": "second"}]}]
     plain = [{"role": "user", "content": "first\nsecond"}]

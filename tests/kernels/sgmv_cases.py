@@ -1,14 +1,14 @@
 """Adapter popularity mixes and SGMV metadata for the kernel tests.
 
 A mix assigns each flat-batch token an adapter slot (-1 = base); `sgmv_metadata` groups the
-tokens with the engine's own planner (tests/engine/test_lora.py checks it against an oracle),
+tokens with the engine's own planner (tests/kernels/test_sgmv_plan.py checks it against an oracle),
 exactly or padded to capacities like a CUDA-graph step.
 """
 from __future__ import annotations
 
 import torch
 
-from loraloom.engine.lora import plan_sgmv
+from loraloom.kernels.sgmv_plan import plan_sgmv
 from loraloom.kernels.metadata import SGMVMetadata
 
 # Ranks mixed in one batch; slot 5 stays empty (rank 0) and is never used.

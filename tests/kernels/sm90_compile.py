@@ -15,7 +15,7 @@ from triton.runtime.driver import driver
 from triton.runtime.jit import JITFunction
 
 from loraloom.kernels import fp8_gemm, fp8_quant, norm, paged_attention, paged_decode, rotary, sgmv
-from loraloom.kernels.fp8 import FP8_DTYPE
+from loraloom.kernels.dtypes import FP8_DTYPE
 from loraloom.kernels.metadata import AttentionMetadata
 from loraloom.kernels.sgmv_plan import plan_sgmv
 

@@ -1,5 +1,5 @@
-"""add_lora, the op LoRALinear calls: the CPU path (kernels/reference.py over a PackedStack) and
-the Triton path (interpreted here, over a SliceStack) against the LoRA delta written from its
+"""add_lora, the op LoRALinear calls: the CPU paths (kernels/reference.py and the compiled op of
+kernels/packed_lora.py, both over a PackedStack) and the Triton path (interpreted here, over a SliceStack) against the LoRA delta written from its
 definition in fp64.
 
 Each slot has its own rank per slice, 0 where its adapter does not target the module. The stacks
@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from loraloom.kernels import reference, sgmv
+from loraloom.kernels import cpu_extension, packed_lora, reference, sgmv
 from loraloom.kernels.lora_stacks import PackedStack, SliceStack
 from loraloom.kernels.metadata import SliceRanks
 from sgmv_cases import sgmv_metadata
@@ -100,13 +100,23 @@ STEPS = {
     "prefill_and_decodes": [3] * 21 + [0, 1, 2, 4, 5, 6, -1],
     "grouped": [-1, -1] + [0] * 3 + [1] * 2 + [2] * 4 + [3] * 5 + [5] * 2 + [6] * 3,
     "scrambled": scrambled([-1, -1] + [0] * 3 + [1] * 2 + [2] * 4 + [3] * 5 + [4] * 2 + [5] * 2 + [6] * 3, seed=3),
+    "scrambled_prefill": scrambled([3] * 12 + [6] * 9 + [0, 0, 1, -1, 5, 5, 5, 4], seed=5),
 }
-IMPLEMENTATIONS = {"reference": reference.add_lora, "triton": sgmv.add_lora}
+
+
+def compiled_add_lora(*args) -> None:
+    """The compiled op itself: packed_lora.add_lora would quietly fall back to the reference."""
+    assert cpu_extension.load() is not None, "the CPU extension did not build (see kernels/cpu_extension.py)"
+    packed_lora.add_lora(*args)
+
+
+IMPLEMENTATIONS = {"reference": reference.add_lora, "compiled": compiled_add_lora, "triton": sgmv.add_lora}
 
 
 # The CPU path serves fp32; the Triton one also runs fp16 (bf16 is checked on a GPU: the interpreter's
 # bf16 tl.dot is unreliable).
-VARIANTS = [("reference", torch.float32), ("triton", torch.float32), ("triton", torch.float16)]
+VARIANTS = [("reference", torch.float32), ("compiled", torch.float32), ("triton", torch.float32),
+            ("triton", torch.float16)]
 
 
 @pytest.mark.parametrize(("implementation", "dtype"), VARIANTS)
@@ -171,3 +181,16 @@ def test_triton_launchers_take_slice_ranks_and_skip_untargeted_slices() -> None:
     assert torch.equal(shrunk[0, [0, 3]], torch.full((2, MAX_RANK), 2.0))  # slot 1 has rank 0 in slice 0
     torch.testing.assert_close(shrunk[2, 1, :5].double(), lora_a[2][0, :5].double() @ x[1].double(),
                                atol=1e-4, rtol=1e-4)
+
+
+def test_compiled_op_refuses_segments_it_would_read_past() -> None:
+    """A segment naming a slot or rows the stack and batch do not have is an error, never a stray read."""
+    generator = torch.Generator().manual_seed(6)
+    lora_a, lora_b = make_weights(ALL_SLICES, torch.float32, generator)
+    stack = loaded_stack("compiled", ALL_SLICES, lora_a, lora_b)
+    x, out = torch.randn(3, IN_FEATURES), torch.zeros(3, OFFSETS[-1])
+    compiled = cpu_extension.load()
+    for slot, first_row in ((len(ALL_SLICES[0]), 0), (0, 2)):  # a slot past the stack; two rows from row 2 of 3
+        with pytest.raises(RuntimeError, match="packed_add_lora"):
+            compiled.packed_add_lora(x, stack.lora_a, stack.lora_b_t, stack.ranks, out, OFFSETS,
+                                     [0], [2], [slot], [first_row], torch.arange(3, dtype=torch.int32))

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from loraloom.engine.layers import RotaryEmbedding
+from loraloom.engine.model.layers import RotaryEmbedding
 from loraloom.kernels import reference, rotary
 
 BLOCK_SIZE = 16

@@ -1,7 +1,7 @@
 """Fixtures shared by the platform tests.
 
 `database_url`: each test that asks for it runs on a fresh SQLite file and on a throwaway
-PostgreSQL database; `session_factory`: the same, migrated. `s3_server`: a real S3-compatible server (moto's standalone server
+PostgreSQL database (`postgres_database_url`: PostgreSQL only); `session_factory`: the same, migrated. `s3_server`: a real S3-compatible server (moto's standalone server
 over HTTP), one per session.
 
 PostgreSQL comes from LORALOOM_TEST_POSTGRES_URL (default: the local trust-auth server's
@@ -18,6 +18,7 @@ import sys
 import threading
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,12 +47,9 @@ def postgres_admin_url() -> str:
     return POSTGRES_URL
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
-def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'data' / 'loraloom.db'}"
-        return
-    admin_url = request.getfixturevalue("postgres_admin_url")
+@contextmanager
+def throwaway_postgres_database(admin_url: str) -> Iterator[str]:
+    """A new, empty database beside `admin_url`'s, dropped (its connections cut) at the end; yields its URL."""
     name = f"loraloom_test_{uuid.uuid4().hex[:12]}"
     admin = create_engine(admin_url, isolation_level="AUTOCOMMIT")  # CREATE DATABASE refuses transactions
     try:
@@ -64,6 +62,22 @@ def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str
                 connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
     finally:
         admin.dispose()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def database_url(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'data' / 'loraloom.db'}"
+        return
+    with throwaway_postgres_database(request.getfixturevalue("postgres_admin_url")) as url:
+        yield url
+
+
+@pytest.fixture
+def postgres_database_url(postgres_admin_url: str) -> Iterator[str]:
+    """A throwaway PostgreSQL database only, for tests of what PostgreSQL does (a server going away)."""
+    with throwaway_postgres_database(postgres_admin_url) as url:
+        yield url
 
 
 def migrated_session_factory(url: str) -> Iterator[sessionmaker[Session]]:

@@ -15,14 +15,16 @@ PREFIX = "loraloom.platform."
 # What each package may import from, besides itself (and the engine's interface, and libraries).
 ALLOWED: dict[str, set[str]] = {
     "settings": set(),
+    "json_input": set(),
+    "log_format": set(),
     "db": {"settings"},
     "storage": {"settings"},
     "accounts": {"db"},
     "registry": {"db", "storage", "settings"},
     "metering": {"accounts", "db"},
-    "training": {"registry", "db", "storage", "settings"},
-    "api": {"accounts", "registry", "metering", "training", "db", "storage", "settings"},
-    "cli": {"api", "accounts", "registry", "training", "db", "storage", "settings"},
+    "training": {"registry", "db", "storage", "settings", "json_input"},
+    "api": {"accounts", "registry", "metering", "training", "db", "storage", "settings", "json_input"},
+    "cli": {"api", "accounts", "registry", "training", "db", "storage", "settings", "log_format"},
 }
 
 
@@ -31,17 +33,20 @@ def package_of(path: Path) -> str:
     return relative.parts[0].removesuffix(".py")
 
 
-def imported_packages(path: Path) -> set[str]:
-    """Every loraloom.platform package the module imports, at the top or inside functions."""
+def imported_modules(path: Path) -> set[str]:
+    """Every module the file imports, at the top or inside functions."""
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
-        names = []
         if isinstance(node, ast.ImportFrom) and node.module:
-            names = [node.module]
+            found.add(node.module)
         elif isinstance(node, ast.Import):
-            names = [alias.name for alias in node.names]
-        found |= {name.removeprefix(PREFIX).split(".")[0] for name in names if name.startswith(PREFIX)}
+            found |= {alias.name for alias in node.names}
     return found
+
+
+def imported_packages(path: Path) -> set[str]:
+    """Every loraloom.platform package the module imports, at the top or inside functions."""
+    return {name.removeprefix(PREFIX).split(".")[0] for name in imported_modules(path) if name.startswith(PREFIX)}
 
 
 MODULES = sorted(PLATFORM.rglob("*.py"))
@@ -56,3 +61,11 @@ def test_imports_run_one_way(path):
     package = package_of(path)
     upward = imported_packages(path) - ALLOWED[package] - {package}
     assert not upward, f"platform/{path.relative_to(PLATFORM)} ({package}) imports {sorted(upward)}"
+
+
+@pytest.mark.parametrize("path", MODULES, ids=lambda path: str(path.relative_to(PLATFORM)))
+def test_the_engine_is_reached_only_through_its_interface(path):
+    """`from loraloom.engine import X` only: the engine's modules and the kernels may move freely."""
+    inside = {name for name in imported_modules(path)
+              if name.startswith(("loraloom.engine.", "loraloom.kernels")) or name == "loraloom.kernels"}
+    assert not inside, f"platform/{path.relative_to(PLATFORM)} imports {sorted(inside)}; import from loraloom.engine"

@@ -11,11 +11,10 @@ from __future__ import annotations
 import logging
 from typing import Annotated
 
-from fastapi import APIRouter, BackgroundTasks, File, Form, Query, UploadFile
+from fastapi import APIRouter, BackgroundTasks, File, Form, Query, Response, UploadFile
 from sqlalchemy.orm import Session
 
-from loraloom.engine.async_engine import AsyncEngine
-from loraloom.engine.lora import AdapterLoadError
+from loraloom.engine import AdapterLoadError, AsyncEngine
 from loraloom.platform.api.deps import CallerDep, DeveloperDep, EngineDep, RegistryLookupDep, SessionDep
 from loraloom.platform.api.errors import FieldErrorRoute
 from loraloom.platform.api.schemas.adapters import (
@@ -31,12 +30,14 @@ from loraloom.platform.api.schemas.adapters import (
     UploadObject,
     UploadRequestBody,
     VersionList,
+    VersionNumber,
     VersionObject,
 )
 from loraloom.platform.api.schemas.common import DEFAULT_PAGE_SIZE, ErrorResponse, PageLimit
-from loraloom.platform.db.models import AdapterVersion
+from loraloom.platform.db.models import MAX_INT64, AdapterVersion
 from loraloom.platform.registry.aliases import alias_history, find_alias, move_alias, remove_alias
 from loraloom.platform.registry.lookup import RegistryAdapterLookup
+from loraloom.platform.registry.publish import Published
 from loraloom.platform.registry.resolution import ResolvedVersion
 from loraloom.platform.registry.staging import UploadedPart
 from loraloom.platform.registry.uploads import (
@@ -77,6 +78,19 @@ def _version_object(session: Session, version: AdapterVersion, adapter_name: str
     return VersionObject.of(version, adapter_name, version_aliases(session, version=version))
 
 
+# A push of content a version already holds answers 200 with that version, not 201.
+DEDUPLICATED_RESPONSE = {200: {"model": VersionObject, "description": "The same files were pushed before: the "
+                               "existing version, `deduplicated: true`; nothing was created."}}
+
+
+def _published_object(session: Session, published: Published, adapter_name: str, response: Response) -> VersionObject:
+    if published.deduplicated:
+        response.status_code = 200
+    answer = _version_object(session, published.version, adapter_name)
+    answer.deduplicated = published.deduplicated
+    return answer
+
+
 async def _prefetch(engine: AsyncEngine, lookup: RegistryAdapterLookup, version: ResolvedVersion) -> None:
     """Load a just-promoted version into the host cache, so its first request does not wait for storage."""
     try:
@@ -114,18 +128,26 @@ def get_adapter(name: str, caller: CallerDep, session: SessionDep, lookup: Regis
 
 @router.delete("/v1/adapters/{name}", response_model=Deleted)
 def remove_adapter(
-    name: str, caller: DeveloperDep, session: SessionDep, lookup: RegistryLookupDep, engine: EngineDep
+    name: str,
+    caller: DeveloperDep,
+    session: SessionDep,
+    lookup: RegistryLookupDep,
+    engine: EngineDep,
+    force: Annotated[bool, Query(description="Delete even while aliases other than latest point at its versions.")] = False,
 ) -> Deleted:
-    removed = delete_adapter(session, tenant_id=caller.tenant_id, name=name)
+    """Delete an adapter and all its versions; refused (409) while it has aliases other than `latest`, unless force."""
+    removed = delete_adapter(session, tenant_id=caller.tenant_id, name=name, force=force)
     lookup.invalidate(caller.tenant_id, name)
     _forget(session, engine, lookup, removed)
     return Deleted(id=name, object="adapter")
 
 
 # ------------------------------------------------------------------ versions
-@router.post("/v1/adapters/{name}/versions", response_model=VersionObject, status_code=201)
+@router.post("/v1/adapters/{name}/versions", response_model=VersionObject, status_code=201,
+             responses=DEDUPLICATED_RESPONSE)
 def post_version(
     name: str,
+    response: Response,
     caller: DeveloperDep,
     session: SessionDep,
     lookup: RegistryLookupDep,
@@ -138,8 +160,9 @@ def post_version(
         bool, Form(description="Accept an adapter whose config names another base (shapes are still checked).")
     ] = False,
 ) -> VersionObject:
-    """Upload a new version; the adapter is created by its first version. `latest` moves to it."""
-    version = upload_version(
+    """Upload a new version; the adapter is created by its first version. `latest` moves to it. Files a
+    version already holds (byte for byte) return that version with status 200 and `deduplicated: true`."""
+    published = upload_version(
         session,
         store=lookup.registry.store,
         tenant_id=caller.tenant_id,
@@ -149,9 +172,10 @@ def post_version(
         base=served_base(engine),
         allow_base_mismatch=allow_base_mismatch,
         actor_key_id=caller.api_key_id,
+        staging_dir=lookup.registry.staging_dir,
     )
     lookup.invalidate(caller.tenant_id, name)
-    return _version_object(session, version, name)
+    return _published_object(session, published, name, response)
 
 
 @router.get("/v1/adapters/{name}/versions", response_model=VersionList)
@@ -161,7 +185,9 @@ def get_versions(
     session: SessionDep,
     lookup: RegistryLookupDep,
     limit: PageLimit = DEFAULT_PAGE_SIZE,
-    after: Annotated[int | None, Query(ge=0, description="The last version number of the previous page.")] = None,
+    after: Annotated[
+        int | None, Query(ge=0, le=MAX_INT64, description="The last version number of the previous page.")
+    ] = None,
 ) -> VersionList:
     page = list_versions(session, tenant_id=caller.tenant_id, name=name, limit=limit, after=after)
     return VersionList.of(page, lambda version: _version_object(session, version, name))
@@ -169,7 +195,7 @@ def get_versions(
 
 @router.get("/v1/adapters/{name}/versions/{number}", response_model=VersionObject)
 def get_version(
-    name: str, number: int, caller: CallerDep, session: SessionDep, lookup: RegistryLookupDep
+    name: str, number: VersionNumber, caller: CallerDep, session: SessionDep, lookup: RegistryLookupDep
 ) -> VersionObject:
     return _version_object(session, find_version(session, tenant_id=caller.tenant_id, name=name, number=number), name)
 
@@ -177,7 +203,7 @@ def get_version(
 @router.delete("/v1/adapters/{name}/versions/{number}", response_model=Deleted)
 def remove_version(
     name: str,
-    number: int,
+    number: VersionNumber,
     caller: DeveloperDep,
     session: SessionDep,
     lookup: RegistryLookupDep,
@@ -217,17 +243,20 @@ def post_upload(
     )
 
 
-@router.post("/v1/adapters/{name}/uploads/complete", response_model=VersionObject, status_code=201)
+@router.post("/v1/adapters/{name}/uploads/complete", response_model=VersionObject, status_code=201,
+             responses=DEDUPLICATED_RESPONSE)
 def post_upload_complete(
     name: str,
     body: UploadCompleteBody,
+    response: Response,
     caller: DeveloperDep,
     session: SessionDep,
     lookup: RegistryLookupDep,
     engine: EngineDep,
 ) -> VersionObject:
-    """Verify the uploaded files' sizes and sha256, validate the adapter, register the new version."""
-    version = complete_presigned_upload(
+    """Verify the uploaded files' sizes and sha256, validate the adapter, register the new version (or
+    return, with status 200, the version that holds the same files already)."""
+    published = complete_presigned_upload(
         session,
         store=lookup.registry.store,
         tenant_id=caller.tenant_id,
@@ -240,9 +269,10 @@ def post_upload_complete(
         base=served_base(engine),
         allow_base_mismatch=body.allow_base_mismatch,
         actor_key_id=caller.api_key_id,
+        staging_dir=lookup.registry.staging_dir,
     )
     lookup.invalidate(caller.tenant_id, name)
-    return _version_object(session, version, name)
+    return _published_object(session, published, name, response)
 
 
 # ------------------------------------------------------------------ aliases

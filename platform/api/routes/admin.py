@@ -1,7 +1,10 @@
 """Tenants and API keys: POST/GET /v1/tenants, POST/GET /v1/keys, DELETE /v1/keys/{key_id}.
 
-Admin keys act server-wide (they are the operators); a developer key may list its own
-tenant's keys. A new key's plaintext is in the POST response and nowhere else, ever.
+Two kinds of admin: the operator (an admin key of tenant "default", the bootstrap key among
+them) creates and lists tenants and acts on any tenant's keys; an admin key of any other tenant
+manages its own tenant's keys only (naming another tenant is a 403, a key id of another tenant
+a 404 like a missing one). A developer key may list its own tenant's keys. A new key's plaintext
+is in the POST response and nowhere else, ever.
 """
 from __future__ import annotations
 
@@ -12,7 +15,7 @@ from fastapi import APIRouter
 from loraloom.platform.accounts.keys import issue_key, list_keys, revoke_key
 from loraloom.platform.accounts.tenants import create_tenant, list_tenants
 from loraloom.platform.api.auth import tenant_in_scope
-from loraloom.platform.api.deps import AdminDep, DeveloperDep, SessionDep
+from loraloom.platform.api.deps import AdminDep, DeveloperDep, OperatorDep, SessionDep
 from loraloom.platform.api.errors import ERROR_RESPONSES, APIError, FieldErrorRoute
 from loraloom.platform.api.schemas.admin import (
     CreatedKey,
@@ -30,14 +33,14 @@ router = APIRouter(tags=["admin"], route_class=FieldErrorRoute, responses=ERROR_
 
 
 @router.post("/v1/tenants", status_code=201, response_model=TenantObject)
-def create_tenant_route(body: TenantCreate, session: SessionDep, caller: AdminDep) -> TenantObject:
+def create_tenant_route(body: TenantCreate, session: SessionDep, caller: OperatorDep) -> TenantObject:
     tenant = create_tenant(session, name=body.name)  # a name in use: TenantExistsError, a 409 (errors.py)
     session.commit()
     return TenantObject.of(tenant)
 
 
 @router.get("/v1/tenants", response_model=TenantList)
-def list_tenants_route(session: SessionDep, caller: AdminDep) -> TenantList:
+def list_tenants_route(session: SessionDep, caller: OperatorDep) -> TenantList:
     return TenantList(data=[TenantObject.of(tenant) for tenant in list_tenants(session)])
 
 
@@ -62,7 +65,7 @@ def list_keys_route(
 @router.delete("/v1/keys/{key_id}", response_model=KeyObject)
 def revoke_key_route(key_id: uuid.UUID, session: SessionDep, caller: AdminDep) -> KeyObject:
     """Revoke a key: every later request with it is refused with 401."""
-    key = revoke_key(session, key_id=key_id)
+    key = revoke_key(session, key_id=key_id, tenant_id=None if caller.operator else caller.tenant_id)
     if key is None:
         raise APIError(404, f"key_id: no API key has the id {key_id}; GET /v1/keys lists them", code="key_not_found")
     session.commit()

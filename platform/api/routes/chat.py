@@ -6,12 +6,12 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from fastapi import APIRouter, Request, Response
 from starlette.concurrency import run_in_threadpool
 
-from loraloom.engine.outputs import RequestOutput, TokenLogprob
-from loraloom.engine.tokenizer import ChatTemplateError
+from loraloom.engine import ChatTemplateError, RequestOutput, TokenLogprob
 from loraloom.platform.api.deps import CallerDep, ChatUsageMeterDep, EngineDep, LookupDep
 from loraloom.platform.api.errors import ERROR_RESPONSES, field_error
 from loraloom.platform.api.generation import (
     SSE_DONE,
+    ChoiceOutput,
     Collected,
     ResponseHead,
     resolve_adapter,
@@ -54,47 +54,55 @@ def chat_logprobs(logprobs: list[TokenLogprob]) -> ChatChoiceLogprobs:
     )
 
 
-def chat_completion(collected: Collected, head: ResponseHead) -> ChatCompletionResponse:
+def chat_choice(index: int, collected: Collected) -> ChatChoice:
     logprobs = chat_logprobs(collected.logprobs) if collected.logprobs is not None else None
-    choice = ChatChoice(
-        index=0, message=AssistantMessage(content=collected.text), logprobs=logprobs,
+    return ChatChoice(
+        index=index, message=AssistantMessage(content=collected.text), logprobs=logprobs,
         finish_reason=collected.finish_reason,
     )
+
+
+def chat_completion(collected: list[Collected], head: ResponseHead) -> ChatCompletionResponse:
     return ChatCompletionResponse(
-        id=head.id, created=head.created, model=head.model, choices=[choice], usage=usage(collected.last)
+        id=head.id, created=head.created, model=head.model,
+        choices=[chat_choice(index, choice) for index, choice in enumerate(collected)],
+        usage=usage([choice.last for choice in collected]),
     )
 
 
 async def chat_event_stream(
-    outputs: AsyncIterator[RequestOutput], head: ResponseHead, include_usage: bool
+    outputs: AsyncIterator[ChoiceOutput], head: ResponseHead, include_usage: bool
 ) -> AsyncGenerator[str, None]:
-    """OpenAI's chunk sequence: the role first, then content deltas, then the
-    finish reason in an empty delta, then (if asked) usage with no choices."""
+    """OpenAI's chunk sequence: the role first, then content deltas, then the finish reason in an
+    empty delta, then (if asked) usage with no choices. Each choice's chunks carry its index; with
+    several choices their chunks interleave as the choices generate."""
 
-    def chunk(choice: ChatChunkChoice | None, output: RequestOutput | None = None) -> str:
+    def chunk(choice: ChatChunkChoice | None, lasts: list[RequestOutput] | None = None) -> str:
         return sse_event(
             ChatCompletionChunk(
                 id=head.id,
                 created=head.created,
                 model=head.model,
                 choices=[] if choice is None else [choice],
-                usage=None if output is None else usage(output),
+                usage=None if lasts is None else usage(lasts),
             )
         )
 
-    role_delta = ChatDelta(role="assistant", content="")
-    yield chunk(ChatChunkChoice(index=0, delta=role_delta, logprobs=None, finish_reason=None))
-    last: RequestOutput | None = None
-    async for output in outputs:
-        last = output
+    for index in range(head.num_choices):
+        role_delta = ChatDelta(role="assistant", content="")
+        yield chunk(ChatChunkChoice(index=index, delta=role_delta, logprobs=None, finish_reason=None))
+    lasts: dict[int, RequestOutput] = {}
+    async for index, output in outputs:
+        lasts[index] = output
         if output.text_delta or output.logprobs:
             logprobs = chat_logprobs(output.logprobs) if output.logprobs is not None else None
             delta = ChatDelta(content=output.text_delta)
-            yield chunk(ChatChunkChoice(index=0, delta=delta, logprobs=logprobs, finish_reason=None))
+            yield chunk(ChatChunkChoice(index=index, delta=delta, logprobs=logprobs, finish_reason=None))
         if output.finished:
-            yield chunk(ChatChunkChoice(index=0, delta=ChatDelta(), logprobs=None, finish_reason=output.finish_reason))
-    if include_usage and last is not None:
-        yield chunk(None, last)
+            yield chunk(ChatChunkChoice(index=index, delta=ChatDelta(), logprobs=None,
+                                        finish_reason=output.finish_reason))
+    if include_usage and len(lasts) == head.num_choices:
+        yield chunk(None, [lasts[index] for index in range(head.num_choices)])
     yield SSE_DONE
 
 
@@ -111,7 +119,7 @@ async def create_chat_completion(
     meter: ChatUsageMeterDep,
     caller: CallerDep,
 ) -> ChatCompletionResponse | Response:
-    adapter = await resolve_adapter(lookup, body, caller.tenant_id)
+    adapter = await resolve_adapter(lookup, body, caller.tenant_id, meter)
     messages = [message.model_dump(exclude_none=True) for message in body.messages]
     try:
         # Off the event loop: templating and tokenizing a long conversation takes a while.

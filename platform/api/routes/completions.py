@@ -6,12 +6,12 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from fastapi import APIRouter, Request, Response
 from starlette.concurrency import run_in_threadpool
 
-from loraloom.engine.outputs import RequestOutput, TokenLogprob
-from loraloom.engine.tokenizer import Tokenizer
+from loraloom.engine import RequestOutput, TokenLogprob, Tokenizer
 from loraloom.platform.api.deps import CallerDep, CompletionUsageMeterDep, EngineDep, LookupDep
 from loraloom.platform.api.errors import ERROR_RESPONSES
 from loraloom.platform.api.generation import (
     SSE_DONE,
+    ChoiceOutput,
     Collected,
     ResponseHead,
     resolve_adapter,
@@ -55,43 +55,52 @@ def completion_logprobs(logprobs: list[TokenLogprob], text_offset: int) -> tuple
     return formatted, text_offset
 
 
-def completion(collected: Collected, head: ResponseHead) -> Completion:
+def completion_choice(index: int, collected: Collected) -> CompletionChoice:
     logprobs = None
     if collected.logprobs is not None:
         logprobs, _ = completion_logprobs(collected.logprobs, 0)
-    choice = CompletionChoice(index=0, text=collected.text, logprobs=logprobs, finish_reason=collected.finish_reason)
-    return Completion(id=head.id, created=head.created, model=head.model, choices=[choice], usage=usage(collected.last))
+    return CompletionChoice(index=index, text=collected.text, logprobs=logprobs, finish_reason=collected.finish_reason)
+
+
+def completion(collected: list[Collected], head: ResponseHead) -> Completion:
+    return Completion(
+        id=head.id, created=head.created, model=head.model,
+        choices=[completion_choice(index, choice) for index, choice in enumerate(collected)],
+        usage=usage([choice.last for choice in collected]),
+    )
 
 
 async def completion_event_stream(
-    outputs: AsyncIterator[RequestOutput], head: ResponseHead, include_usage: bool
+    outputs: AsyncIterator[ChoiceOutput], head: ResponseHead, include_usage: bool
 ) -> AsyncGenerator[str, None]:
-    """One chunk per output with text, logprobs or the finish reason; then (if asked) usage with no choices."""
+    """One chunk per output with text, logprobs or the finish reason, carrying its choice's index;
+    then (if asked) usage with no choices."""
 
-    def chunk(choices: list[CompletionChoice], output: RequestOutput | None = None) -> str:
+    def chunk(choices: list[CompletionChoice], lasts: list[RequestOutput] | None = None) -> str:
         return sse_event(
             Completion(
                 id=head.id,
                 created=head.created,
                 model=head.model,
                 choices=choices,
-                usage=None if output is None else usage(output),
+                usage=None if lasts is None else usage(lasts),
             )
         )
 
-    text_offset = 0
-    last: RequestOutput | None = None
-    async for output in outputs:
-        last = output
+    text_offsets = [0] * head.num_choices
+    lasts: dict[int, RequestOutput] = {}
+    async for index, output in outputs:
+        lasts[index] = output
         if not (output.text_delta or output.logprobs or output.finished):
             continue
         logprobs = None
         if output.logprobs is not None:
-            logprobs, text_offset = completion_logprobs(output.logprobs, text_offset)
+            logprobs, text_offsets[index] = completion_logprobs(output.logprobs, text_offsets[index])
         finish_reason = output.finish_reason if output.finished else None
-        yield chunk([CompletionChoice(index=0, text=output.text_delta, logprobs=logprobs, finish_reason=finish_reason)])
-    if include_usage and last is not None:
-        yield chunk([], last)
+        yield chunk([CompletionChoice(index=index, text=output.text_delta, logprobs=logprobs,
+                                      finish_reason=finish_reason)])
+    if include_usage and len(lasts) == head.num_choices:
+        yield chunk([], [lasts[index] for index in range(head.num_choices)])
     yield SSE_DONE
 
 
@@ -108,7 +117,7 @@ async def create_completion(
     meter: CompletionUsageMeterDep,
     caller: CallerDep,
 ) -> Completion | Response:
-    adapter = await resolve_adapter(lookup, body, caller.tenant_id)
+    adapter = await resolve_adapter(lookup, body, caller.tenant_id, meter)
     # Off the event loop: tokenizing a long prompt takes a while.
     prompt_ids = await run_in_threadpool(prompt_token_ids, engine.tokenizer, body.prompt)
     return await respond(

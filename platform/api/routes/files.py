@@ -14,9 +14,8 @@ from loraloom.platform.api.deps import CallerDep, DeveloperDep, EngineDep, Regis
 from loraloom.platform.api.errors import FieldErrorRoute
 from loraloom.platform.api.schemas.common import DEFAULT_PAGE_SIZE, ErrorResponse, PageLimit
 from loraloom.platform.api.schemas.files import FileDeleted, FileList, FileObject
+from loraloom.platform.storage import read_chunks
 from loraloom.platform.training.files import create_file, delete_file, find_file, list_files, open_file
-
-CONTENT_CHUNK_BYTES = 1024 * 1024
 
 router = APIRouter(
     tags=["files"],
@@ -78,14 +77,8 @@ def remove_file(file_id: str, caller: DeveloperDep, session: SessionDep, lookup:
 def get_file_content(file_id: str, caller: CallerDep, session: SessionDep, lookup: RegistryLookupDep):
     row = find_file(session, tenant_id=caller.tenant_id, file_id=file_id)
     blob = open_file(lookup.registry.store, row)
-
-    def chunks():
-        with blob:
-            while chunk := blob.read(CONTENT_CHUNK_BYTES):
-                yield chunk
-
     return StreamingResponse(
-        iterate_in_threadpool(chunks()), media_type="application/jsonl",
+        iterate_in_threadpool(read_chunks(blob)), media_type="application/jsonl",
         # The name is the uploader's: percent-encoded, so it can never break out of the header.
         headers={"Content-Disposition": f"attachment; filename*=UTF-8''{quote(row.filename, safe='')}",
                  "Content-Length": str(row.size_bytes)},

@@ -1,23 +1,53 @@
-"""GET /v1/models: the base model and every adapter that can be served on it."""
+"""GET /v1/models and GET /v1/models/{id}: the base model and every adapter name the caller
+can send as `model` (registry/catalog.py says which), each with the time its row was made."""
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Request
 from starlette.concurrency import run_in_threadpool
 
 from loraloom.platform.api.deps import CallerDep, EngineDep, LookupDep
+from loraloom.platform.api.errors import APIError
+from loraloom.platform.api.schemas.common import ErrorResponse, unix_seconds
 from loraloom.platform.api.schemas.models import ModelCard, ModelList
+from loraloom.platform.registry.catalog import ServableName
+from loraloom.platform.registry.errors import AdapterNotFoundError
 
 router = APIRouter(tags=["models"])
 
-OWNER = "loraloom"
+OWNER = "loraloom"  # owns what every tenant shares: the base model, the server-local adapters
+
+
+def _card(request: Request, model: ServableName, parent: str | None) -> ModelCard:
+    created = request.app.state.created if model.created is None else unix_seconds(model.created)
+    return ModelCard(id=model.id, created=created, owned_by=model.owner or OWNER, parent=parent)
 
 
 @router.get("/v1/models", response_model=ModelList)
-async def list_models(request: Request, engine: EngineDep, lookup: LookupDep, caller: CallerDep) -> ModelList:
-    created = request.app.state.created
-    adapters = await run_in_threadpool(lookup.list_adapters, caller.tenant_id)  # may scan directories and hash files
-    base = ModelCard(id=engine.model_name, created=created, owned_by=OWNER, parent=None)
-    cards = [
-        ModelCard(id=adapter.name, created=created, owned_by=OWNER, parent=engine.model_name) for adapter in adapters
-    ]
-    return ModelList(data=[base, *cards])
+async def list_models(
+    request: Request,
+    engine: EngineDep,
+    lookup: LookupDep,
+    caller: CallerDep,
+    include_versions: Annotated[
+        bool, Query(description="Also list every immutable version as `name@N`.")
+    ] = False,
+) -> ModelList:
+    # In a worker thread: it queries the database and may scan directories and hash files.
+    models = await run_in_threadpool(lookup.list_models, caller.tenant_id, include_versions=include_versions)
+    base = _card(request, ServableName(id=engine.model_name), parent=None)
+    return ModelList(data=[base, *(_card(request, model, engine.model_name) for model in models)])
+
+
+@router.get("/v1/models/{model_id:path}", response_model=ModelCard, responses={404: {"model": ErrorResponse}})
+async def retrieve_model(
+    model_id: str, request: Request, engine: EngineDep, lookup: LookupDep, caller: CallerDep
+) -> ModelCard:
+    """Any id the list shows (versions included); another tenant's adapter is as missing as one never made."""
+    if model_id == engine.model_name:
+        return _card(request, ServableName(id=model_id), parent=None)
+    model = await run_in_threadpool(lookup.find_model, model_id, caller.tenant_id)
+    if model is None:
+        raise APIError(404, str(AdapterNotFoundError(model_id)), param="model", code="model_not_found")
+    return _card(request, model, engine.model_name)

@@ -8,8 +8,14 @@ router = APIRouter(tags=["operations"])
 
 
 @router.get("/health")
-async def health() -> dict[str, str]:
-    return {"status": "ok"}
+async def health(request: Request) -> dict[str, object]:
+    """`status` is the API's; `training` (from `loraloom serve`) says whether its worker is up, down or
+    restarting, or external (serve --no-worker), and how many times it was restarted."""
+    body: dict[str, object] = {"status": "ok"}
+    training = request.app.state.training
+    if training is not None:
+        body["training"] = training.health()
+    return body
 
 
 @router.get("/metrics", response_class=Response, responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}})

@@ -1,4 +1,5 @@
-"""GET /v1/usage: metered tokens of the caller's tenant, grouped by adapter, API key or UTC day."""
+"""GET /v1/usage: metered tokens of the caller's tenant, grouped by adapter (name, version or alias),
+API key or UTC day. Adapters appear under the names users know, never the engine's runtime key."""
 from __future__ import annotations
 
 from datetime import datetime, timezone
@@ -27,7 +28,10 @@ def as_utc(moment: datetime | None) -> datetime | None:
 def get_usage(
     session: SessionDep,
     caller: DeveloperDep,
-    group_by: Annotated[UsageGroup, Query(description="adapter, key or day (UTC)")] = UsageGroup.day,
+    group_by: Annotated[UsageGroup, Query(
+        description="`adapter` (by name), `version` (name and version number), `alias` (name and the alias the "
+        "requests followed), `key` (API key) or `day` (UTC)"
+    )] = UsageGroup.day,
     start: Annotated[datetime | None, Query(description="Inclusive; ISO 8601, UTC when no offset is given")] = None,
     end: Annotated[datetime | None, Query(description="Exclusive; ISO 8601, UTC when no offset is given")] = None,
     tenant: TenantQuery = None,
@@ -42,5 +46,5 @@ def get_usage(
         group_by=group_by,
         start=start,
         end=end,
-        data=[UsageBucket.of(group_by, entry) for entry in totals],
+        data=[UsageBucket.of(entry) for entry in totals],
     )

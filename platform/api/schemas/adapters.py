@@ -3,12 +3,16 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
+from fastapi import Path
 from pydantic import BaseModel, Field
 
 from loraloom.platform.api.schemas.common import ListObject, PageObject, StrictBody
-from loraloom.platform.db.models import Adapter, AdapterVersion, Alias
+from loraloom.platform.db.models import MAX_INT64, Adapter, AdapterVersion, Alias
+
+# A version number in a path: past 64 bits it is a 400 naming `number`, not a database overflow.
+VersionNumber = Annotated[int, Path(ge=1, le=MAX_INT64, description="The version number (name@N).")]
 
 
 # ------------------------------------------------------------------ bodies
@@ -35,6 +39,11 @@ class VersionObject(BaseModel):
     aliases: list[str] = Field(description="The aliases pointing at this version now.")
     created_at: datetime
     created_by_key_id: uuid.UUID | None
+    deduplicated: bool = Field(
+        default=False,
+        description="On a push: true when a ready version of the adapter already held the same two files byte "
+        "for byte; that version is returned (status 200, not 201) and nothing was created, stored or moved.",
+    )
 
     @classmethod
     def of(cls, version: AdapterVersion, adapter_name: str, aliases: list[str]) -> VersionObject:
@@ -99,7 +108,7 @@ class Deleted(BaseModel):
 
 
 class AliasMoveBody(StrictBody):
-    version: int = Field(ge=1, description="The version number the alias should point at.")
+    version: int = Field(ge=1, le=MAX_INT64, description="The version number the alias should point at.")
 
 
 class AliasObject(BaseModel):
@@ -135,7 +144,7 @@ class AliasHistoryList(ListObject[AliasHistoryEntry]):
 
 class PlannedFileBody(StrictBody):
     filename: str
-    size_bytes: int = Field(ge=0)
+    size_bytes: int = Field(ge=0, le=MAX_INT64)
 
 
 class UploadRequestBody(StrictBody):
@@ -159,7 +168,7 @@ class UploadedFileBody(StrictBody):
     filename: str
     upload_key: str
     sha256: str = Field(description="Hex digest of the bytes PUT to the URL; verified before registering.")
-    size_bytes: int = Field(ge=0)
+    size_bytes: int = Field(ge=0, le=MAX_INT64)
 
 
 class UploadCompleteBody(StrictBody):

@@ -32,8 +32,13 @@ class TenantList(ListObject[TenantObject]):
 
 class KeyCreate(StrictBody):
     name: str = Field(min_length=1, max_length=128, description="What the key is for, e.g. 'ci' or 'support-bot'.")
-    role: ApiKeyRole = Field(description="admin: everything; developer: adapters and training; inference: only that.")
-    tenant: str | None = Field(default=None, description="The tenant's name. Default: the calling key's tenant.")
+    role: ApiKeyRole = Field(
+        description="admin: everything in its tenant (in tenant default: the operator, every tenant); "
+        "developer: adapters and training; inference: only that."
+    )
+    tenant: str | None = Field(
+        default=None, description="The tenant's name (the operator's keys only). Default: the calling key's tenant."
+    )
     expires_at: AwareDatetime | None = Field(default=None, description="Never expires when omitted.")
 
 

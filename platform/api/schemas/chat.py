@@ -3,10 +3,16 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationInfo, field_validator
 
 from loraloom.platform.api.schemas.common import StrictBody, one_error_for_union
-from loraloom.platform.api.schemas.generation import GenerationRequest, TopLogprob, Usage
+from loraloom.platform.api.schemas.generation import (
+    GenerationRequest,
+    TopLogprob,
+    Unsupported,
+    Usage,
+    refuse_unsupported,
+)
 
 
 class TextContentPart(StrictBody):
@@ -19,7 +25,8 @@ class ChatMessage(BaseModel):
     # with response-only fields (refusal, annotations) that carry nothing for the prompt.
     model_config = ConfigDict(extra="ignore")
 
-    role: str
+    role: str = Field(description="system, developer (OpenAI's newer name for system, rendered as system), "
+                                  "user, assistant or tool.")
     content: Annotated[
         str | list[TextContentPart] | None,
         one_error_for_union("a string or a list of text parts ({'type': 'text', 'text': ...})"),
@@ -29,9 +36,27 @@ class ChatMessage(BaseModel):
 
 class ChatCompletionRequest(GenerationRequest):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(default=None, description="Preferred over the older `max_tokens`.")
-    logprobs: bool = False
-    top_logprobs: int | None = Field(default=None, description="Alternatives per token; needs `logprobs: true`.")
+    max_completion_tokens: StrictInt | None = Field(default=None, description="Preferred over the older `max_tokens`.")
+    logprobs: StrictBool = False
+    top_logprobs: StrictInt | None = Field(default=None, description="Alternatives per token; needs `logprobs: true`.")
+    tools: Unsupported
+    tool_choice: Unsupported
+    parallel_tool_calls: Unsupported
+    functions: Unsupported
+    function_call: Unsupported
+    audio: Unsupported
+    modalities: Unsupported
+    prediction: Unsupported
+    web_search_options: Unsupported
+    reasoning_effort: Unsupported
+    store: Unsupported
+    metadata: Unsupported
+    service_tier: Unsupported
+
+    _refuse_unsupported = field_validator(
+        "tools", "tool_choice", "parallel_tool_calls", "functions", "function_call", "audio", "modalities",
+        "prediction", "web_search_options", "reasoning_effort", "store", "metadata", "service_tier",
+    )(refuse_unsupported)
 
     @field_validator("top_logprobs")
     @classmethod

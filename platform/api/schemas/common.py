@@ -44,7 +44,7 @@ PageLimit = Annotated[int, Query(ge=1, le=MAX_PAGE_SIZE)]
 
 
 TenantQuery = Annotated[
-    str | None, Query(description="A tenant's name; admin keys only. Default: the calling key's tenant.")
+    str | None, Query(description="A tenant's name; the operator's keys only. Default: the calling key's tenant.")
 ]
 
 

@@ -3,10 +3,10 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field, StrictInt, field_validator
 
 from loraloom.platform.api.schemas.common import one_error_for_union
-from loraloom.platform.api.schemas.generation import GenerationRequest, Usage
+from loraloom.platform.api.schemas.generation import GenerationRequest, Unsupported, Usage, refuse_unsupported
 
 
 PromptInput = Annotated[
@@ -17,9 +17,14 @@ PromptInput = Annotated[
 
 class CompletionRequest(GenerationRequest):
     prompt: PromptInput
-    logprobs: int | None = Field(
+    logprobs: StrictInt | None = Field(
         default=None, description="Return the sampled token's logprob and this many alternatives."
     )
+    echo: Unsupported
+    best_of: Unsupported
+    suffix: Unsupported
+
+    _refuse_unsupported = field_validator("echo", "best_of", "suffix")(refuse_unsupported)
 
     @field_validator("prompt")
     @classmethod

@@ -38,7 +38,12 @@ class JobObject(BaseModel):
     hyperparameters: dict[str, Any]
     training_file: str
     validation_file: str | None
-    result_files: list[str] = Field(default_factory=list)
+    result_files: list[str] = Field(
+        default_factory=list,
+        description="Once succeeded, the trained adapter version's reference, suffix@N (the same as "
+        "fine_tuned_model): `loraloom adapters pull suffix@N DIR` downloads it as a PEFT directory, as does "
+        "GET /v1/adapters/{suffix}/versions/{N}/content (a .tar.gz). Empty until then.",
+    )
     trained_tokens: int | None
     error: JobError | None
     seed: int
@@ -58,6 +63,7 @@ class JobObject(BaseModel):
             status=job.status.value, hyperparameters=job.hyperparameters, training_file=job.training_file,
             validation_file=job.validation_file, trained_tokens=job.trained_tokens, error=error, seed=job.seed,
             suffix=job.suffix, attempts=job.attempts, max_attempts=job.max_attempts, metrics=job.metrics,
+            result_files=[job.fine_tuned_model] if job.fine_tuned_model is not None else [],
         )
 
 

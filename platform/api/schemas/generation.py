@@ -2,25 +2,108 @@
 and the usage and logprob shapes of their responses. OpenAI's shapes and field names.
 
 Extensions beyond OpenAI, as vLLM and LoRAX spell them: `top_k`,
-`stop_token_ids`, `ignore_eos`, `adapter_id`. Unknown request fields are
-refused (400 naming the field) rather than silently ignored, so a client
-asking for something unsupported (tools, penalties, echo) learns it at once.
+`stop_token_ids`, `ignore_eos`, `repetition_penalty`, `min_tokens`, `adapter_id`.
+Unknown request fields are refused (400 naming the field) rather than silently
+ignored, so a client asking for something unsupported (tools, echo) learns it at once.
 """
 from __future__ import annotations
 
-from typing import Annotated
+import re
+from typing import Annotated, Any
 
-from pydantic import BaseModel, Field, field_validator
+from pydantic import BaseModel, Field, StrictBool, StrictFloat, StrictInt, ValidationInfo, field_validator
+from pydantic.json_schema import SkipJsonSchema
 
 from loraloom.platform.api.schemas.common import StrictBody, one_error_for_union
 
 # Generated tokens when the client sets no limit: the context left after the prompt, capped here
 # so a forgotten max_tokens does not hold a slot for thousands of tokens.
 DEFAULT_MAX_TOKENS = 1024
+# Choices per request (`n`): each is an engine request holding its own KV blocks and a batch row.
+MAX_CHOICES = 8
+
+
+# OpenAI request fields this server does not implement, and what to do instead. A request model
+# declares the ones of its endpoint as `Unsupported` fields, hidden from the OpenAPI document, only so
+# that they are refused with this message and the field in `param` (an unknown field gets pydantic's
+# bare "Extra inputs are not permitted").
+_NO_TOOLS = "tool and function calling are not supported by this server; remove it"
+UNSUPPORTED_FIELDS = {
+    "tools": _NO_TOOLS,
+    "tool_choice": _NO_TOOLS,
+    "parallel_tool_calls": _NO_TOOLS,
+    "functions": _NO_TOOLS,
+    "function_call": _NO_TOOLS,
+    "audio": "audio output is not supported: only text is generated; remove it",
+    "modalities": "only text output is supported; remove it",
+    "prediction": "predicted outputs are not supported; remove it",
+    "web_search_options": "web search is not supported; remove it",
+    "reasoning_effort": "reasoning effort is not supported: no reasoning model is served; remove it",
+    "store": "stored completions are not supported; remove it",
+    "metadata": "stored completions (and their metadata) are not supported; remove it",
+    "service_tier": "service tiers are not offered; remove it",
+    "echo": "echo is not supported; prepend the prompt to the completion yourself",
+    "best_of": "best_of is not supported; ask for n choices and pick one yourself",
+    "suffix": "suffix (text insertion) is not supported; remove it",
+}
+Unsupported = Annotated[SkipJsonSchema[Any], Field(default=None, exclude=True)]
+
+
+def refuse_unsupported(value: Any, info: ValidationInfo) -> Any:
+    """The field_validator of a model's `Unsupported` fields: runs only when the client sent one."""
+    raise ValueError(UNSUPPORTED_FIELDS[info.field_name])
+
+# Stop strings are searched in every text delta: bounded, so one request cannot make each of its
+# steps scan thousands of long strings. (OpenAI allows 4; clients porting from vLLM send more.)
+MAX_STOP_STRINGS = 16
+MAX_STOP_STRING_CHARS = 256
+
+# Strict types throughout (StrictInt, StrictBool, StrictFloat): as OpenAI does, "5" is not a
+# max_tokens nor "yes" a boolean; pydantic would otherwise coerce them.
 
 
 class StreamOptions(StrictBody):
-    include_usage: bool = False
+    include_usage: StrictBool = False
+
+
+RESPONSE_FORMAT_DESCRIPTION = (
+    "`{\"type\": \"text\"}` (the default); `{\"type\": \"json_object\"}`: the output is a JSON object; "
+    "`{\"type\": \"json_schema\", \"json_schema\": {\"name\": ..., \"schema\": {...}, \"strict\": true}}`: "
+    "the output is JSON valid for the schema. Both are enforced token by token, whatever `strict` says; "
+    "the output is cut short only by max_tokens or a stop sequence."
+)
+_SCHEMA_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
+_FORMAT_KEYS = {"text": {"type"}, "json_object": {"type"}, "json_schema": {"type", "json_schema"}}
+_JSON_SCHEMA_KEYS = {"name", "description", "schema", "strict"}
+
+
+def check_response_format(response_format: dict[str, Any] | None) -> dict[str, Any] | None:
+    """OpenAI's response_format shapes, checked here (one param for every fault, the whole field);
+    whether a schema can be served is the engine's to say, when it compiles it."""
+    if response_format is None:
+        return None
+    kind = response_format.get("type")
+    if kind not in _FORMAT_KEYS:
+        raise ValueError(f"type must be \"text\", \"json_object\" or \"json_schema\", got {kind!r}")
+    unknown = sorted(set(response_format) - _FORMAT_KEYS[kind])
+    if unknown:
+        raise ValueError(f"unknown field {unknown[0]!r} for type {kind!r}")
+    if kind != "json_schema":
+        return response_format
+    spec = response_format.get("json_schema")
+    if not isinstance(spec, dict):
+        raise ValueError("json_schema must be an object with name and schema")
+    unknown = sorted(set(spec) - _JSON_SCHEMA_KEYS)
+    if unknown:
+        raise ValueError(f"json_schema has an unknown field {unknown[0]!r}")
+    name = spec.get("name")
+    if not isinstance(name, str) or not _SCHEMA_NAME.fullmatch(name):
+        raise ValueError("json_schema.name must be 1 to 64 letters, digits, underscores or dashes")
+    if not isinstance(spec.get("schema"), dict):
+        raise ValueError("json_schema.schema must be a JSON schema object")
+    if not isinstance(spec.get("strict", False), (bool, type(None))):
+        raise ValueError("json_schema.strict must be a boolean")
+    return response_format
 
 
 class GenerationRequest(StrictBody):
@@ -30,27 +113,90 @@ class GenerationRequest(StrictBody):
     adapter_id: str | None = Field(
         default=None, description="LoRAX-style: the adapter to apply; when set, `model` may name the base."
     )
-    max_tokens: int | None = Field(
+    max_tokens: StrictInt | None = Field(
         default=None, description=f"Default: the context left after the prompt, at most {DEFAULT_MAX_TOKENS}."
     )
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = Field(default=0, description="Extension: sample from the k most likely tokens; 0 or -1 disables.")
-    seed: int | None = None
-    stop: Annotated[str | list[str] | None, one_error_for_union("a string or a list of strings")] = None
-    stop_token_ids: list[int] = Field(default_factory=list, description="Extension: token ids that end generation.")
-    ignore_eos: bool = Field(default=False, description="Extension: keep generating past end-of-sequence tokens.")
-    n: int = 1
-    stream: bool = False
+    temperature: StrictFloat = 1.0
+    top_p: StrictFloat = 1.0
+    top_k: StrictInt = Field(default=0, description="Extension: sample from the k most likely tokens; 0 or -1 disables.")
+    seed: StrictInt | None = None
+    stop: Annotated[str | list[str] | None, one_error_for_union("a string or a list of strings")] = Field(
+        default=None,
+        description=f"At most {MAX_STOP_STRINGS} strings of at most {MAX_STOP_STRING_CHARS} characters each.",
+    )
+    stop_token_ids: list[StrictInt] = Field(
+        default_factory=list, description="Extension: token ids that end generation, in the vocabulary."
+    )
+    ignore_eos: StrictBool = Field(default=False, description="Extension: keep generating past end-of-sequence tokens.")
+    presence_penalty: StrictFloat = Field(
+        default=0.0, description="Between -2 and 2: subtracted from the logit of every token already generated."
+    )
+    frequency_penalty: StrictFloat = Field(
+        default=0.0, description="Between -2 and 2: subtracted from a token's logit once per time it was generated."
+    )
+    repetition_penalty: StrictFloat = Field(
+        default=1.0,
+        description="Extension (vLLM): > 0; tokens of the prompt or the output have positive logits divided by it "
+        "and negative ones multiplied by it. 1 disables it.",
+    )
+    logit_bias: dict[str, StrictFloat] | None = Field(
+        default=None, description="Token id (as a string) -> bias between -100 and 100 added to its logit; "
+        "at most 300 tokens. -100 forbids a token, 100 all but forces it.",
+    )
+    min_tokens: StrictInt = Field(
+        default=0, description="Extension (vLLM): end-of-sequence and stop_token_ids are held back until this "
+        "many tokens were generated."
+    )
+    response_format: dict[str, Any] | None = Field(default=None, description=RESPONSE_FORMAT_DESCRIPTION)
+    n: StrictInt = Field(default=1, description=f"How many choices to generate, at most {MAX_CHOICES}. They share the "
+                   "prompt's computation; with a seed, choice i samples with seed + i.")
+    stream: StrictBool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
 
     @field_validator("n")
     @classmethod
-    def _only_one_choice(cls, n: int) -> int:
-        if n != 1:
-            raise ValueError("only n=1 is supported; send several requests for several choices")
+    def _choices_within_limit(cls, n: int) -> int:
+        if not 1 <= n <= MAX_CHOICES:
+            raise ValueError(f"must be between 1 and {MAX_CHOICES}, got {n}; send several requests for more choices")
         return n
+
+    _response_format_shape = field_validator("response_format")(check_response_format)
+
+    @property
+    def wants_json(self) -> bool:
+        return self.response_format is not None and self.response_format["type"] != "text"
+
+    def json_schema(self) -> dict[str, Any] | None:
+        """The schema the output must follow; None for any JSON object (json_object). Only when wants_json."""
+        if self.response_format["type"] == "json_object":
+            return None
+        return self.response_format["json_schema"]["schema"]
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _token_id_keys(cls, logit_bias: dict[str, float] | None) -> dict[str, float] | None:
+        for key in logit_bias or {}:
+            if not key.strip().isdecimal():
+                raise ValueError(f"keys must be token ids, written as decimal integers (\"198\"), got {key!r}")
+        return logit_bias
+
+    def logit_bias_ids(self) -> dict[int, float]:
+        """logit_bias with its keys as token ids (JSON object keys are strings)."""
+        return {int(key): bias for key, bias in (self.logit_bias or {}).items()}
+
+    @field_validator("stop")
+    @classmethod
+    def _bounded_stop(cls, stop: str | list[str] | None) -> str | list[str] | None:
+        strings = [stop] if isinstance(stop, str) else stop or []
+        if len(strings) > MAX_STOP_STRINGS:
+            raise ValueError(f"at most {MAX_STOP_STRINGS} stop strings are allowed, got {len(strings)}; send fewer")
+        longest = max((len(s) for s in strings), default=0)
+        if longest > MAX_STOP_STRING_CHARS:
+            raise ValueError(
+                f"a stop string may have at most {MAX_STOP_STRING_CHARS} characters, got one of {longest}; shorten it"
+            )
+        return stop
 
     def stop_list(self) -> list[str]:
         if self.stop is None:

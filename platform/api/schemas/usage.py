@@ -1,19 +1,32 @@
-"""GET /v1/usage: metered tokens per adapter, API key or UTC day."""
+"""GET /v1/usage: metered tokens per adapter (by name, version or alias), API key or UTC day."""
 from __future__ import annotations
 
+import dataclasses
 from datetime import datetime
 from typing import Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, Field
 
 from loraloom.platform.metering.usage import UsageGroup, UsageTotals
 
 
 class UsageBucket(BaseModel):
-    adapter: str | None = None  # group_by=adapter: the runtime adapter key, "base" for no adapter
-    api_key_id: str | None = None  # group_by=key
+    adapter: str | None = Field(
+        default=None,
+        description="group_by=adapter, version or alias: the adapter's name (a fine-tuning checkpoint's id, a "
+        "server-local adapter's name), `base` for the base model",
+    )
+    version: int | None = Field(
+        default=None, description="group_by=version: the registry version number; null for the base model, "
+        "checkpoints and server-local adapters"
+    )
+    alias: str | None = Field(
+        default=None, description="group_by=alias: the alias the requests followed (`latest` for a bare name); "
+        "null for requests that named `name@N`, the base model or a non-registry adapter"
+    )
+    api_key_id: str | None = Field(default=None, description="group_by=key")
     api_key_prefix: str | None = None
-    day: str | None = None  # group_by=day: "YYYY-MM-DD" in UTC
+    day: str | None = Field(default=None, description='group_by=day: "YYYY-MM-DD" in UTC')
     requests: int
     errors: int
     aborted: int
@@ -25,21 +38,8 @@ class UsageBucket(BaseModel):
     mean_duration_ms: float
 
     @classmethod
-    def of(cls, group_by: UsageGroup, totals: UsageTotals) -> UsageBucket:
-        group_field = {UsageGroup.adapter: "adapter", UsageGroup.key: "api_key_id", UsageGroup.day: "day"}[group_by]
-        return cls(
-            **{group_field: totals.group},
-            api_key_prefix=totals.api_key_prefix,
-            requests=totals.requests,
-            errors=totals.errors,
-            aborted=totals.aborted,
-            prompt_tokens=totals.prompt_tokens,
-            completion_tokens=totals.completion_tokens,
-            total_tokens=totals.prompt_tokens + totals.completion_tokens,
-            cached_tokens=totals.cached_tokens,
-            mean_time_to_first_token_ms=totals.mean_time_to_first_token_ms,
-            mean_duration_ms=totals.mean_duration_ms,
-        )
+    def of(cls, totals: UsageTotals) -> UsageBucket:
+        return cls(**dataclasses.asdict(totals), total_tokens=totals.prompt_tokens + totals.completion_tokens)
 
 
 class UsageReport(BaseModel):

@@ -17,7 +17,7 @@ from loraloom.engine.async_engine import AsyncEngine
 from loraloom.engine.config import EngineConfig
 from loraloom.platform.api.app import create_app
 from loraloom.platform.db import create_db_engine
-from loraloom.platform.db.models import AuditLogEntry, Base, UsageRecord
+from loraloom.platform.db.models import AuditLogEntry, Base, BlobLock, UsageRecord
 from loraloom.platform.registry.fetch import adapter_fetcher_from_settings
 from loraloom.platform.registry.local import LocalAdapterLookup
 from loraloom.platform.registry.lookup import registry_lookup_from_settings
@@ -26,8 +26,9 @@ from loraloom.platform.training.jobs import find_checkpoint
 
 MAX_LORA_RANK = 8  # small, so a rank-16 config is "too large" without a big file
 UPLOAD_LIMIT_BYTES = 4 * 1024 * 1024  # both adapters are well under it
-# Written off the request path by every call; the corpus compares everything else.
-UNCOMPARED_TABLES = {AuditLogEntry.__tablename__, UsageRecord.__tablename__}
+# Written off the request path by every call; and the per-blob lock rows a claim or a collection
+# leaves (db/blob_references.py: they stay on purpose, and say nothing). The corpus compares the rest.
+UNCOMPARED_TABLES = {AuditLogEntry.__tablename__, UsageRecord.__tablename__, BlobLock.__tablename__}
 
 
 @dataclass(frozen=True)

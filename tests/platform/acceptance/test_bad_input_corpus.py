@@ -25,6 +25,7 @@ NEW = "corpus-new"  # never created: the target of the upload cases
 MAX_LORA_RANK = 8  # the live server's (conftest.py); checked in the `adapter` fixture
 UPLOAD_LIMIT_BYTES = 4 * 1024 * 1024  # likewise
 MIN_CASES = 25
+INT64_MAX = 2**63 - 1  # the databases' largest integer; a larger one must be a 400 naming its field
 
 
 @dataclass(frozen=True)
@@ -215,6 +216,34 @@ CASES: dict[str, Callable[[Adapter], Case]] = {
     "deleting an aliased version without force": lambda a: Case("DELETE", f"/v1/adapters/{EXISTING}/versions/1", 409, "prod"),
     "deleting an unknown version": lambda a: Case("DELETE", f"/v1/adapters/{EXISTING}/versions/7", 404, "has no version 7"),
     "version number not a number": lambda a: Case("GET", f"/v1/adapters/{EXISTING}/versions/one", 400, "number"),
+    # ---- issue 12 item 10: integers past 64 bits were a 500 (SQLite's driver overflowed)
+    "version path past 64 bits": lambda a: Case("GET", f"/v1/adapters/{EXISTING}/versions/{2**63}", 400,
+                                                str(INT64_MAX), param="number"),
+    "deleting a version past 64 bits": lambda a: Case("DELETE", f"/v1/adapters/{EXISTING}/versions/{2**64}", 400,
+                                                      str(INT64_MAX), param="number"),
+    "version path far below zero": lambda a: Case("GET", f"/v1/adapters/{EXISTING}/versions/{-2**63 - 1}", 400,
+                                                  "greater than or equal to 1", param="number"),
+    "versions cursor past 64 bits": lambda a: Case("GET", f"/v1/adapters/{EXISTING}/versions?after={2**63}", 400,
+                                                   str(INT64_MAX), param="after"),
+    "alias version past 64 bits": lambda a: alias_move({"version": 2**63}, message=str(INT64_MAX)),
+    "alias version of 100 digits": lambda a: alias_move({"version": 10**100}, message="version"),
+    "alias version 1e30": lambda a: alias_move({"version": 1e30}, message="version"),
+    "upload completion with a size past 64 bits": lambda a: Case(
+        "POST", f"/v1/adapters/{NEW}/uploads/complete", 400, str(INT64_MAX), param="files[0].size_bytes",
+        json={"files": [{"filename": CONFIG, "upload_key": "k1", "sha256": "0" * 64, "size_bytes": 2**64},
+                        {"filename": WEIGHTS, "upload_key": "k2", "sha256": "0" * 64, "size_bytes": 1}]},
+    ),
+    # ---- issue 12 item 10: the cleanup of a refused completion raised on file storage, hiding its 400
+    "upload completion on file storage": lambda a: Case(
+        "POST", f"/v1/adapters/{NEW}/uploads/complete", 400, "issues no presigned uploads", param=None,
+        json={"files": [{"filename": CONFIG, "upload_key": "k1", "sha256": "0" * 64, "size_bytes": 10},
+                        {"filename": WEIGHTS, "upload_key": "k2", "sha256": "0" * 64, "size_bytes": 10}]},
+    ),
+    "upload completion with a bad sha256 on file storage": lambda a: Case(
+        "POST", f"/v1/adapters/{NEW}/uploads/complete", 400, "64 lowercase hex digits",
+        json={"files": [{"filename": CONFIG, "upload_key": "k1", "sha256": "xyz", "size_bytes": 10},
+                        {"filename": WEIGHTS, "upload_key": "k2", "sha256": "0" * 64, "size_bytes": 10}]},
+    ),
     "presigned upload on file storage": lambda a: Case(
         "POST", f"/v1/adapters/{NEW}/uploads", 400, "does not take presigned uploads",
         json={"files": [{"filename": CONFIG, "size_bytes": 10}, {"filename": WEIGHTS, "size_bytes": 10}]},

@@ -3,9 +3,11 @@ names in engine errors, domain errors and the routes that read ValueErrors as fi
 and the body size cap (on a small app with real routes)."""
 from __future__ import annotations
 
+import httpx
 import pytest
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.testclient import TestClient
+from live_api import serve_in_thread
 
 from loraloom.platform.api.errors import FieldErrorRoute, field_error, install_error_handlers
 from loraloom.platform.registry.errors import RegistryNotFoundError, UploadRejectedError
@@ -128,3 +130,31 @@ def test_field_error_routes_leave_value_error_domain_errors_to_their_own_mapping
     assert (rejected["param"], rejected["code"]) == ("files", "invalid_adapter")
     training = client.get("/service/training-input").json()["error"]
     assert (training["param"], training["code"]) == ("n_epochs", "invalid_hyperparameters")
+
+
+def test_a_500_keeps_the_keep_alive_connection_for_the_next_request():
+    """Issue 12 item 10: Starlette's handler for Exception re-raised after answering and uvicorn then
+    closed the connection, so the client's next request on it was reset. On a real uvicorn server,
+    one client: a 500, then a good request, both on the same TCP connection."""
+    app = FastAPI()
+    install_error_handlers(app)
+    ports: list[int] = []
+
+    @app.get("/fail")
+    async def fail(request: Request) -> None:
+        ports.append(request.client.port)
+        raise RuntimeError("secret internal detail")
+
+    @app.get("/ok")
+    async def ok(request: Request) -> dict[str, int]:
+        return {"port": request.client.port}
+
+    limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
+    with serve_in_thread(app) as url, httpx.Client(base_url=url, limits=limits) as http:
+        for _ in range(3):
+            failed = http.get("/fail")
+            assert failed.status_code == 500 and failed.json()["error"]["type"] == "server_error"
+            assert "secret" not in failed.text
+            assert failed.headers.get("connection") != "close"
+            assert http.get("/ok").json() == {"port": ports[-1]}, "the 500 closed the connection"
+    assert len(set(ports)) == 1

@@ -315,7 +315,7 @@ def test_errors_through_the_openai_client(server):
         (dict(temperature=5), "temperature"),
         (dict(top_p=0), "top_p"),
         (dict(logprobs=True, top_logprobs=50), "top_logprobs"),
-        (dict(n=2), "n"),
+        (dict(n=9), "n"),
     ]
     for arguments, param in cases:
         with pytest.raises(openai.BadRequestError) as bad:
@@ -410,7 +410,14 @@ def test_non_stream_disconnect_aborts_and_frees_kv_blocks(server):
 
 
 def test_metrics_expose_engine_stats(server):
+    # Independent of what ran before: it waits for earlier tests' requests to end, makes the base and
+    # beta requests it counts, and compares what changed.
+    wait_until(lambda: engine_idle(server.engine), "earlier requests to end")
+    counted = {("default", "beta"): 1, ("default", "base"): 2}  # (tenant, adapter) -> requests made here
+    before = dict(server.engine.stats().requests_per_adapter_total)
     server.openai().completions.create(model="beta", prompt="Hi", max_tokens=2)
+    for _ in range(counted[("default", "base")]):
+        server.openai().completions.create(model="base", prompt="Hi", max_tokens=2)
     with httpx.Client(base_url=server.url, timeout=60) as http:
         response = http.get("/metrics")
     assert response.status_code == 200 and response.headers["content-type"].startswith("text/plain")
@@ -419,7 +426,7 @@ def test_metrics_expose_engine_stats(server):
         for family in text_string_to_metric_families(response.text)
         for sample in family.samples
     }
-    stats = server.engine.stats()
+    stats = server.engine.stats()  # nothing runs now, so the scrape saw these same numbers
     assert samples[("loraloom_kv_blocks_total", ())] == NUM_KV_BLOCKS
     assert samples[("loraloom_adapter_slots_total", ())] == stats.adapter_slots_total
     assert samples[("loraloom_generation_tokens_total", ())] == stats.generation_tokens_total
@@ -427,6 +434,6 @@ def test_metrics_expose_engine_stats(server):
     for name in ("loraloom_requests_running", "loraloom_requests_waiting", "loraloom_kv_blocks_used",
                  "loraloom_kv_blocks_cached", "loraloom_adapter_slots_used"):
         assert (name, ()) in samples
-    beta_requests = samples[("loraloom_adapter_requests_total", (("adapter", "beta"),))]
-    assert beta_requests == stats.requests_per_adapter_total["beta"]
-    assert samples[("loraloom_adapter_requests_total", (("adapter", "base"),))] >= 1
+    for (tenant, adapter), made in counted.items():
+        scraped = samples[("loraloom_adapter_requests_total", (("adapter", adapter), ("tenant", tenant)))]
+        assert scraped == stats.requests_per_adapter_total[tenant, adapter] == before.get((tenant, adapter), 0) + made

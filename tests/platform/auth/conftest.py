@@ -18,7 +18,9 @@ from loraloom.platform.settings import Settings
 class AuthServer:
     url: str
     settings: Settings
-    keys: dict[str, str]  # "admin" (tenant default), "developer" / "inference" (tenant acme), "other" (tenant umbrella)
+    # "admin" (tenant default: the operator), "tenant-admin" / "developer" / "inference" (tenant acme),
+    # "other" (tenant umbrella)
+    keys: dict[str, str]
 
 
 @pytest.fixture(scope="module")
@@ -26,6 +28,7 @@ def auth_server(model_dir, tmp_path_factory) -> Iterator[AuthServer]:
     settings = migrated_settings(tmp_path_factory.mktemp("data"))
     keys = {
         "admin": make_key(settings, tenant="default", role="admin"),
+        "tenant-admin": make_key(settings, tenant="acme", role="admin"),
         "developer": make_key(settings, tenant="acme", role="developer"),
         "inference": make_key(settings, tenant="acme", role="inference"),
         "other": make_key(settings, tenant="umbrella", role="developer"),

@@ -63,7 +63,7 @@ def dead_keys(auth_server) -> dict[str, str]:
     settings = auth_server.settings
     revoked = make_key(settings, tenant="acme", role="admin", name="revoked")
     expired = make_key(settings, tenant="acme", role="admin", name="expired")
-    with_db(settings, lambda s: revoke_key(s, key_id=key_row(settings, revoked).id))
+    with_db(settings, lambda s: revoke_key(s, key_id=key_row(settings, revoked).id, tenant_id=None))
     with_db(
         settings,
         lambda s: s.execute(

@@ -15,10 +15,10 @@ import httpx
 import pytest
 from lora_factory import make_peft_adapter
 
-from loraloom.engine.bundled import bundled_model_dir
+from loraloom.engine.model.bundled import bundled_model_dir
 from loraloom.engine.config import EngineConfig
 from loraloom.platform.cli.main import build_parser, main
-from loraloom.platform.cli.serve import engine_config
+from loraloom.platform.cli.serve import engine_config, fast_server_options
 
 LORALOOM = Path(sys.executable).parent / "loraloom"  # the installed console script
 
@@ -79,6 +79,23 @@ def test_gpu_memory_utilization_must_be_a_fraction(capsys, value):
 
 def test_serve_defaults_are_the_engine_defaults():
     assert engine_config(build_parser().parse_args(["serve"])) == EngineConfig()
+
+
+def test_serve_runs_uvicorn_on_uvloop_and_httptools():
+    import uvicorn
+    import uvloop
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+    async def app(scope, receive, send) -> None: ...
+
+    config = uvicorn.Config(app, **fast_server_options())
+    config.load()  # resolves the names to the classes it will run
+    assert config.http_protocol_class is HttpToolsProtocol
+    loop = config.get_loop_factory()()
+    try:
+        assert isinstance(loop, uvloop.Loop)
+    finally:
+        loop.close()
 
 
 def test_model_import_bundled_prints_the_directory(capsys, model_dir):

@@ -2,6 +2,7 @@
 against a live server with the adapter registry, checked through the API and the database."""
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -16,7 +17,7 @@ from lora_factory import make_peft_adapter
 
 from loraloom.engine.async_engine import AsyncEngine
 from loraloom.engine.config import EngineConfig
-from loraloom.engine.lora_weights import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE
+from loraloom.engine.lora.weights import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE
 from loraloom.platform.api.app import create_app
 from loraloom.platform.registry.fetch import adapter_fetcher_from_settings
 from loraloom.platform.registry.local import LocalAdapterLookup
@@ -134,10 +135,42 @@ def test_adapters_push_list_versions_promote_rm(server, tmp_path):
         assert [v["version"] for v in http.get("/v1/adapters/support/versions").json()["data"]] == [2]
         aliased = loraloom(server, "developer", "adapters", "rm", "support@2")
         assert aliased.returncode == 1 and "409" in aliased.stderr  # prod points at it
-        assert loraloom(server, "developer", "adapters", "rm", "support").returncode == 0
+        guarded = loraloom(server, "developer", "adapters", "rm", "support")
+        assert guarded.returncode == 1 and "409" in guarded.stderr and "prod" in guarded.stderr
+        assert http.get("/v1/adapters/support").status_code == 200
+        assert loraloom(server, "developer", "adapters", "rm", "support", "--force").returncode == 0
         assert http.get("/v1/adapters/support").status_code == 404
 
     (tmp_path / "incomplete").mkdir()
     (tmp_path / "incomplete" / ADAPTER_CONFIG_FILE).write_text("{}")
     incomplete = loraloom(server, "developer", "adapters", "push", str(tmp_path / "incomplete"), "--name", "x")
     assert incomplete.returncode == 1 and ADAPTER_WEIGHTS_FILE in incomplete.stderr
+
+
+def test_listings_print_the_api_s_items_as_json(server):
+    pushed = loraloom(server, "developer", "adapters", "push", str(server.adapters[0]), "--name", "listed")
+    assert pushed.returncode == 0, pushed.stderr
+    with httpx.Client(base_url=server.url, timeout=60, headers=bearer(server.keys["developer"])) as http:
+        for command, path in ((("adapters", "list"), "/v1/adapters"),
+                              (("adapters", "versions", "listed"), "/v1/adapters/listed/versions"),
+                              (("keys", "list"), "/v1/keys")):
+            listed = loraloom(server, "developer", *command, "--json")
+            assert listed.returncode == 0, listed.stderr
+            assert json.loads(listed.stdout) == http.get(path).json()["data"], command
+
+
+def test_pushing_a_pickle_shows_the_server_s_own_refusal(server, tmp_path):
+    pickled = tmp_path / "pickled"
+    pickled.mkdir()
+    (pickled / ADAPTER_CONFIG_FILE).write_bytes((server.adapters[0] / ADAPTER_CONFIG_FILE).read_bytes())
+    (pickled / "adapter_model.bin").write_bytes(b"\x80\x04K\x01.")  # a pickle
+    with httpx.Client(base_url=server.url, timeout=60, headers=bearer(server.keys["developer"])) as http:
+        direct = http.post("/v1/adapters/pickled/versions", files=[
+            ("files", (path.name, path.read_bytes())) for path in sorted(pickled.iterdir())])
+    assert direct.status_code == 400
+    message = direct.json()["error"]["message"]
+    assert "pickle" in message
+
+    refused = loraloom(server, "developer", "adapters", "push", str(pickled), "--name", "pickled")
+    assert refused.returncode == 1 and refused.stdout == ""
+    assert message in refused.stderr and "400" in refused.stderr

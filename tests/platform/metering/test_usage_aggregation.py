@@ -1,6 +1,6 @@
 """aggregate_usage on SQLite and PostgreSQL: rows written by the usage writer's `write`,
-summed per adapter, key and UTC day, per tenant, within [start, end); compared with sums
-computed here in Python from the same rows."""
+summed per adapter name, version, alias, key and UTC day, per tenant, within [start, end);
+compared with sums computed here in Python from the same rows."""
 from __future__ import annotations
 
 import random
@@ -16,7 +16,16 @@ from loraloom.platform.metering.usage import BASE_ADAPTER, UsageGroup, aggregate
 
 # Late in the UTC day: in any other time zone some of these fall on another local date.
 DAYS = [datetime(2026, 11, day, 23, 30, tzinfo=timezone.utc) for day in (20, 21, 22)]
-ADAPTERS = [None, "alpha@0123456789abcdef", "acme/support@3#fedcba9876543210"]
+SHARED_CONTENT = "acme-id/" + "f" * 32  # support@3 and other@1 hold the same bytes: one runtime key
+# (runtime key, name, version, alias followed) as the meter writes them; None everywhere: the base model.
+ADAPTERS = [
+    (None, None, None, None),
+    ("server/" + "a" * 32, "alpha", None, None),  # a server-local adapter
+    (SHARED_CONTENT, "support", 3, "prod"),
+    (SHARED_CONTENT, "support", 3, "latest"),
+    ("acme-id/" + "b" * 32, "support", 2, None),  # named as support@2
+    (SHARED_CONTENT, "other", 1, "latest"),
+]
 
 
 @pytest.fixture
@@ -35,7 +44,7 @@ def make_rows(tenant_id: uuid.UUID, key_ids: list[uuid.UUID], count: int, seed: 
                 "tenant_id": tenant_id,
                 "api_key_id": rng.choice(key_ids),
                 "adapter_version_id": None,
-                "adapter_key": rng.choice(ADAPTERS),
+                **dict(zip(("adapter_key", "adapter_name", "adapter_version", "adapter_alias"), rng.choice(ADAPTERS))),
                 "model": "m",
                 "request_id": f"req-{seed}-{index}",
                 "endpoint": "completions",
@@ -51,9 +60,9 @@ def make_rows(tenant_id: uuid.UUID, key_ids: list[uuid.UUID], count: int, seed: 
     return rows
 
 
-def expected(rows: list[dict], group_of) -> dict[str, dict]:
-    groups: dict[str, dict] = defaultdict(lambda: defaultdict(float))
-    ttfts: dict[str, list[float]] = defaultdict(list)
+def expected(rows: list[dict], group_of) -> dict[tuple, dict]:
+    groups: dict[tuple, dict] = defaultdict(lambda: defaultdict(float))
+    ttfts: dict[tuple, list[float]] = defaultdict(list)
     for row in rows:
         total = groups[group_of(row)]
         total["requests"] += 1
@@ -69,7 +78,12 @@ def expected(rows: list[dict], group_of) -> dict[str, dict]:
     return groups
 
 
-def test_usage_is_aggregated_by_adapter_key_and_day(db):
+def by_group(values: tuple) -> tuple:
+    """The order aggregate_usage returns groups in: by each field, None first."""
+    return tuple((value is not None, value) for value in values)
+
+
+def test_usage_is_aggregated_by_adapter_names_key_and_day(db):
     with db.begin() as session:
         tenants = [Tenant(name="acme"), Tenant(name="umbrella")]
         session.add_all(tenants)
@@ -86,18 +100,25 @@ def test_usage_is_aggregated_by_adapter_key_and_day(db):
         write_usage_records(db, rows[start : start + 25])
     write_usage_records(db, make_rows(umbrella, [other_key_id], 10, seed=2))  # must not leak into acme's totals
 
+    # UsageGroup -> (the UsageTotals fields it sets, the group of a row); never the runtime key.
     groupings = {
-        UsageGroup.adapter: lambda row: row["adapter_key"] or BASE_ADAPTER,
-        UsageGroup.key: lambda row: str(row["api_key_id"]),
-        UsageGroup.day: lambda row: row["created_at"].date().isoformat(),
+        UsageGroup.adapter: (("adapter",), lambda row: (row["adapter_name"] or BASE_ADAPTER,)),
+        UsageGroup.version: (("adapter", "version"),
+                             lambda row: (row["adapter_name"] or BASE_ADAPTER, row["adapter_version"])),
+        UsageGroup.alias: (("adapter", "alias"),
+                           lambda row: (row["adapter_name"] or BASE_ADAPTER, row["adapter_alias"])),
+        UsageGroup.key: (("api_key_id",), lambda row: (str(row["api_key_id"]),)),
+        UsageGroup.day: (("day",), lambda row: (row["created_at"].date().isoformat(),)),
     }
     with db() as session:
-        for group_by, group_of in groupings.items():
+        for group_by, (fields, group_of) in groupings.items():
             totals = aggregate_usage(session, tenant_id=acme, group_by=group_by, start=None, end=None)
             want = expected(rows, group_of)
-            assert [t.group for t in totals] == sorted(want), group_by
-            for entry in totals:
-                reference = want[entry.group]
+            groups = [tuple(getattr(t, field) for field in fields) for t in totals]
+            assert groups == sorted(want, key=by_group), group_by
+            for entry, group in zip(totals, groups):
+                assert entry.adapter is None or "/" not in entry.adapter  # never a runtime key
+                reference = want[group]
                 assert entry.requests == reference["requests"]
                 assert (entry.errors, entry.aborted) == (reference["errors"], reference["aborted"])
                 assert entry.prompt_tokens == reference["prompt_tokens"]
@@ -108,7 +129,7 @@ def test_usage_is_aggregated_by_adapter_key_and_day(db):
                     assert entry.mean_time_to_first_token_ms is None
                 else:
                     assert entry.mean_time_to_first_token_ms == pytest.approx(reference["ttft"])
-                assert entry.api_key_prefix == (prefixes[entry.group] if group_by is UsageGroup.key else None)
+                assert entry.api_key_prefix == (prefixes[group[0]] if group_by is UsageGroup.key else None)
 
         # [start, end): the middle day only.
         start, end = datetime(2026, 11, 21, tzinfo=timezone.utc), datetime(2026, 11, 22, tzinfo=timezone.utc)

@@ -2,14 +2,21 @@
 from __future__ import annotations
 
 import io
+import json
+import shutil
+import tempfile
+import threading
 import uuid
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from loraloom.engine.lora_weights import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE
+from loraloom.engine.lora.weights import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE
 from loraloom.platform.db.models import Adapter, AdapterVersion, AdapterVersionFile, Alias, AliasHistory
+from loraloom.platform.registry.publish import Published
 from loraloom.platform.registry.staging import UploadedPart, UploadLimits
 from loraloom.platform.registry.uploads import upload_version
 from loraloom.platform.registry.validation import ServedBase
@@ -53,7 +60,8 @@ def upload_parts(
     *,
     name: str = "support-bot",
     allow_base_mismatch: bool = False,
-) -> AdapterVersion:
+) -> Published:
+    """Register the parts as a version of `name` (or get the version holding them already: deduplicated)."""
     with factory() as session:
         return upload_version(
             session,
@@ -65,6 +73,7 @@ def upload_parts(
             base=served,
             allow_base_mismatch=allow_base_mismatch,
             actor_key_id=None,
+            staging_dir=Path(tempfile.gettempdir()),  # the server stages under its data dir; any folder will do here
         )
 
 
@@ -77,4 +86,34 @@ def upload_dir(
     *,
     name: str = "support-bot",
 ) -> AdapterVersion:
-    return upload_parts(factory, store, served, tenant_id, parts_of(directory), name=name)
+    return upload_parts(factory, store, served, tenant_id, parts_of(directory), name=name).version
+
+
+def run_together(*calls: Callable[[], Any]) -> list[Any]:
+    """Run the calls on threads released at once; each returns its result or the exception it raised."""
+    barrier = threading.Barrier(len(calls))
+    results: list[Any] = [None] * len(calls)
+
+    def run(index: int, call: Callable[[], Any]) -> None:
+        barrier.wait()
+        try:
+            results[index] = call()
+        except Exception as error:  # noqa: BLE001 - the outcome is what the test compares
+            results[index] = error
+
+    threads = [threading.Thread(target=run, args=(i, call)) for i, call in enumerate(calls)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return results
+
+
+def with_alpha(directory: Path, into: Path, alpha: int) -> Path:
+    """A copy of the adapter under another lora_alpha: a distinct version (pushing the same files
+    twice returns the first version) that shares its weights blob with the original."""
+    copy = Path(shutil.copytree(directory, into / f"{directory.name}-alpha-{alpha}"))
+    config = json.loads((copy / ADAPTER_CONFIG_FILE).read_text())
+    config["lora_alpha"] = alpha
+    (copy / ADAPTER_CONFIG_FILE).write_text(json.dumps(config))
+    return copy

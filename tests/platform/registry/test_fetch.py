@@ -9,9 +9,9 @@ import pytest
 import torch
 from registry_checks import overwrite_blob, upload_dir
 
-from loraloom.engine.adapter_cache import HostAdapterCache
-from loraloom.engine.adapters import AdapterHandle
-from loraloom.engine.lora_weights import AdapterLoadError, load_adapter_weights
+from loraloom.engine.lora.host_cache import HostAdapterCache
+from loraloom.engine.lora.handle import AdapterHandle
+from loraloom.engine.lora.weights import AdapterLoadError, load_adapter_weights
 from loraloom.platform.registry.fetch import StorageAdapterFetcher
 from loraloom.platform.registry.resolution import ResolvedVersion
 from loraloom.platform.storage import LocalBlobStore, content_key

@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from loraloom.engine.lora_weights import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE
+from loraloom.engine.lora.files import runtime_key
+from loraloom.engine.lora.weights import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE
 from loraloom.platform.registry.errors import AdapterNotFoundError, InvalidAdapterError
 from loraloom.platform.registry.local import LocalAdapterLookup
 
@@ -22,8 +23,11 @@ def write_adapter_dir(directory: Path, weights: bytes) -> Path:
     return directory
 
 
-def expected_key(name: str, weights: bytes) -> str:
-    return f"{name}@{hashlib.sha256(weights).hexdigest()[:16]}"
+def expected_key(directory: Path) -> str:
+    """Server-wide scope, digest of both files (engine/lora/files.py)."""
+    digests = [hashlib.sha256((directory / name).read_bytes()).hexdigest()
+               for name in (ADAPTER_WEIGHTS_FILE, ADAPTER_CONFIG_FILE)]
+    return runtime_key(*digests)
 
 
 def test_named_adapter_resolves_to_handle_with_hash_key(tmp_path):
@@ -32,7 +36,7 @@ def test_named_adapter_resolves_to_handle_with_hash_key(tmp_path):
     lookup = LocalAdapterLookup({BASE_NAME}, {"support-bot": directory}, None)
     handle = lookup.resolve("support-bot")
     assert handle.name == "support-bot"
-    assert handle.key == expected_key("support-bot", weights)
+    assert handle.key == expected_key(directory)
     assert handle.sha256 == hashlib.sha256(weights).hexdigest()
     assert handle.uri == directory.resolve().as_uri()
     assert [h.name for h in lookup.list_adapters()] == ["support-bot"]
@@ -74,8 +78,8 @@ def test_adapter_dir_scan_and_adapters_dropped_in_later(tmp_path):
     with pytest.raises(AdapterNotFoundError):
         lookup.resolve("gamma")
 
-    write_adapter_dir(tmp_path / "gamma", b"g")
-    assert lookup.resolve("gamma").key == expected_key("gamma", b"g")
+    gamma = write_adapter_dir(tmp_path / "gamma", b"g")
+    assert lookup.resolve("gamma").key == expected_key(gamma)
     assert [h.name for h in lookup.list_adapters()] == ["alpha", "gamma"]
 
 
@@ -83,7 +87,7 @@ def test_named_adapter_wins_over_same_named_directory(tmp_path):
     write_adapter_dir(tmp_path / "dir" / "alpha", b"from the directory")
     explicit = write_adapter_dir(tmp_path / "explicit", b"given with --adapter")
     lookup = LocalAdapterLookup({BASE_NAME}, {"alpha": explicit}, tmp_path / "dir")
-    assert lookup.resolve("alpha").key == expected_key("alpha", b"given with --adapter")
+    assert lookup.resolve("alpha").key == expected_key(explicit)
     assert [h.name for h in lookup.list_adapters()] == ["alpha"]
 
 
@@ -91,12 +95,12 @@ def test_key_changes_when_weights_change(tmp_path):
     directory = write_adapter_dir(tmp_path / "alpha", b"version one")
     lookup = LocalAdapterLookup({BASE_NAME}, {}, tmp_path)
     first = lookup.resolve("alpha")
-    assert first.key == expected_key("alpha", b"version one")
+    assert first.key == expected_key(directory)
 
     # A different size: a new key.
     (directory / ADAPTER_WEIGHTS_FILE).write_bytes(b"version two, longer")
     second = lookup.resolve("alpha")
-    assert second.key == expected_key("alpha", b"version two, longer")
+    assert second.key == expected_key(directory) != first.key
 
     # Same size, swapped in by rename (how trainers and uploads replace files): a new inode, a new key,
     # even if the modification time ends up identical.
@@ -105,7 +109,7 @@ def test_key_changes_when_weights_change(tmp_path):
     replacement.write_bytes(b"version 3!, longer!")
     os.utime(replacement, ns=(stat.st_atime_ns, stat.st_mtime_ns))
     replacement.replace(directory / ADAPTER_WEIGHTS_FILE)
-    assert lookup.resolve("alpha").key == expected_key("alpha", b"version 3!, longer!")
+    assert lookup.resolve("alpha").key == expected_key(directory) != second.key
 
 
 def test_hash_is_computed_once_per_file_version(tmp_path):
@@ -122,7 +126,7 @@ def test_hash_is_computed_once_per_file_version(tmp_path):
     assert lookup.resolve("alpha").key == key
     # Touching the file makes it a new version: re-hashed.
     os.utime(weights, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
-    assert lookup.resolve("alpha").key == expected_key("alpha", b"ORIGINAL bytes")
+    assert lookup.resolve("alpha").key == expected_key(directory) != key
 
 
 def test_adapter_without_safetensors_weights_is_invalid_and_not_listed(tmp_path):

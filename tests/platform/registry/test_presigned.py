@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import shutil
+import tempfile
 from pathlib import Path
 
 import httpx
@@ -54,7 +55,8 @@ def complete(factory, store, served, tenant, presigned, directory: Path, *, sha2
             base=served,
             allow_base_mismatch=False,
             actor_key_id=None,
-        )
+            staging_dir=Path(tempfile.gettempdir()),  # the server stages under its data dir; any folder will do here
+        ).version
 
 
 def test_presigned_upload_registers_a_version(sqlite_session_factory, s3_store, served, make_tenant, peft_adapter):

@@ -10,6 +10,7 @@ import pytest
 from registry_checks import upload_dir
 from sqlalchemy import event
 
+from loraloom.engine.lora.files import runtime_key
 from loraloom.platform.registry.aliases import move_alias
 from loraloom.platform.registry.errors import AdapterNotFoundError
 from loraloom.platform.registry.fetch import version_uri
@@ -41,13 +42,14 @@ def local_adapter(peft_adapter: Path, tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def lookup(session_factory, file_store, served, clock, local_adapter) -> RegistryAdapterLookup:
+def lookup(session_factory, file_store, served, clock, local_adapter, tmp_path) -> RegistryAdapterLookup:
     registry = AdapterRegistry(
         session_factory=session_factory,
         store=file_store,
         resolutions=ResolutionCache(capacity=100, ttl_s=30.0, clock=clock),
         upload_limits=UploadLimits(),
         presigned_expires_s=600,
+        staging_dir=tmp_path / "staging",
     )
     local = LocalAdapterLookup({served.name}, {}, local_adapter.parent)
     return RegistryAdapterLookup(registry=registry, local=local, find_checkpoint=find_checkpoint)
@@ -87,7 +89,7 @@ def test_references_resolve_to_immutable_version_handles(lookup, acme_versions, 
     version = versions[number - 1]
     handle = lookup.resolve(model, tenant)
     sha = weights_sha(version)
-    assert handle.key == f"{tenant}/support-bot@{number}#{sha[:16]}"
+    assert handle.key == runtime_key(sha, config_sha(version), tenant)
     assert handle.name == f"support-bot@{number}"
     assert handle.sha256 == sha
     assert handle.uri == version_uri(file_store, weights_sha256=sha, config_sha256=config_sha(version))
@@ -131,7 +133,7 @@ def test_registry_name_wins_over_a_server_local_adapter(
 ):
     tenant, _ = acme_versions
     upload_dir(session_factory, file_store, served, tenant, other_peft_adapter, name="shared-local")
-    assert lookup.resolve("shared-local", tenant).key.startswith(f"{tenant}/shared-local@1#")
+    assert lookup.resolve("shared-local", tenant).key.startswith(f"{tenant}/")
 
 
 def test_deleted_version_no_longer_resolves(lookup, acme_versions, session_factory):

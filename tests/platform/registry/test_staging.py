@@ -12,7 +12,7 @@ import pytest
 from archives import tar_gz, zip_bytes
 
 from loraloom.platform.registry.errors import UploadRejectedError
-from loraloom.platform.registry.staging import UploadedPart, UploadLimits, stage_adapter_files
+from loraloom.platform.registry.staging import COPY_CHUNK_BYTES, UploadedPart, UploadLimits, stage_adapter_files
 
 CONFIG = b'{"peft_type": "LORA", "r": 4, "lora_alpha": 8}'
 WEIGHTS = os.urandom(3000)
@@ -126,7 +126,7 @@ def test_archive_unpacking_past_the_size_limit_is_refused(tmp_path, kind):
     entries = [("adapter_config.json", CONFIG), ("adapter_model.safetensors", big)]
     archive = tar_gz(entries) if kind == "tar" else zip_bytes(entries)
     assert len(archive) < LIMITS.max_total_bytes
-    refused(tmp_path, [(f"a.{'tar.gz' if kind == 'tar' else 'zip'}", archive)], "limit of 10000 bytes")
+    refused(tmp_path, [(f"a.{'tar.gz' if kind == 'tar' else 'zip'}", archive)], "this server's limit, 10000 bytes")
 
 
 def test_zip_lying_about_its_sizes_is_refused(tmp_path):
@@ -138,7 +138,7 @@ def test_zip_lying_about_its_sizes_is_refused(tmp_path):
 
 
 def test_plain_files_past_the_size_limit_are_refused(tmp_path):
-    refused(tmp_path, [("adapter_config.json", CONFIG), ("adapter_model.safetensors", b"w" * 20_000)], "limit of 10000")
+    refused(tmp_path, [("adapter_config.json", CONFIG), ("adapter_model.safetensors", b"w" * 20_000)], "this server's limit, 10000 bytes")
 
 
 @pytest.mark.parametrize("name", ["adapter_model.bin", "adapter_model.pt", "weights.pkl"])
@@ -175,3 +175,23 @@ def test_archive_spread_over_two_folders_is_refused(tmp_path):
 def test_archive_nested_too_deep_is_refused(tmp_path):
     archive = zip_bytes([("a/b/adapter_config.json", CONFIG), ("a/b/adapter_model.safetensors", WEIGHTS)])
     refused(tmp_path, [("x.zip", archive)], "nested too deep")
+
+
+@pytest.mark.parametrize("kind", ["tar", "zip"])
+def test_archive_bomb_under_the_server_limit_stops_at_the_largest_adapter_of_the_base(tmp_path, kind):
+    """Issue 12 item 13: a bomb under the server-wide limit (2 GiB by default) was written out in full
+    before being refused. With the served base's cap, writing stops one chunk past that cap."""
+    cap = 3 * COPY_CHUNK_BYTES
+    limits = UploadLimits(max_total_bytes=10**12).for_base(cap, rank=8)
+    bomb = b"\0" * (cap * 8)
+    entries = [("adapter_config.json", CONFIG), ("adapter_model.safetensors", bomb)]
+    archive = tar_gz(entries) if kind == "tar" else zip_bytes(entries)
+    with pytest.raises(UploadRejectedError, match="largest adapter the served base model takes at rank 8") as raised:
+        stage(tmp_path, [(f"a.{'tar.gz' if kind == 'tar' else 'zip'}", archive)], limits)
+    assert str(cap) in str(raised.value)
+    written = sum(p.stat().st_size for p in (tmp_path / "staged").rglob("*") if p.is_file())
+    assert written <= cap + COPY_CHUNK_BYTES
+
+
+def test_the_base_cap_never_raises_the_server_limit():
+    assert LIMITS.for_base(LIMITS.max_total_bytes * 10, rank=64) == LIMITS

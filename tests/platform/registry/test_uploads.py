@@ -54,7 +54,7 @@ def test_real_peft_adapter_is_registered_as_version_1(
 ):
     tenant = make_tenant(sqlite_session_factory, "acme")
     parts = parts_of(peft_adapter) if form == "files" else archive_of(peft_adapter, form)
-    version = upload_parts(sqlite_session_factory, store, served, tenant, parts)
+    version = upload_parts(sqlite_session_factory, store, served, tenant, parts).version
 
     assert (version.number, version.status, version.source) == (1, AdapterVersionStatus.ready, AdapterVersionSource.upload)
     assert (version.rank, version.alpha, version.dtype) == (4, 8.0, "float32")
@@ -196,7 +196,8 @@ def test_base_mismatch_is_accepted_when_overridden(
     tenant = make_tenant(sqlite_session_factory, "acme")
     directory = Path(shutil.copytree(peft_adapter, tmp_path / "adapter"))
     rewrite_config(directory, lambda c: c.update(base_model_name_or_path="HuggingFaceTB/SmolLM2-135M-Instruct-copy"))
-    version = upload_parts(sqlite_session_factory, file_store, served, tenant, parts_of(directory), allow_base_mismatch=True)
+    version = upload_parts(sqlite_session_factory, file_store, served, tenant, parts_of(directory),
+                           allow_base_mismatch=True).version
     assert version.number == 1 and version.base_model == served.name
 
 
@@ -204,7 +205,7 @@ def test_hub_id_of_the_served_base_matches(sqlite_session_factory, file_store, s
     tenant = make_tenant(sqlite_session_factory, "acme")
     directory = Path(shutil.copytree(peft_adapter, tmp_path / "adapter"))
     rewrite_config(directory, lambda c: c.update(base_model_name_or_path="HuggingFaceTB/SmolLM2-135M-Instruct"))
-    assert upload_parts(sqlite_session_factory, file_store, served, tenant, parts_of(directory)).number == 1
+    assert upload_parts(sqlite_session_factory, file_store, served, tenant, parts_of(directory)).version.number == 1
 
 
 @pytest.mark.parametrize("name", ["base", "SmolLM2-135M-Instruct", "bad:name", "bad@3", "a/b", ""])

@@ -3,12 +3,10 @@ following uploads, other aliases moving only when told, history, guarded deletes
 collection, and tenants that cannot see each other's adapters."""
 from __future__ import annotations
 
-import json
-import shutil
 from pathlib import Path
 
 import pytest
-from registry_checks import registry_row_counts, stored_objects, upload_dir
+from registry_checks import registry_row_counts, stored_objects, upload_dir, with_alpha
 from sqlalchemy import select
 
 from loraloom.platform.db.models import AdapterVersion, AdapterVersionStatus, Alias
@@ -28,13 +26,8 @@ from loraloom.platform.storage import content_key
 
 @pytest.fixture
 def variant(peft_adapter: Path, tmp_path: Path) -> Path:
-    """The same weights as peft_adapter under another lora_alpha: a third distinct version
-    that shares its weights blob with the first."""
-    directory = Path(shutil.copytree(peft_adapter, tmp_path / "variant"))
-    config = json.loads((directory / "adapter_config.json").read_text())
-    config["lora_alpha"] = 32
-    (directory / "adapter_config.json").write_text(json.dumps(config))
-    return directory
+    """A third distinct version that shares its weights blob with the first."""
+    return with_alpha(peft_adapter, tmp_path, alpha=32)
 
 
 def aliases_of(factory, tenant, name="support-bot") -> dict[str, int]:
@@ -171,7 +164,11 @@ def test_deleting_an_adapter_removes_rows_and_unshared_blobs(
     upload_dir(session_factory, file_store, served, globex, peft_adapter)  # same bytes, another tenant
     shared = set(stored_objects(file_store))
     with session_factory() as session:
-        removed = delete_adapter(session, tenant_id=acme, name="support-bot")
+        with pytest.raises(RegistryConflictError, match="alias.*prod.*force=true"):
+            delete_adapter(session, tenant_id=acme, name="support-bot", force=False)
+    assert registry_row_counts(session_factory)["adapter_versions"] == 3  # refused: nothing went
+    with session_factory() as session:
+        removed = delete_adapter(session, tenant_id=acme, name="support-bot", force=True)
         delete_unreferenced_blobs(session, store=file_store, versions=removed)
     assert sorted(v.number for v in removed) == [1, 2]
     counts = registry_row_counts(session_factory)
@@ -193,7 +190,7 @@ def test_another_tenants_adapter_is_indistinguishable_from_a_missing_one(
         "find": lambda s, t, n: find_adapter(s, tenant_id=t, name=n),
         "version": lambda s, t, n: find_version(s, tenant_id=t, name=n, number=1),
         "alias": lambda s, t, n: move_alias(s, tenant_id=t, name=n, alias="prod", number=1, actor_key_id=None),
-        "delete": lambda s, t, n: delete_adapter(s, tenant_id=t, name=n),
+        "delete": lambda s, t, n: delete_adapter(s, tenant_id=t, name=n, force=True),
     }
     for call in calls.values():
         with session_factory() as session:

@@ -114,6 +114,18 @@ MALFORMED = {
     ),
     "too_long": (lines(GOOD_TEXT, {"text": "word " * 400}), 2, "too_long", None),
     "blank_lines_count": (lines(GOOD_TEXT, b"", b"   ", b"{oops}"), 4, "invalid_json", None),
+    # Issue 12 item 10: lines that were a 500 (RecursionError; the tokenizer refusing a lone surrogate).
+    "nested_too_deep": (lines(GOOD_TEXT, b'{"text": "a", "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}"), 2,
+                        "invalid_json", None),
+    "nested_too_deep_in_messages": (lines(b'{"messages": ' + b"[" * 5_000 + b"]" * 5_000 + b"}"), 1,
+                                    "invalid_json", None),
+    "lone_surrogate_in_content": (
+        lines(GOOD_CHAT, b'{"messages": [{"role": "user", "content": "a\\ud800"}, {"role": "assistant", "content": "b"}]}'),
+        2, "invalid_json", "messages[0].content",
+    ),
+    "lone_low_surrogate_in_text": (lines(b'{"text": "\\udfff x"}'), 1, "invalid_json", "text"),
+    "reversed_surrogate_pair": (lines(b'{"prompt": "a", "completion": "\\ude00\\ud83d"}'), 1, "invalid_json",
+                                "completion"),
 }
 
 
@@ -127,6 +139,12 @@ def test_malformed_file_is_rejected_with_line_and_reason(case: str, tokenizer: T
     assert (error.line, error.reason, error.param) == (line, reason, param)
     assert report.error_counts == {reason: 1}
     assert error.message
+
+
+def test_a_surrogate_pair_is_text_not_a_lone_surrogate(tokenizer: Tokenizer) -> None:
+    """The escaped form of an emoji (what json.dumps writes by default) is valid, unlike a lone half."""
+    report = validate_dataset(jsonl({"text": "smile \U0001F600"}), tokenizer, MAX_SEQ_LEN)
+    assert report.ok, report.errors
 
 
 def test_empty_file_is_rejected(tokenizer: Tokenizer) -> None:

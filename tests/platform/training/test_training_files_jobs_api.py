@@ -15,6 +15,10 @@ import pytest
 from product_codes import product_dataset
 from training_live import TrainingServer, all_events, training_server, training_settings, upload
 
+from loraloom.platform.db import create_db_engine, create_session_factory
+from loraloom.platform.training.hyperparameters import Hyperparameters
+from loraloom.platform.training.job_state import add_event
+
 CHAT_LINE = {"messages": [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": "Hello."}]}
 
 
@@ -144,7 +148,9 @@ LORALOOM = Path(sys.executable).parent / "loraloom"  # the installed console scr
 
 
 def run_cli(server: TrainingServer, *args: str) -> subprocess.CompletedProcess:
-    env = {name: value for name, value in os.environ.items() if not name.startswith("LORALOOM_")}
+    # Output piped and no COLUMNS/LINES: a CI log, where the terminal's width is unknown.
+    env = {name: value for name, value in os.environ.items()
+           if not name.startswith("LORALOOM_") and name not in ("COLUMNS", "LINES")}
     env.update(LORALOOM_BASE_URL=server.url, LORALOOM_API_KEY=server.keys["acme-developer"])
     return subprocess.run([str(LORALOOM), *args], env=env, capture_output=True, text=True, timeout=120)
 
@@ -178,3 +184,49 @@ def test_cli_uploads_creates_cancels_and_follows(server: TrainingServer, tmp_pat
     followed = run_cli(server, "jobs", "follow", job_id)  # a finished job: its events, then how it ended
     assert followed.returncode == 1 and "The job was cancelled before it ran" in followed.stderr
     assert f"{job_id} cancelled" in followed.stderr
+
+
+def test_cli_file_and_job_listings_print_the_api_s_items_as_json(server: TrainingServer) -> None:
+    with server.http() as client:
+        file_id = upload(client, product_dataset()[:3])["id"]
+        job = client.post("/v1/fine_tuning/jobs", json={"model": server.model_name, "training_file": file_id,
+                                                        "suffix": "listed"})
+        assert job.status_code == 200, job.text
+        for command, path in ((("files", "list"), "/v1/files"), (("jobs", "list"), "/v1/fine_tuning/jobs")):
+            listed = run_cli(server, *command, "--json")
+            assert listed.returncode == 0, listed.stderr
+            assert json.loads(listed.stdout) == client.get(path, params={"limit": 100}).json()["data"], command
+        client.post(f"/v1/fine_tuning/jobs/{job.json()['id']}/cancel")
+
+
+def test_jobs_create_help_shows_the_server_s_defaults(server: TrainingServer) -> None:
+    shown = run_cli(server, "jobs", "create", "--help")
+    assert shown.returncode == 0, shown.stderr
+    help_text = "".join(shown.stdout.split())  # argparse wraps help anywhere at the (unknown) terminal's width
+    for name, default in Hyperparameters().model_dump().items():
+        value = ",".join(default) if isinstance(default, list) else str(default)
+        assert f"--{name.replace('_', '-')}" in help_text
+        assert f"Default:{value}." in help_text, name
+
+
+def test_following_a_job_with_piped_output_and_no_known_width(server: TrainingServer) -> None:
+    with server.http() as client:
+        file_id = upload(client, product_dataset()[:3])["id"]
+        job_id = client.post("/v1/fine_tuning/jobs", json={"model": server.model_name, "training_file": file_id,
+                                                           "suffix": "followed"}).json()["id"]
+        assert client.post(f"/v1/fine_tuning/jobs/{job_id}/cancel").json()["status"] == "cancelled"
+    # The events a run writes as it trains (job_state.add_event, as the worker calls it).
+    engine = create_db_engine(server.settings.database_url)
+    try:
+        with create_session_factory(engine).begin() as session:
+            for step, loss in ((1, 2.5), (2, 1.25)):
+                add_event(session, job_id, f"Step {step}/2", type="metrics",
+                          data={"step": step, "total_steps": 2, "train_loss": loss, "eta_seconds": 2.0 - step})
+    finally:
+        engine.dispose()
+    followed = run_cli(server, "jobs", "follow", job_id)
+    assert followed.returncode == 1 and "Traceback" not in followed.stderr, followed.stderr
+    lines = followed.stderr.splitlines()
+    assert "step 1/2 loss=2.5000 eta=1s" in lines and "step 2/2 loss=1.2500 eta=0s" in lines
+    assert "\r" not in followed.stderr  # no bar redrawn over itself in a log
+    assert f"{job_id} cancelled" in followed.stderr and followed.stdout == ""

@@ -5,7 +5,7 @@ import pytest
 from pydantic import ValidationError
 
 from loraloom.engine.config import EngineConfig
-from loraloom.engine.lora_weights import LORA_MODULE_PARENTS
+from loraloom.engine.lora.files import LORA_MODULE_PARENTS
 from loraloom.platform.training.hyperparameters import Hyperparameters
 
 MAX_RANK = EngineConfig().max_lora_rank  # what an engine with default sizing serves

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from loraloom.engine.adapter_cache import file_sha256
-from loraloom.engine.adapters import AdapterHandle
+from loraloom.engine.lora.host_cache import file_sha256
+from loraloom.engine.lora.handle import AdapterHandle
 from loraloom.engine.config import EngineConfig
-from loraloom.engine.engine import LLMEngine
-from loraloom.engine.lora_weights import ADAPTER_WEIGHTS_FILE
+from loraloom.engine.llm_engine import LLMEngine
+from loraloom.engine.lora.weights import ADAPTER_WEIGHTS_FILE
 from loraloom.engine.request import SamplingParams
 from loraloom.engine.tokenizer import Tokenizer
 from loraloom.platform.training.datasets import load_dataset

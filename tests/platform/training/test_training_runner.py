@@ -3,14 +3,16 @@ the user's fault fails the job with its code and param at once; a system fault i
 until the attempts run out, then fails as system_error; a message for a finished job does nothing."""
 from __future__ import annotations
 
+import logging
 import uuid
 from pathlib import Path
 
 from sqlalchemy import func, select
 from training_live import training_settings
 
+from live_api import new_tenant
 from loraloom.platform.db import create_db_engine, create_session_factory
-from loraloom.platform.db.models import FineTuningJob, FineTuningJobEvent, FineTuningJobStatus, Tenant
+from loraloom.platform.db.models import FineTuningJob, FineTuningJobEvent, FineTuningJobStatus
 from loraloom.platform.settings import Settings
 from loraloom.platform.training.job_state import SYSTEM_ERROR
 from loraloom.platform.training.runner import WorkerContext, run_job
@@ -20,9 +22,7 @@ def add_job(settings: Settings, *, model: str, max_attempts: int = 2) -> str:
     engine = create_db_engine(settings.database_url)
     try:
         with create_session_factory(engine)() as session:
-            tenant = Tenant(name=f"t-{uuid.uuid4().hex[:8]}")
-            session.add(tenant)
-            session.flush()
+            tenant = new_tenant(session)
             job = FineTuningJob(
                 id=f"ftjob-{uuid.uuid4().hex[:24]}", tenant_id=tenant.id, model=model, training_file="file-gone",
                 suffix="bot", seed=1, hyperparameters={}, status=FineTuningJobStatus.queued,
@@ -77,3 +77,15 @@ def test_a_system_fault_is_retried_then_fails_and_a_stale_message_does_nothing(
     run_job(job_id, context(settings, model_dir, sent))  # a redelivered message for the finished job
     again, events_after = job_and_event_count(settings, job_id)
     assert (again.status, again.attempts, events_after, sent) == (FineTuningJobStatus.failed, 2, events, [job_id])
+
+
+def test_every_line_the_worker_logs_for_a_job_names_it(model_dir: Path, tmp_path: Path, caplog) -> None:
+    settings = training_settings(tmp_path)
+    job_id = add_job(settings, model=model_dir.name)
+    caplog.set_level(logging.INFO, logger="loraloom.platform.training")
+    run_job(job_id, context(settings, model_dir, []))
+    lines = [record for record in caplog.records if record.name.startswith("loraloom.platform.training")]
+    messages = [record.getMessage() for record in lines]
+    assert any("started" in message for message in messages), messages
+    assert any(record.levelno == logging.ERROR and "failed" in record.getMessage() for record in lines), messages
+    assert {getattr(record, "job_id", None) for record in lines} == {job_id}

@@ -8,7 +8,7 @@ import torch
 from safetensors.torch import load_file
 
 from loraloom.engine.config import ModelConfig
-from loraloom.engine.lora_weights import ADAPTER_WEIGHTS_FILE, load_adapter_weights
+from loraloom.engine.lora.weights import ADAPTER_WEIGHTS_FILE, load_adapter_weights
 from loraloom.platform.training.datasets import TokenizedExample
 from loraloom.platform.training.errors import TrainingInputError
 from loraloom.platform.training.hyperparameters import Hyperparameters
@@ -54,6 +54,7 @@ def run(
     recorder: Recorder | None = None,
     eval_examples: list[TokenizedExample] | None = None,
     checkpoint_every: int = 1000,
+    resume_from: Path | None = None,
 ) -> TrainResult:
     recorder = recorder or Recorder()
     return train_lora(
@@ -68,6 +69,7 @@ def run(
         save_checkpoint=recorder.save_checkpoint,
         checkpoint_every=checkpoint_every,
         device=CPU,
+        resume_from=resume_from,
     )
 
 
@@ -164,6 +166,51 @@ def test_cancel_stops_between_steps_and_saves_a_checkpoint(
         weights = load_file(result.last_checkpoint_dir / ADAPTER_WEIGHTS_FILE)
         # Trained: PEFT initializes every lora_B to zero.
         assert any(name.endswith("lora_B.weight") and tensor.abs().sum() > 0 for name, tensor in weights.items())
+
+
+class WorkerDied(Exception):
+    """Stands for the process being killed: the run stops between steps and saves nothing more."""
+
+
+class DyingRecorder(Recorder):
+    def __init__(self, die_after: int) -> None:
+        super().__init__()
+        self.die_after = die_after
+
+    def should_cancel(self) -> bool:
+        if len(self.metrics) >= self.die_after:
+            raise WorkerDied
+        return False
+
+
+def test_a_run_resumed_from_a_checkpoint_ends_as_if_never_interrupted(tiny_llama_dir: Path, tmp_path: Path) -> None:
+    """Issue 12, item 7: a retry restarted at step 1 (and collided with the checkpoints already
+    recorded). It resumes the weights, AdamW's moments, the schedule, the dropout RNG and the data
+    position of the last checkpoint: the steps after it, and the final weights, are the uninterrupted run's."""
+    examples = make_examples(7, seed=9)  # 4 batches an epoch, the last one short
+    hyperparameters = SMALL.model_copy(update={"n_epochs": 3})  # 12 steps; dropout 0.1, so the RNG matters
+    whole = Recorder()
+    uninterrupted = run(tiny_llama_dir, tmp_path / "whole", examples, hyperparameters, recorder=whole,
+                        checkpoint_every=5)
+
+    lost = DyingRecorder(die_after=7)
+    with pytest.raises(WorkerDied):
+        run(tiny_llama_dir, tmp_path / "lost", examples, hyperparameters, recorder=lost, checkpoint_every=5)
+    assert [step for step, _ in lost.checkpoints] == [5]
+
+    again = Recorder()
+    resumed = run(tiny_llama_dir, tmp_path / "retry", examples, hyperparameters, recorder=again,
+                  checkpoint_every=5, resume_from=lost.checkpoints[0][1])
+    assert resumed.status is TrainStatus.SUCCEEDED
+    assert [m.step for m in again.metrics] == list(range(6, 13))
+    assert [step for step, _ in again.checkpoints] == [10]
+    assert [m.train_loss for m in again.metrics] == [m.train_loss for m in whole.metrics[5:]]
+    assert [m.epoch for m in again.metrics] == [m.epoch for m in whole.metrics[5:]]
+    assert resumed.trained_tokens == uninterrupted.trained_tokens
+    expected = load_file(uninterrupted.adapter_dir / ADAPTER_WEIGHTS_FILE)
+    got = load_file(resumed.adapter_dir / ADAPTER_WEIGHTS_FILE)
+    assert expected.keys() == got.keys()
+    assert all(torch.equal(expected[name], got[name]) for name in expected)
 
 
 def test_examples_longer_than_max_seq_len_are_a_user_error(tiny_llama_dir: Path, tmp_path: Path) -> None:

@@ -40,7 +40,8 @@ HEARTBEAT_INTERVAL_S = 0.5
 HEARTBEAT_TIMEOUT_S = 6.0
 # Fields a worker needs the same as the server's; the rest keep their defaults on both sides.
 WORKER_SETTINGS = ("data_dir", "database_url", "broker_url", "training_heartbeat_interval_s",
-                   "training_heartbeat_timeout_s", "training_checkpoint_every", "training_max_attempts")
+                   "training_heartbeat_timeout_s", "training_checkpoint_every", "training_max_attempts",
+                   "training_dispatch_timeout_s")
 
 
 def training_settings(data_dir: Path, **overrides: Any) -> Settings:

@@ -1,0 +1,22 @@
+// The Python module of the compiled CPU ops (kernels/cpu_extension.py builds it): one entry per op.
+#include <torch/extension.h>
+
+#include <cstdint>
+#include <vector>
+
+void packed_add_lora(const at::Tensor& x, const at::Tensor& lora_a, const std::vector<at::Tensor>& b_t,
+                     const at::Tensor& slot_ranks, const at::Tensor& out, const std::vector<int64_t>& offsets,
+                     const std::vector<int64_t>& seg_starts, const std::vector<int64_t>& seg_lens,
+                     const std::vector<int64_t>& seg_slots, const std::vector<int64_t>& seg_rows,
+                     const at::Tensor& sorted_token_ids);
+
+void paged_decode_attention(const at::Tensor& query, const at::Tensor& k_cache, const at::Tensor& v_cache,
+                            const at::Tensor& block_tables, const std::vector<int64_t>& requests,
+                            const std::vector<int64_t>& query_rows, const std::vector<int64_t>& seq_lens,
+                            double scale, const at::Tensor& out);
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.def("packed_add_lora", &packed_add_lora, "LoRA of every adapter segment added to out (PackedStack layout)");
+  m.def("paged_decode_attention", &paged_decode_attention,
+        "Attention of one-token requests over their paged K/V, read in place");
+}

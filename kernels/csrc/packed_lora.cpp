@@ -1,0 +1,203 @@
+// add_lora for the CPU over a PackedStack (kernels/lora_stacks.py), in one call per wrapped linear.
+//
+// The plain-torch version (kernels/reference.py add_lora) is exact and simple, but on a decode
+// step of many adapters it issues one shrink and up to three expand matmuls per (segment, linear):
+// ~4,000 tiny ops a step at batch 32, each paying Python and dispatcher overhead that is larger
+// than its arithmetic. A decode segment is a matrix-vector product, bound by reading the slot's
+// weights once, so this file does short segments with plain loops the compiler vectorizes
+// (-O3 -march=native, built on the machine that runs it by kernels/cpu_extension.py) and leaves
+// long (prefill) segments to torch's matmul, which blocks them better than a loop could.
+//
+// Same contract as the reference: rows outside every segment are never written, a slot reads
+// only its own ranks in the slices it targets, and out is updated in place.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cstdint>
+#include <vector>
+
+#include "vector_ops.h"
+
+namespace {
+
+using loraloom::axpy;
+using loraloom::axpy4;
+using loraloom::dot;
+using loraloom::dot4;
+
+// Segments up to this many rows run through the loops below; the weights are read once per segment
+// and the rows stay in L1, so the loops beat a GEMM call until the rows make it compute bound.
+constexpr int64_t kShortSegmentRows = 8;
+
+struct Slices {
+  std::vector<const float*> b_base;  // per slice: lora_b_t[i].data_ptr()
+  std::vector<int64_t> b_slot_stride, out_width, out_offset;
+};
+
+// One short segment: shrink every row against the slot's packed A (all targeted slices' rows,
+// `total` of them), then expand each targeted slice from its transposed B.
+void short_segment(const float* x, int64_t x_stride, const int64_t* rows, int64_t n_rows, const float* a_slot,
+                   int64_t in_features, const int32_t* ranks, int64_t total, const Slices& slices, int64_t slot,
+                   float* out, int64_t out_stride) {
+  std::vector<float> shrunk(static_cast<size_t>(n_rows * total));
+  for (int64_t t = 0; t < n_rows; ++t) {
+    const float* x_row = x + rows[t] * x_stride;
+    float* s = shrunk.data() + t * total;
+    int64_t k = 0;
+    for (; k + 4 <= total; k += 4) {
+      const float* a = a_slot + k * in_features;
+      dot4(a, a + in_features, a + 2 * in_features, a + 3 * in_features, x_row, in_features, s + k);
+    }
+    for (; k < total; ++k) s[k] = dot(a_slot + k * in_features, x_row, in_features);
+  }
+  int64_t first = 0;  // this slice's first column of shrunk
+  for (size_t i = 0; i < slices.b_base.size(); ++i) {
+    const int64_t rank = ranks[i];
+    if (rank == 0) continue;
+    const int64_t width = slices.out_width[i];
+    const float* b = slices.b_base[i] + slot * slices.b_slot_stride[i];  // [R, width], rows 0..rank used
+    for (int64_t t = 0; t < n_rows; ++t) {
+      float* o = out + rows[t] * out_stride + slices.out_offset[i];
+      const float* coef = shrunk.data() + t * total + first;
+      int64_t j = 0;
+      for (; j + 4 <= rank; j += 4)
+        axpy4(o, b + j * width, b + (j + 1) * width, b + (j + 2) * width, b + (j + 3) * width, coef + j, width);
+      for (; j < rank; ++j) axpy(o, b + j * width, coef[j], width);
+    }
+    first += rank;
+  }
+}
+
+// One long segment through torch's matmul: the same steps as the reference, without Python between them.
+void long_segment(const at::Tensor& x, const at::Tensor& rows, int64_t first_row, int64_t n_rows,
+                  const at::Tensor& a_slot, const int32_t* ranks, int64_t total,
+                  const std::vector<at::Tensor>& b_t, int64_t slot, const at::Tensor& out,
+                  const std::vector<int64_t>& offsets) {
+  const at::Tensor xs = first_row >= 0 ? x.narrow(0, first_row, n_rows) : x.index_select(0, rows);
+  const at::Tensor shrunk = at::mm(xs, a_slot.narrow(0, 0, total).t());
+  int64_t first = 0;
+  for (size_t i = 0; i < b_t.size(); ++i) {
+    const int64_t rank = ranks[i];
+    if (rank == 0) continue;
+    const at::Tensor part = shrunk.narrow(1, first, rank);
+    const at::Tensor b = b_t[i][slot].narrow(0, 0, rank);
+    at::Tensor columns = out.narrow(1, offsets[i], offsets[i + 1] - offsets[i]);
+    if (first_row >= 0) {
+      columns.narrow(0, first_row, n_rows).addmm_(part, b);
+    } else {
+      columns.index_add_(0, rows, at::mm(part, b));
+    }
+    first += rank;
+  }
+}
+
+void check_float_cpu(const at::Tensor& t, const char* name) {
+  TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == at::kFloat, "packed_add_lora: ", name,
+              " must be a float32 CPU tensor");
+}
+
+}  // namespace
+
+void packed_add_lora(const at::Tensor& x,                   // [T, in]
+                     const at::Tensor& lora_a,              // [S, slices * R, in]: per slot, packed targeted A rows
+                     const std::vector<at::Tensor>& b_t,    // per slice [S, R, out_i]
+                     const at::Tensor& slot_ranks,          // [S, slices] int32: rank per slot and slice (0: none)
+                     const at::Tensor& out,                 // [T, sum out_i], updated in place
+                     const std::vector<int64_t>& offsets,   // [slices + 1] column offsets of the slices in out
+                     const std::vector<int64_t>& seg_starts, const std::vector<int64_t>& seg_lens,
+                     const std::vector<int64_t>& seg_slots, const std::vector<int64_t>& seg_rows,
+                     const at::Tensor& sorted_token_ids) {  // [>= T_lora] int32
+  check_float_cpu(x, "x");
+  check_float_cpu(lora_a, "lora_a");
+  check_float_cpu(out, "out");
+  TORCH_CHECK(x.stride(1) == 1 && out.stride(1) == 1 && lora_a.is_contiguous(), "packed_add_lora: rows must be contiguous");
+  TORCH_CHECK(slot_ranks.scalar_type() == at::kInt && slot_ranks.is_contiguous(), "packed_add_lora: slot_ranks int32");
+  TORCH_CHECK(offsets.size() == b_t.size() + 1 && slot_ranks.size(1) == static_cast<int64_t>(b_t.size()),
+              "packed_add_lora: one offset pair and one rank column per slice");
+  const int64_t in_features = x.size(1), num_slices = slot_ranks.size(1);
+  Slices slices;
+  for (size_t i = 0; i < b_t.size(); ++i) {
+    check_float_cpu(b_t[i], "lora_b_t");
+    TORCH_CHECK(b_t[i].is_contiguous(), "packed_add_lora: lora_b_t must be contiguous");
+    slices.b_base.push_back(b_t[i].data_ptr<float>());
+    slices.b_slot_stride.push_back(b_t[i].stride(0));
+    slices.out_width.push_back(offsets[i + 1] - offsets[i]);
+    slices.out_offset.push_back(offsets[i]);
+  }
+  const at::Tensor token_ids = sorted_token_ids.to(at::kLong).contiguous();
+  const int64_t* ids = token_ids.data_ptr<int64_t>();
+  const int32_t* all_ranks = slot_ranks.data_ptr<int32_t>();
+  const float* x_data = x.data_ptr<float>();
+  const float* a_data = lora_a.data_ptr<float>();
+  float* out_data = out.data_ptr<float>();
+
+  // Every index the loops follow is checked here, before any thread reads memory through it.
+  const int64_t num_slots = lora_a.size(0), rows = x.size(0), max_rank = lora_a.size(1) / std::max<int64_t>(num_slices, 1);
+  TORCH_CHECK(slot_ranks.size(0) == num_slots && lora_a.size(2) == in_features && out.size(0) == rows &&
+                  offsets.back() <= out.size(1),
+              "packed_add_lora: shapes of x, lora_a, slot_ranks and out disagree");
+  TORCH_CHECK(seg_starts.size() == seg_slots.size() && seg_lens.size() == seg_slots.size() &&
+                  seg_rows.size() == seg_slots.size(),
+              "packed_add_lora: one start, length, slot and first row per segment");
+  for (int64_t i = 0; i < num_slices; ++i) {
+    TORCH_CHECK(b_t[i].size(0) == num_slots && b_t[i].size(1) >= max_rank &&
+                    b_t[i].size(2) == offsets[i + 1] - offsets[i],
+                "packed_add_lora: lora_b_t[", i, "] shape disagrees with the offsets");
+  }
+  for (int64_t slot = 0; slot < num_slots; ++slot)
+    for (int64_t i = 0; i < num_slices; ++i) {
+      const int32_t rank = all_ranks[slot * num_slices + i];
+      TORCH_CHECK(rank >= 0 && rank <= max_rank, "packed_add_lora: rank out of range");
+    }
+  for (size_t s = 0; s < seg_slots.size(); ++s) {
+    if (seg_slots[s] < 0 || seg_lens[s] == 0) continue;
+    TORCH_CHECK(seg_slots[s] < num_slots && seg_lens[s] > 0, "packed_add_lora: segment slot or length out of range");
+    if (seg_rows[s] >= 0) {
+      TORCH_CHECK(seg_rows[s] + seg_lens[s] <= rows, "packed_add_lora: segment rows past the batch");
+    } else {
+      TORCH_CHECK(seg_starts[s] >= 0 && seg_starts[s] + seg_lens[s] <= token_ids.numel(),
+                  "packed_add_lora: segment past sorted_token_ids");
+      for (int64_t t = seg_starts[s]; t < seg_starts[s] + seg_lens[s]; ++t)
+        TORCH_CHECK(ids[t] >= 0 && ids[t] < rows, "packed_add_lora: token id past the batch");
+    }
+  }
+  auto total_rank = [&](int64_t slot) {
+    int64_t total = 0;
+    for (int64_t i = 0; i < num_slices; ++i) total += all_ranks[slot * num_slices + i];
+    return total;
+  };
+  // Short segments write disjoint rows of out, so they run side by side on torch's intra-op threads;
+  // long ones run after, one at a time, each matmul using every thread itself.
+  std::vector<size_t> short_segments, long_segments;
+  for (size_t s = 0; s < seg_slots.size(); ++s) {
+    const int64_t slot = seg_slots[s];
+    if (slot < 0 || seg_lens[s] == 0) continue;
+    if (total_rank(slot) == 0) continue;  // the adapter targets none of this linear's modules
+    (seg_lens[s] <= kShortSegmentRows ? short_segments : long_segments).push_back(s);
+  }
+  // Segments differ in work (ranks 1 to 64, one to all slices), so the threads take them one at a
+  // time from a shared counter rather than in fixed halves.
+  std::atomic<int64_t> next_segment{0};
+  const int64_t num_short = static_cast<int64_t>(short_segments.size());
+  at::parallel_for(0, std::min<int64_t>(at::get_num_threads(), num_short), 1, [&](int64_t, int64_t) {
+    int64_t contiguous_rows[kShortSegmentRows];
+    for (int64_t k = next_segment++; k < num_short; k = next_segment++) {
+      const size_t s = short_segments[k];
+      const int64_t slot = seg_slots[s], n_rows = seg_lens[s];
+      const int64_t* rows = ids + seg_starts[s];
+      if (seg_rows[s] >= 0) {
+        for (int64_t t = 0; t < n_rows; ++t) contiguous_rows[t] = seg_rows[s] + t;
+        rows = contiguous_rows;
+      }
+      short_segment(x_data, x.stride(0), rows, n_rows, a_data + slot * lora_a.stride(0), in_features,
+                    all_ranks + slot * num_slices, total_rank(slot), slices, slot, out_data, out.stride(0));
+    }
+  });
+  for (const size_t s : long_segments) {
+    const int64_t slot = seg_slots[s];
+    long_segment(x, token_ids.narrow(0, seg_starts[s], seg_lens[s]), seg_rows[s], seg_lens[s], lora_a[slot],
+                 all_ranks + slot * num_slices, total_rank(slot), b_t, slot, out, offsets);
+  }
+}

@@ -1,0 +1,27 @@
+"""add_lora for the CPU backend: the compiled op (kernels/csrc/packed_lora.cpp) when it is built
+and the tensors are what it handles (float32), kernels/reference.py's add_lora otherwise.
+
+Both compute the same thing over the same PackedStack; the compiled op only removes the per
+(segment, linear) Python and dispatch overhead that dominates a decode step of many adapters.
+"""
+from __future__ import annotations
+
+import torch
+
+from loraloom.kernels import cpu_extension, reference
+from loraloom.kernels.lora_stacks import PackedStack
+from loraloom.kernels.metadata import SGMVMetadata
+
+
+def add_lora(x: torch.Tensor, stack: PackedStack, meta: SGMVMetadata, out: torch.Tensor,
+             slice_offsets: list[int]) -> None:
+    """Same contract as kernels/reference.py add_lora."""
+    compiled = cpu_extension.load()
+    if compiled is None or x.dtype != torch.float32 or out.dtype != torch.float32 or x.device.type != "cpu":
+        reference.add_lora(x, stack, meta, out, slice_offsets)
+        return
+    if x.stride(-1) != 1:
+        x = x.contiguous()
+    compiled.packed_add_lora(x, stack.lora_a, stack.lora_b_t, stack.ranks, out, slice_offsets,
+                             meta.segment_starts_host, meta.segment_lens_host, meta.active_slots_host,
+                             meta.segment_rows_host, meta.sorted_token_ids)

@@ -1,0 +1,93 @@
+"""GET /v1/engine/status: the engine's load now, in JSON (what /metrics gives Prometheus), plus where
+the caller's own adapters are resident: in a GPU slot, or only in the host cache. An adapter in
+neither is in storage only, and is fetched on its next request.
+
+Other tenants' adapters are never listed; the slot and cache totals are the server's.
+"""
+from __future__ import annotations
+
+import uuid
+from typing import Literal
+
+from fastapi import APIRouter
+from pydantic import BaseModel, Field
+from sqlalchemy.orm import Session
+
+from loraloom.engine import AsyncEngine
+from loraloom.platform.api.deps import CallerDep, EngineDep, SessionDep
+from loraloom.platform.api.errors import ERROR_RESPONSES
+from loraloom.platform.registry.residency import names_by_runtime_key
+
+router = APIRouter(tags=["operations"], responses=ERROR_RESPONSES)
+
+
+class ResidentAdapter(BaseModel):
+    adapter: str = Field(description="The adapter's name, or a checkpoint id for a fine-tuning checkpoint.")
+    version: int | None = Field(description="The version number; None for a checkpoint.")
+    reference: str = Field(description="What to send as `model` for exactly these weights: name@N, or the checkpoint id.")
+    location: Literal["gpu", "host"] = Field(description="gpu: in a GPU adapter slot (and the host cache); host: host cache only.")
+    slot: int | None = Field(description="The GPU slot index when location is gpu.")
+
+
+class EngineStatus(BaseModel):
+    object: Literal["engine.status"] = "engine.status"
+    model: str
+    num_running: int
+    num_waiting: int
+    kv_blocks_used: int
+    kv_blocks_total: int
+    kv_blocks_cached: int
+    adapter_slots_used: int
+    adapter_slots_total: int
+    prompt_tokens_total: int = Field(description="Since the server started; rates come from two readings.")
+    generation_tokens_total: int
+    preemptions_total: int
+    host_cache_hits: int = Field(description="Adapter lookups the host cache answered without fetching.")
+    host_cache_misses: int = Field(description="Adapter lookups that fetched weights from storage.")
+    host_cache_adapters: int = Field(description="Adapters in the host cache now, all tenants.")
+    adapters: list[ResidentAdapter] = Field(description="The caller's tenant's adapters resident now.")
+
+
+def _snapshot(read):
+    """Read engine structures the step thread changes: retry the rare read that races a change."""
+    for _ in range(10):
+        try:
+            return read()
+        except RuntimeError:  # "dictionary changed size during iteration"
+            continue
+    return read()
+
+
+def resident_adapters(engine: AsyncEngine, session: Session, tenant_id: uuid.UUID) -> list[ResidentAdapter]:
+    """The tenant's versions and checkpoints whose weights are resident; names holding the same
+    bytes share a key (and so a slot), and each is listed."""
+    core = engine.engine
+    slots = _snapshot(lambda: {key: core.slot_table.lookup(key) for key in core.slot_table.resident_keys()})
+    keys = set(core.adapter_cache.keys()) | set(slots)
+    names = names_by_runtime_key(session, tenant_id)  # only this tenant's keys: others' never match
+    found = []
+    for key in sorted(keys & names.keys()):
+        slot = slots.get(key)
+        for known in names[key]:
+            found.append(ResidentAdapter(
+                adapter=known.adapter, version=known.version, reference=known.reference,
+                location="gpu" if slot is not None else "host", slot=slot,
+            ))
+    return sorted(found, key=lambda resident: resident.reference)
+
+
+@router.get("/v1/engine/status", response_model=EngineStatus)
+def get_engine_status(caller: CallerDep, engine: EngineDep, session: SessionDep) -> EngineStatus:
+    stats = engine.stats()
+    cache = engine.engine.adapter_cache
+    return EngineStatus(
+        model=engine.model_name,
+        num_running=stats.num_running, num_waiting=stats.num_waiting,
+        kv_blocks_used=stats.kv_blocks_used, kv_blocks_total=stats.kv_blocks_total,
+        kv_blocks_cached=stats.kv_blocks_cached,
+        adapter_slots_used=stats.adapter_slots_used, adapter_slots_total=stats.adapter_slots_total,
+        prompt_tokens_total=stats.prompt_tokens_total, generation_tokens_total=stats.generation_tokens_total,
+        preemptions_total=stats.preemptions_total,
+        host_cache_hits=cache.hits, host_cache_misses=cache.misses, host_cache_adapters=len(cache.keys()),
+        adapters=resident_adapters(engine, session, caller.tenant_id),
+    )

@@ -1,0 +1,65 @@
+import { Navigate, NavLink, Route, Routes } from "react-router-dom";
+import { AdapterPage } from "./pages/AdapterPage";
+import { AdaptersPage } from "./pages/AdaptersPage";
+import { JobPage } from "./pages/JobPage";
+import { KeysPage } from "./pages/KeysPage";
+import { PlaygroundPage } from "./pages/PlaygroundPage";
+import { ServerPage } from "./pages/ServerPage";
+import { SignInPage } from "./pages/SignInPage";
+import { TenantsPage } from "./pages/TenantsPage";
+import { TrainingPage } from "./pages/TrainingPage";
+import { UploadPage } from "./pages/UploadPage";
+import { SessionGate, useSession } from "./session";
+
+export function App() {
+  return (
+    <SessionGate signIn={(props) => <SignInPage {...props} />}>
+      <Shell />
+    </SessionGate>
+  );
+}
+
+function Shell() {
+  const { me, signOut } = useSession();
+  const admin = me.role === "admin";
+  return (
+    <div className="shell">
+      <a className="skip" href="#main">Skip to content</a>
+      <header>
+        <span className="brand">loraloom</span>
+        <nav aria-label="Pages">
+          <NavLink to="/adapters">Adapters</NavLink>
+          <NavLink to="/upload">Upload</NavLink>
+          <NavLink to="/training">Training</NavLink>
+          <NavLink to="/playground">Playground</NavLink>
+          <NavLink to="/server">Server</NavLink>
+          {admin && <NavLink to="/keys">Keys</NavLink>}
+          {me.operator && <NavLink to="/tenants">Tenants</NavLink>}
+        </nav>
+        <span className="who" data-testid="who">
+          tenant <strong>{me.tenant}</strong> · role <strong>{me.role}</strong> · key {me.key_prefix}…
+        </span>
+        <button type="button" onClick={signOut}>Sign out</button>
+      </header>
+      <main id="main">
+        <Routes>
+          <Route path="/" element={<Navigate to="/adapters" replace />} />
+          <Route path="/adapters" element={<AdaptersPage />} />
+          <Route path="/adapters/:name" element={<AdapterPage />} />
+          <Route path="/upload" element={<UploadPage />} />
+          <Route path="/training" element={<TrainingPage />} />
+          <Route path="/training/:jobId" element={<JobPage />} />
+          <Route path="/playground" element={<PlaygroundPage />} />
+          <Route path="/server" element={<ServerPage />} />
+          <Route path="/keys" element={admin ? <KeysPage /> : <NotAllowed />} />
+          <Route path="/tenants" element={me.operator ? <TenantsPage /> : <NotAllowed />} />
+          <Route path="*" element={<p>No such page. <NavLink to="/adapters">Adapters</NavLink></p>} />
+        </Routes>
+      </main>
+    </div>
+  );
+}
+
+function NotAllowed() {
+  return <p role="alert">This page needs an admin key.</p>;
+}

@@ -1,0 +1,109 @@
+import { describe, expect, it } from "vitest";
+import { errorFromBody, withQuery } from "../api/client";
+import { adapterFiles, suggestedName } from "./dropped";
+import { formatAgo, formatBytes } from "./format";
+import { hyperparameterBody, hyperparameterFields } from "./hyperparameters";
+import { lossCurve } from "./loss";
+import { rate } from "./rate";
+import { placeOf, totalsByAdapter } from "./residency";
+
+describe("errorFromBody", () => {
+  it("keeps the server's message, param and details", () => {
+    const error = errorFromBody(400, JSON.stringify({ error: { message: "file: 2 invalid line(s)", param: "file", code: "invalid_training_file", details: { report: {} } } }));
+    expect(error.status).toBe(400);
+    expect(error.message).toBe("file: 2 invalid line(s)");
+    expect(error.param).toBe("file");
+    expect(error.details).toEqual({ report: {} });
+  });
+  it("shows a body that is not JSON as it is", () => {
+    expect(errorFromBody(502, "Bad gateway\n").message).toBe("Bad gateway");
+    expect(errorFromBody(500, "").message).toBe("HTTP 500");
+  });
+});
+
+describe("withQuery", () => {
+  it("adds to a query the path already has and leaves out missing values", () => {
+    expect(withQuery("/v1/files?purpose=fine-tune", { limit: 100, after: undefined })).toBe("/v1/files?purpose=fine-tune&limit=100");
+    expect(withQuery("/v1/adapters", { after: null })).toBe("/v1/adapters");
+  });
+});
+
+describe("format", () => {
+  it("picks the unit of a byte count", () => {
+    expect(formatBytes(512)).toMatch(/512/);
+    expect(formatBytes(3 * 1024 * 1024)).toMatch(/3/);
+    expect(formatBytes(3 * 1024 * 1024)).toMatch(/MB/);
+  });
+  it("says how long ago", () => {
+    const now = new Date("2024-05-01T12:00:00Z");
+    expect(formatAgo("2024-05-01T11:57:00Z", now)).toMatch(/3 minutes ago/);
+    expect(formatAgo(null, now)).toBe("never");
+  });
+});
+
+describe("rate", () => {
+  it("needs two samples and ignores a counter reset", () => {
+    expect(rate([{ at: 0, total: 0 }])).toBeNull();
+    expect(rate([{ at: 0, total: 10 }, { at: 2, total: 30 }])).toBe(10);
+    expect(rate([{ at: 0, total: 30 }, { at: 2, total: 5 }])).toBeNull();
+  });
+});
+
+describe("lossCurve", () => {
+  it("orders steps and lets a retried run's report win", () => {
+    const metric = (created_at: number, step: number, train_loss: number, eval_loss?: number) => ({
+      id: String(created_at), created_at, level: "info", message: "", type: "metrics", data: { step, train_loss, eval_loss },
+    });
+    const curve = lossCurve([metric(3, 1, 0.5), metric(1, 1, 2.0), metric(2, 2, 1.5, 1.7),
+      { id: "x", created_at: 4, level: "info", message: "done", type: "message", data: null }]);
+    expect(curve.steps).toEqual([1, 2]);
+    expect(curve.train).toEqual([0.5, 1.5]);
+    expect(curve.eval).toEqual([null, 1.7]);
+  });
+});
+
+describe("hyperparameters", () => {
+  const openapi = { components: { schemas: { Hyperparameters: { properties: {
+    n_epochs: { type: "integer", default: 3, minimum: 1, maximum: 100, description: "Passes." },
+    target_modules: { type: "array", description: "Projections." },
+  } } } } };
+  it("reads fields and defaults from the OpenAPI document", () => {
+    const fields = hyperparameterFields(openapi);
+    expect(fields.map((f) => f.name)).toEqual(["n_epochs", "target_modules"]);
+    expect(fields[0]).toMatchObject({ type: "integer", default: 3, minimum: 1, maximum: 100 });
+  });
+  it("sends only changed fields, and a non-number as typed for the server to name", () => {
+    const fields = hyperparameterFields(openapi);
+    expect(hyperparameterBody(fields, { n_epochs: "3" })).toEqual({});
+    expect(hyperparameterBody(fields, { n_epochs: "5", target_modules: "q_proj, v_proj" })).toEqual({ n_epochs: 5, target_modules: ["q_proj", "v_proj"] });
+    expect(hyperparameterBody(fields, { n_epochs: "five" })).toEqual({ n_epochs: "five" });
+  });
+});
+
+describe("dropped files", () => {
+  const file = (name: string) => new File(["x"], name);
+  it("keeps the two PEFT files of a directory, or one archive", () => {
+    expect(adapterFiles([file("README.md"), file("adapter_config.json"), file("adapter_model.safetensors")]).map((f) => f.name))
+      .toEqual(["adapter_config.json", "adapter_model.safetensors"]);
+    expect(adapterFiles([file("bot.tar.gz")]).map((f) => f.name)).toEqual(["bot.tar.gz"]);
+  });
+  it("suggests a valid adapter name", () => {
+    expect(suggestedName("My Bot v2.tar.gz")).toBe("my-bot-v2");
+  });
+});
+
+describe("residency", () => {
+  it("reports the best place of any version", () => {
+    const entry = (location: "gpu" | "host") => ({ adapter: "a", version: 1, reference: "a@1", location, slot: null });
+    expect(placeOf("a", [entry("host"), entry("gpu")])).toBe("GPU slot");
+    expect(placeOf("a", [entry("host")])).toBe("host cache");
+    expect(placeOf("b", [entry("host")])).toBe("storage only");
+  });
+  it("sums points per adapter", () => {
+    const totals = totalsByAdapter([
+      { adapter: "a", requests: 1, total_tokens: 10 }, { adapter: "a", requests: 2, total_tokens: 5 }, { adapter: null, requests: 1, total_tokens: 1 },
+    ]);
+    expect(totals.get("a")).toEqual({ requests: 3, tokens: 15 });
+    expect(totals.get("base")).toEqual({ requests: 1, tokens: 1 });
+  });
+});

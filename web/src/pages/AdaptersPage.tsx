@@ -1,0 +1,146 @@
+import { useMutation, useQueryClient } from "@tanstack/react-query";
+import { createColumnHelper } from "@tanstack/react-table";
+import { useMemo, useState } from "react";
+import { Link } from "react-router-dom";
+import { useAdapters, useEngineStatus, useUsageSeries, useVersion } from "../api/queries";
+import type { Adapter } from "../api/types";
+import { ConfirmButton } from "../components/Confirm";
+import { DataTable } from "../components/DataTable";
+import { Empty, ErrorBox, Loading } from "../components/States";
+import { formatAgo, formatBytes, formatDate, formatNumber } from "../lib/format";
+import { placeOf, totalsByAdapter } from "../lib/residency";
+import { useApi, useSession } from "../session";
+
+interface Row {
+  adapter: Adapter;
+  name: string;
+  latest: number;
+  aliases: string;
+  created: string;
+  lastUsed: string | null;
+  requests: number;
+  tokens: number;
+  place: string;
+}
+
+const column = createColumnHelper<Row>();
+
+export function AdaptersPage() {
+  const adapters = useAdapters();
+  const since = useMemo(() => new Date(Date.now() - 24 * 3600 * 1000).toISOString(), []);
+  const usage = useUsageSeries({ granularity: "hour", start: since });
+  const engine = useEngineStatus(5000);
+  const [search, setSearch] = useState("");
+
+  const rows = useMemo<Row[]>(() => {
+    const totals = totalsByAdapter(usage.data?.data ?? []);
+    const lastUsed = new Map<string, string>();
+    for (const point of usage.data?.data ?? []) {
+      if (point.adapter && point.requests > 0) lastUsed.set(point.adapter, point.start);
+    }
+    return (adapters.data ?? []).map((adapter) => ({
+      adapter,
+      name: adapter.name,
+      latest: adapter.aliases.latest ?? 0,
+      aliases: Object.keys(adapter.aliases).filter((alias) => alias !== "latest").sort().join(", "),
+      created: adapter.created_at,
+      lastUsed: lastUsed.get(adapter.name) ?? null,
+      requests: totals.get(adapter.name)?.requests ?? 0,
+      tokens: totals.get(adapter.name)?.tokens ?? 0,
+      place: placeOf(adapter.name, engine.data?.adapters),
+    }));
+  }, [adapters.data, usage.data, engine.data]);
+
+  const columns = useMemo(
+    () => [
+      column.accessor("name", {
+        header: "Name",
+        cell: (info) => <Link to={`/adapters/${encodeURIComponent(info.getValue())}`}>{info.getValue()}</Link>,
+      }),
+      column.accessor("latest", { header: "Latest", cell: (info) => `v${info.getValue()}` }),
+      column.accessor("aliases", { header: "Aliases", cell: (info) => info.getValue() || "—" }),
+      column.display({ id: "rank", header: "Rank", cell: (info) => <LatestField row={info.row.original} field="rank" /> }),
+      column.display({ id: "modules", header: "Target modules", cell: (info) => <LatestField row={info.row.original} field="modules" /> }),
+      column.display({ id: "size", header: "Size", cell: (info) => <LatestField row={info.row.original} field="size" /> }),
+      column.accessor("created", { header: "Created", cell: (info) => formatDate(info.getValue()) }),
+      column.accessor("lastUsed", {
+        header: "Last used",
+        cell: (info) => <LastUsed hourStart={info.getValue()} />,
+        sortUndefined: "last",
+      }),
+      column.accessor("requests", { header: "Requests 24 h", cell: (info) => formatNumber(info.getValue()) }),
+      column.accessor("tokens", { header: "Tokens 24 h", cell: (info) => formatNumber(info.getValue()) }),
+      column.accessor("place", { header: "Resident", cell: (info) => <span className="badge">{info.getValue()}</span> }),
+      column.display({ id: "actions", header: "", cell: (info) => <DeleteAdapter name={info.row.original.name} /> }),
+    ],
+    [],
+  );
+
+  return (
+    <section>
+      <div className="title-row">
+        <h1>Adapters</h1>
+        <Link className="button primary" to="/upload">Upload an adapter</Link>
+      </div>
+      <input
+        type="search"
+        aria-label="Search adapters"
+        placeholder="Search by name, alias…"
+        value={search}
+        onChange={(event) => setSearch(event.target.value)}
+      />
+      <ErrorBox error={usage.error} title="Usage" />
+      <ErrorBox error={engine.error} title="Residency" />
+      {adapters.isPending ? (
+        <Loading what="Loading adapters" />
+      ) : adapters.error ? (
+        <ErrorBox error={adapters.error} />
+      ) : rows.length === 0 ? (
+        <Empty>
+          No adapters yet. <Link to="/upload">Upload one</Link> or <Link to="/training">train one</Link>.
+        </Empty>
+      ) : (
+        <DataTable label="Adapters" data={rows} columns={columns} search={search} initialSort={[{ id: "name", desc: false }]} />
+      )}
+    </section>
+  );
+}
+
+/** Usage is counted per hour, so the last use is known to the hour: shown as the end of its hour. */
+function LastUsed({ hourStart }: { hourStart: string | null }) {
+  if (hourStart === null) return <>not in 24 h</>;
+  const end = Date.parse(hourStart) + 3600 * 1000;
+  return <>{end > Date.now() ? "this hour" : formatAgo(new Date(end).toISOString())}</>;
+}
+
+function LatestField({ row, field }: { row: Row; field: "rank" | "modules" | "size" }) {
+  const version = useVersion(row.name, row.latest || undefined);
+  if (!version.data) return <span className="muted">{version.error ? "?" : "…"}</span>;
+  if (field === "rank") return <>{version.data.rank}</>;
+  if (field === "modules") return <>{version.data.target_modules.join(", ")}</>;
+  return <>{formatBytes(version.data.files.reduce((sum, file) => sum + file.size_bytes, 0))}</>;
+}
+
+function DeleteAdapter({ name }: { name: string }) {
+  const api = useApi();
+  const { me } = useSession();
+  const client = useQueryClient();
+  const remove = useMutation({
+    mutationFn: () => api.delete(`/v1/adapters/${encodeURIComponent(name)}?force=true`),
+    onSuccess: () => client.invalidateQueries({ queryKey: ["adapters"] }),
+  });
+  if (me.role === "inference") return null;
+  return (
+    <>
+      <ConfirmButton
+        label="Delete"
+        danger
+        question={`Delete ${name} and all its versions?`}
+        confirmLabel="Delete"
+        disabled={remove.isPending}
+        onConfirm={() => remove.mutate()}
+      />
+      <ErrorBox error={remove.error} />
+    </>
+  );
+}

@@ -1,0 +1,127 @@
+import { useMutation, useQuery, useQueryClient } from "@tanstack/react-query";
+import { useMemo } from "react";
+import { Link, useParams } from "react-router-dom";
+import { allPages } from "../api/queries";
+import type { Checkpoint, Job, JobEvent } from "../api/types";
+import { ConfirmButton } from "../components/Confirm";
+import { LineChart } from "../components/LineChart";
+import { Empty, ErrorBox, Loading } from "../components/States";
+import { formatDate, formatNumber } from "../lib/format";
+import { lossCurve } from "../lib/loss";
+import { useApi, useSession } from "../session";
+
+const FINISHED = ["succeeded", "failed", "cancelled"];
+const LIVE_MS = 2000;
+
+export function JobPage() {
+  const jobId = useParams().jobId!;
+  const api = useApi();
+  const { me } = useSession();
+  const client = useQueryClient();
+  const path = `/v1/fine_tuning/jobs/${encodeURIComponent(jobId)}`;
+  const job = useQuery({
+    queryKey: ["jobs", jobId],
+    queryFn: () => api.get<Job>(path),
+    refetchInterval: (query) => (query.state.data && FINISHED.includes(query.state.data.status) ? false : LIVE_MS),
+  });
+  const running = !job.data || !FINISHED.includes(job.data.status);
+  // Events and checkpoints keep refreshing while the job runs, and once more after it ends.
+  const events = useQuery({
+    queryKey: ["jobs", jobId, "events", job.data?.status],
+    queryFn: () => allPages<JobEvent>(api, `${path}/events?order=asc`, (page) => page.data[page.data.length - 1].id),
+    refetchInterval: running ? LIVE_MS : false,
+    placeholderData: (previous) => previous,
+  });
+  const checkpoints = useQuery({
+    queryKey: ["jobs", jobId, "checkpoints", job.data?.status],
+    queryFn: () => allPages<Checkpoint>(api, `${path}/checkpoints`, (page) => page.data[page.data.length - 1].id),
+    refetchInterval: running ? LIVE_MS : false,
+    placeholderData: (previous) => previous,
+  });
+  const cancel = useMutation({
+    mutationFn: () => api.post<Job>(`${path}/cancel`),
+    onSuccess: () => client.invalidateQueries({ queryKey: ["jobs"] }),
+  });
+  const curve = useMemo(() => lossCurve(events.data ?? []), [events.data]);
+  const series = useMemo(
+    () => [
+      { label: "train loss", color: "#2563eb", values: curve.train },
+      { label: "eval loss", color: "#dc2626", values: curve.eval },
+    ],
+    [curve],
+  );
+
+  if (job.isPending) return <Loading what={`Loading ${jobId}`} />;
+  if (job.error) return <ErrorBox error={job.error} />;
+  const j = job.data;
+  const produced = j.fine_tuned_model;
+  const adapterName = produced?.split("@")[0];
+  return (
+    <section>
+      <p><Link to="/training">← Training</Link></p>
+      <div className="title-row">
+        <h1>{j.id}</h1>
+        <span className={`badge ${j.status}`} data-testid="job-status">{j.status}</span>
+        {!FINISHED.includes(j.status) && me.role !== "inference" && (
+          <ConfirmButton label="Cancel job" danger question="Cancel this job? It stops after the current step."
+            confirmLabel="Cancel job" disabled={cancel.isPending || j.status === "cancel_requested"} onConfirm={() => cancel.mutate()} />
+        )}
+      </div>
+      <ErrorBox error={cancel.error} />
+      {j.error && <ErrorBox error={new Error(`${j.error.code}: ${j.error.message}`)} title="Job failed" />}
+      <dl className="facts">
+        <dt>Adapter</dt><dd>{j.suffix}</dd>
+        <dt>Produced</dt>
+        <dd>
+          {produced && adapterName ? (
+            <>
+              <Link to={`/adapters/${encodeURIComponent(adapterName)}`} data-testid="produced-version">{produced}</Link>{" "}
+              · <Link to={`/playground?model=${encodeURIComponent(produced)}`}>chat with it</Link>
+            </>
+          ) : "—"}
+        </dd>
+        <dt>Training file</dt><dd><code>{j.training_file}</code></dd>
+        <dt>Validation file</dt><dd>{j.validation_file ? <code>{j.validation_file}</code> : "none"}</dd>
+        <dt>Created</dt><dd>{formatDate(j.created_at)}</dd>
+        <dt>Finished</dt><dd>{formatDate(j.finished_at)}</dd>
+        <dt>Trained tokens</dt><dd>{formatNumber(j.trained_tokens)}</dd>
+        <dt>Attempts</dt><dd>{j.attempts} of {j.max_attempts}</dd>
+        <dt>Hyperparameters</dt><dd><code>{JSON.stringify(j.hyperparameters)}</code></dd>
+      </dl>
+      <h2>Loss</h2>
+      {curve.steps.length === 0 ? (
+        <Empty>{running ? "Waiting for the first step…" : "No steps were reported."}</Empty>
+      ) : null}
+      <div hidden={curve.steps.length === 0}>
+        <LineChart label="Loss per step" x={curve.steps} series={series} xLabel="step" />
+      </div>
+      <h2>Checkpoints</h2>
+      <ErrorBox error={checkpoints.error} />
+      {(checkpoints.data ?? []).length === 0 ? (
+        <Empty>No checkpoints yet.</Empty>
+      ) : (
+        <ul aria-label="Checkpoints">
+          {checkpoints.data!.map((checkpoint) => (
+            <li key={checkpoint.id}>
+              step {checkpoint.step_number}: <code>{checkpoint.fine_tuned_model_checkpoint}</code>{" "}
+              <Link to={`/playground?model=${encodeURIComponent(checkpoint.fine_tuned_model_checkpoint)}`}>chat</Link>
+            </li>
+          ))}
+        </ul>
+      )}
+      <h2>Events</h2>
+      <ErrorBox error={events.error} />
+      {(events.data ?? []).length === 0 ? (
+        <Empty>No events yet.</Empty>
+      ) : (
+        <ol className="events" aria-label="Events">
+          {[...events.data!].reverse().map((event) => (
+            <li key={event.id} className={event.level}>
+              <time>{formatDate(event.created_at)}</time> {event.message}
+            </li>
+          ))}
+        </ol>
+      )}
+    </section>
+  );
+}

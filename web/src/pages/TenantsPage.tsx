@@ -1,0 +1,54 @@
+import { useMutation, useQuery, useQueryClient } from "@tanstack/react-query";
+import { createColumnHelper } from "@tanstack/react-table";
+import { type FormEvent, useState } from "react";
+import type { Tenant } from "../api/types";
+import { DataTable } from "../components/DataTable";
+import { Empty, ErrorBox, Loading } from "../components/States";
+import { formatDate } from "../lib/format";
+import { useApi } from "../session";
+
+const column = createColumnHelper<Tenant>();
+const columns = [
+  column.accessor("name", { header: "Name" }),
+  column.accessor("id", { header: "Id", cell: (info) => <code>{info.getValue()}</code> }),
+  column.accessor("created_at", { header: "Created", cell: (info) => formatDate(info.getValue()) }),
+];
+
+export function TenantsPage() {
+  const api = useApi();
+  const client = useQueryClient();
+  const tenants = useQuery({ queryKey: ["tenants"], queryFn: () => api.get<{ data: Tenant[] }>("/v1/tenants") });
+  const [name, setName] = useState("");
+  const create = useMutation({
+    mutationFn: () => api.post<Tenant>("/v1/tenants", { name }),
+    onSuccess: () => {
+      setName("");
+      return client.invalidateQueries({ queryKey: ["tenants"] });
+    },
+  });
+  const submit = (event: FormEvent) => {
+    event.preventDefault();
+    create.mutate();
+  };
+  return (
+    <section>
+      <h1>Tenants</h1>
+      <form onSubmit={submit} className="row" aria-label="Create a tenant">
+        <label>
+          Name <input value={name} onChange={(event) => setName(event.target.value)} aria-label="Tenant name" required />
+        </label>
+        <button type="submit" className="primary" disabled={!name || create.isPending}>Create tenant</button>
+      </form>
+      <ErrorBox error={create.error} />
+      {tenants.isPending ? (
+        <Loading what="Loading tenants" />
+      ) : tenants.error ? (
+        <ErrorBox error={tenants.error} />
+      ) : tenants.data.data.length === 0 ? (
+        <Empty>No tenants.</Empty>
+      ) : (
+        <DataTable label="Tenants" data={tenants.data.data} columns={columns} />
+      )}
+    </section>
+  );
+}

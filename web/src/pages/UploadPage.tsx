@@ -1,0 +1,141 @@
+import { useQueryClient } from "@tanstack/react-query";
+import { type DragEvent, type FormEvent, useState } from "react";
+import { Link } from "react-router-dom";
+import type { ApiError } from "../api/client";
+import type { Version } from "../api/types";
+import { ErrorBox } from "../components/States";
+import { adapterFiles, droppedFiles, suggestedName } from "../lib/dropped";
+import { formatBytes } from "../lib/format";
+import { useApi } from "../session";
+
+type State =
+  | { step: "idle" }
+  | { step: "uploading"; progress: number }
+  | { step: "done"; version: Version }
+  | { step: "failed"; error: ApiError | Error };
+
+export function UploadPage() {
+  const api = useApi();
+  const client = useQueryClient();
+  const [files, setFiles] = useState<File[]>([]);
+  const [name, setName] = useState("");
+  const [allowMismatch, setAllowMismatch] = useState(false);
+  const [over, setOver] = useState(false);
+  const [state, setState] = useState<State>({ step: "idle" });
+
+  const choose = (picked: File[], source: string) => {
+    setFiles(adapterFiles(picked));
+    if (!name && source) setName(suggestedName(source));
+    setState({ step: "idle" });
+  };
+  const onDrop = async (event: DragEvent) => {
+    event.preventDefault();
+    setOver(false);
+    const dropped = await droppedFiles(event.dataTransfer);
+    choose(dropped.files, dropped.source);
+  };
+  const folderOf = (list: FileList) => list[0]?.webkitRelativePath.split("/")[0] || list[0]?.name || "";
+
+  const submit = async (event: FormEvent) => {
+    event.preventDefault();
+    const form = new FormData();
+    for (const file of files) form.append("files", file, file.name);
+    if (allowMismatch) form.append("allow_base_mismatch", "true");
+    setState({ step: "uploading", progress: 0 });
+    try {
+      const version = await api.upload<Version>(`/v1/adapters/${encodeURIComponent(name)}/versions`, form, (progress) =>
+        setState({ step: "uploading", progress }),
+      );
+      setState({ step: "done", version });
+      await client.invalidateQueries({ queryKey: ["adapters"] });
+    } catch (error) {
+      setState({ step: "failed", error: error as Error });
+    }
+  };
+
+  return (
+    <section>
+      <h1>Upload an adapter</h1>
+      <p className="muted">
+        A PEFT LoRA directory (<code>adapter_config.json</code> and <code>adapter_model.safetensors</code>) or one
+        .tar.gz / .zip of it. The server checks every module and shape against the served base before storing it.
+      </p>
+      <form onSubmit={submit} aria-label="Upload an adapter">
+        <div
+          className={over ? "dropzone over" : "dropzone"}
+          onDragOver={(event) => {
+            event.preventDefault();
+            setOver(true);
+          }}
+          onDragLeave={() => setOver(false)}
+          onDrop={onDrop}
+          data-testid="dropzone"
+        >
+          <p>Drop a PEFT directory or an archive here, or choose:</p>
+          <label className="button">
+            Directory…
+            <input
+              type="file"
+              className="visually-hidden"
+              aria-label="Choose a directory"
+              // @ts-expect-error: webkitdirectory is not in React's input attributes, but every browser has it
+              webkitdirectory=""
+              multiple
+              onChange={(event) => event.target.files && choose([...event.target.files], folderOf(event.target.files))}
+            />
+          </label>
+          <label className="button">
+            Files or archive…
+            <input
+              type="file"
+              className="visually-hidden"
+              aria-label="Choose files or an archive"
+              multiple
+              accept=".json,.safetensors,.gz,.tgz,.tar,.zip"
+              onChange={(event) => event.target.files && choose([...event.target.files], event.target.files[0]?.name ?? "")}
+            />
+          </label>
+        </div>
+        {files.length > 0 && (
+          <ul className="files" aria-label="Files to upload">
+            {files.map((file) => (
+              <li key={file.name}>
+                <code>{file.name}</code> <span className="muted">{formatBytes(file.size)}</span>
+              </li>
+            ))}
+            {state.step === "failed" && (
+              <li className="file-error">
+                <ErrorBox error={state.error} title="Refused" />
+              </li>
+            )}
+          </ul>
+        )}
+        <label>
+          Adapter name{" "}
+          <input value={name} onChange={(event) => setName(event.target.value)} aria-label="Adapter name" required />
+        </label>
+        <label className="inline">
+          <input type="checkbox" checked={allowMismatch} onChange={(event) => setAllowMismatch(event.target.checked)} />
+          Accept an adapter made for another base (shapes are still checked)
+        </label>
+        <button type="submit" className="primary" disabled={files.length === 0 || !name || state.step === "uploading"}>
+          Upload
+        </button>
+        {state.step === "uploading" && (
+          <progress aria-label="Upload progress" max={1} value={state.progress}>
+            {Math.round(state.progress * 100)}%
+          </progress>
+        )}
+        {state.step === "done" && (
+          <p role="status" className="ok">
+            Registered{" "}
+            <Link to={`/adapters/${encodeURIComponent(state.version.adapter)}`}>
+              {state.version.adapter}@{state.version.version}
+            </Link>{" "}
+            (rank {state.version.rank}, {state.version.target_modules.join(", ")}).
+          </p>
+        )}
+      </form>
+    </section>
+  );
+}
