@@ -253,14 +253,17 @@ class QueueView:
     """What a supervisor needs to tell an idle worker from a stuck one."""
 
     queued: list[str]  # ids of the jobs waiting for a worker, oldest first
-    active: int  # jobs running (or being cancelled) anywhere
+    active: int  # jobs running (or being cancelled) on the worker asked about
 
 
-def queue_view(factory: sessionmaker[Session]) -> QueueView:
+def queue_view(factory: sessionmaker[Session], worker_id: str) -> QueueView:
+    """The queued jobs, and how many jobs the worker `worker_id` runs: a job running on another
+    worker says nothing of whether this one is stuck."""
     with factory() as session:
         queued = session.scalars(select(FineTuningJob.id).where(FineTuningJob.status == FineTuningJobStatus.queued)
                                  .order_by(FineTuningJob.created_at)).all()
-        active = session.scalar(select(func.count()).where(FineTuningJob.status.in_(ACTIVE)))
+        active = session.scalar(select(func.count()).where(FineTuningJob.status.in_(ACTIVE),
+                                                           FineTuningJob.worker_id == worker_id))
     return QueueView(queued=list(queued), active=active or 0)
 
 

@@ -4,9 +4,10 @@ Every round (at most a second apart) it
 - restarts the worker when it died (backing off while it keeps dying right after its start);
 - reaps: requeues or fails the running jobs whose heartbeat is past the timeout. In serve's
   process, not only in the worker's reaper, which dies with its worker;
-- restarts a stuck worker: jobs queued for training_dispatch_timeout_s while no job runs
-  anywhere means the worker took their messages and runs nothing (a pool child killed while
-  idle does that), or the messages were lost. The jobs are sent again after the restart;
+- restarts a stuck worker: jobs queued for training_dispatch_timeout_s while its worker runs
+  none means the worker took their messages and runs nothing (a pool child stopped or killed
+  while idle does that), or the messages were lost. Jobs that other workers run do not count:
+  the worker beside serve has to take a queued job whatever the others do. The jobs are sent again after the restart;
   a duplicate message is harmless (claims are compare-and-sets).
 
 `health()` is what GET /health reports of training. With `worker_command` None (serve
@@ -22,6 +23,7 @@ from loraloom.platform.db import create_db_engine, create_session_factory
 from loraloom.platform.settings import Settings
 from loraloom.platform.training.celery_app import create_celery_app, send_run_job
 from loraloom.platform.training.job_state import queue_view, reap_stale_jobs
+from loraloom.platform.training.worker import worker_id
 from loraloom.platform.training.worker_process import WorkerProcess
 
 logger = logging.getLogger(__name__)
@@ -126,7 +128,7 @@ class TrainingSupervisor:
         if self._worker is None or self._restart_at is not None:
             self._stalled_since = None
             return
-        view = queue_view(factory)
+        view = queue_view(factory, worker_id(self._worker.pid))
         if not view.queued or view.active:
             self._stalled_since = None  # nothing waits, or the worker is busy: both are fine
             return
@@ -136,7 +138,7 @@ class TrainingSupervisor:
             return
         if now - self._stalled_since < self.settings.training_dispatch_timeout_s:
             return
-        logger.warning("%d job(s) queued for %.0f s while no job runs: the training worker %d is stuck; "
+        logger.warning("%d job(s) queued for %.0f s while it runs none: the training worker %d is stuck; "
                        "restarting it", len(view.queued), now - self._stalled_since, self._worker.pid)
         self._restart_worker()
         for job_id in view.queued:  # their messages may have gone with the stuck worker

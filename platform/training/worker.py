@@ -51,14 +51,17 @@ def _job_child_ends_with_worker(worker_pid: int, **_: object) -> None:
     end_with_parent(signal.SIGKILL, worker_pid)
 
 
-def worker_id() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}"
+def worker_id(worker_pid: int) -> str:
+    """How a job names the worker running it: the host and the worker's main process, not the
+    pool child that runs the job, so that `serve` can tell its own worker's jobs from others'."""
+    return f"{socket.gethostname()}:{worker_pid}"
 
 
 def create_worker_app(settings: Settings, model_dir: Path) -> Celery:
     """The Celery app with the training task registered; `model_dir` is the served base."""
     app = create_celery_app(settings)
-    worker_process_init.connect(functools.partial(_job_child_ends_with_worker, os.getpid()), weak=False)
+    worker_pid = os.getpid()  # the worker's main process: each job runs in a child it forks
+    worker_process_init.connect(functools.partial(_job_child_ends_with_worker, worker_pid), weak=False)
     if settings.broker_url is None:
         # The embedded broker is for one machine: no remote control, whose broadcasts it does not need.
         app.conf.worker_enable_remote_control = False
@@ -68,7 +71,7 @@ def create_worker_app(settings: Settings, model_dir: Path) -> Celery:
         from loraloom.platform.training.runner import WorkerContext, run_job
 
         context = WorkerContext(
-            settings=settings, model_dir=model_dir, worker_id=worker_id(),
+            settings=settings, model_dir=model_dir, worker_id=worker_id(worker_pid),
             send=lambda requeued_id: send_run_job(app, requeued_id),
         )
         run_job(job_id, context)

@@ -1,6 +1,7 @@
 """The job state machine's compare-and-set transitions, on SQLite and PostgreSQL: a second claim
 (a redelivered message) does nothing, a stale job is requeued a bounded number of times and
-then failed, a requeued run loses the job, and cancel moves queued and running jobs apart."""
+then failed, a requeued run loses the job, cancel moves queued and running jobs apart, and a
+supervisor's view of the queue counts only its own worker's jobs."""
 from __future__ import annotations
 
 import uuid
@@ -19,6 +20,7 @@ from loraloom.platform.training.job_state import (
     cancel_requested,
     claim_job,
     finish_job,
+    queue_view,
     reap_stale_jobs,
 )
 from loraloom.platform.training.jobs import cancel_job
@@ -133,3 +135,17 @@ def test_a_dead_worker_of_a_cancel_requested_job_leaves_it_cancelled(factory: se
     assert reap_stale_jobs(factory, heartbeat_timeout_s=HEARTBEAT_TIMEOUT_S, send=sent.append) == [
         (job_id, FineTuningJobStatus.cancelled)]
     assert sent == []
+
+
+def test_the_queue_view_counts_only_the_jobs_of_the_worker_asked_about(factory: sessionmaker[Session]) -> None:
+    _, waiting = add_job(factory)
+    _, elsewhere = add_job(factory)
+    claim_job(factory, elsewhere, "other-host:1")  # busy on another worker: says nothing of ours
+    view = queue_view(factory, "this-host:2")
+    assert waiting in view.queued and elsewhere not in view.queued
+    assert view.active == 0
+
+    _, ours = add_job(factory)
+    claim_job(factory, ours, "this-host:2")
+    assert queue_view(factory, "this-host:2").active == 1
+    assert queue_view(factory, "other-host:1").active >= 1
