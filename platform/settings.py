@@ -48,7 +48,9 @@ class Settings(BaseSettings):
     # The adapter registry. Uploads through the gateway may unpack to at most adapter_upload_max_bytes
     # (bigger adapters use the presigned S3 flow); versions the engine fetched stay in adapter_cache_dir
     # (None = <data_dir>/cache/adapters) up to adapter_cache_max_bytes; a reference's resolution is
-    # cached for at most adapter_resolution_ttl_s (changes made through this server apply at once).
+    # cached for at most adapter_resolution_ttl_s. Changes made through this server apply at once, those
+    # made through another gateway on the same PostgreSQL as soon as its notification arrives
+    # (milliseconds; db/change_listener.py): the TTL only bounds a change whose notification was lost.
     adapter_upload_max_bytes: int = Field(default=2 * 1024**3, ge=1)
     adapter_cache_dir: Path | None = None
     adapter_cache_max_bytes: int = Field(default=20 * 1024**3, ge=1)

@@ -38,11 +38,13 @@ from loraloom.platform.api.routes import (
 )
 from loraloom.platform.api.schemas.common import ErrorResponse
 from loraloom.platform.db import create_db_engine, create_session_factory
+from loraloom.platform.db.change_listener import ChangeListener, InProcessChangeListener, PostgresChangeListener
 from loraloom.platform.metering.audit import write_audit_entries
 from loraloom.platform.metering.batch_writer import BatchWriter, DroppedRecordsCollector
+from loraloom.platform.metering.change_metrics import ChangeListenerCollector
 from loraloom.platform.metering.engine_metrics import engine_metrics_registry
 from loraloom.platform.metering.usage import write_usage_records
-from loraloom.platform.registry.lookup import AdapterLookup
+from loraloom.platform.registry.lookup import AdapterLookup, RegistryAdapterLookup
 from loraloom.platform.settings import Settings
 from loraloom.platform.training.celery_app import create_celery_app
 from loraloom.platform.training.supervisor import TrainingSupervisor
@@ -71,6 +73,12 @@ async def preload_adapters(engine: AsyncEngine, lookup: AdapterLookup) -> None:
             logger.error("adapter %r (%s) not loaded: %s", adapter.name, adapter.uri, error)
 
 
+def change_listener(lookup: AdapterLookup) -> ChangeListener:
+    """What keeps the lookup's cache honest about changes other gateways make; nothing to run
+    for a lookup without a registry (only the adapters given at start, which never change)."""
+    return lookup.registry.changes if isinstance(lookup, RegistryAdapterLookup) else InProcessChangeListener()
+
+
 def _depends_on(dependant: Dependant, dependency: Any) -> bool:
     return any(sub.call is dependency or _depends_on(sub, dependency) for sub in dependant.dependencies)
 
@@ -96,6 +104,7 @@ def create_app(
     the supervisor of serve's training side, is what /health reports of training."""
     db_engine = create_db_engine(settings.database_url)
     session_factory = create_session_factory(db_engine)
+    changes = change_listener(lookup)
 
     def record_writer(name: str, write: Any) -> BatchWriter[Any]:
         return BatchWriter(
@@ -115,12 +124,14 @@ def create_app(
         writers = (app.state.usage_writer, app.state.audit_writer, app.state.key_use_writer)
         for writer in writers:
             writer.start()
+        changes.start()
         await engine.start()
         try:
             await preload_adapters(engine, lookup)
             yield
         finally:
             await engine.shutdown()  # ends the streams, whose usage rows are submitted as they end
+            await run_in_threadpool(changes.stop)
             for writer in writers:
                 await writer.close()
             db_engine.dispose()
@@ -139,6 +150,8 @@ def create_app(
         lambda: [getattr(app.state, name) for name in ("usage_writer", "audit_writer", "key_use_writer")
                  if hasattr(app.state, name)]  # made at start-up
     ))
+    if isinstance(changes, PostgresChangeListener):
+        app.state.metrics_registry.register(ChangeListenerCollector(changes))
     app.state.created = int(time.time())
     install_error_handlers(app)
     app.add_middleware(AuditMiddleware)

@@ -13,6 +13,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, aliased
 
 from loraloom.platform.db.aliases import delete_alias, set_alias
+from loraloom.platform.db.changes import announce_adapter_change
 from loraloom.platform.db.models import Adapter, AdapterVersion, Alias, AliasHistory, utcnow
 from loraloom.platform.registry.errors import RegistryNotFoundError
 from loraloom.platform.registry.references import LATEST_ALIAS, check_alias_name
@@ -46,6 +47,7 @@ def move_alias(
     version = find_version(session, tenant_id=tenant_id, name=name, number=number)
     row = set_alias(session, adapter=adapter, name=alias, version=version, actor_key_id=actor_key_id)
     adapter.updated_at = utcnow()
+    announce_adapter_change(session, tenant_id=tenant_id, adapter_name=name)
     session.commit()
     return row, ResolvedVersion.of(version, adapter)
 
@@ -55,6 +57,7 @@ def remove_alias(session: Session, *, tenant_id: uuid.UUID, name: str, alias: st
     adapter = find_adapter(session, tenant_id=tenant_id, name=name, lock=True)
     delete_alias(session, alias=_find_alias(session, adapter=adapter, alias=alias), actor_key_id=actor_key_id)
     adapter.updated_at = utcnow()
+    announce_adapter_change(session, tenant_id=tenant_id, adapter_name=name)
     session.commit()
 
 

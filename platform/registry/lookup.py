@@ -3,7 +3,8 @@
 `AdapterLookup` is what the API asks. With a registry configured (what `serve` builds) it is
 `RegistryAdapterLookup`: a fine-tuning checkpoint id, else the caller's registry (references.py
 parses the name, resolution.py answers it through a cache, so the request path does not
-query the database per request; the adapter routes invalidate it on every change), else the
+query the database per request; the adapter routes invalidate it on every change, and the
+change listener on the changes other gateways announce), else the
 server-local adapters given to `serve` (local.py: --adapter, --adapter-dir), which every
 tenant may use.
 
@@ -13,7 +14,7 @@ Checkpoints belong to training, which builds on the registry: the lookup is hand
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
@@ -22,6 +23,7 @@ from sqlalchemy.orm import Session, selectinload, sessionmaker
 
 from loraloom.engine import AdapterHandle, runtime_key
 from loraloom.platform.db import create_db_engine, create_session_factory
+from loraloom.platform.db.change_listener import ChangeListener, InProcessChangeListener, change_listener_for
 from loraloom.platform.db.models import Adapter, AdapterVersion, AdapterVersionStatus, Alias, FineTuningCheckpoint
 from loraloom.platform.registry.catalog import ServableName, tenant_catalog
 from loraloom.platform.registry.errors import AdapterNotFoundError
@@ -80,6 +82,8 @@ class AdapterRegistry:
     upload_limits: UploadLimits
     presigned_expires_s: int
     staging_dir: Path  # uploads are unpacked in folders of their own here
+    # Keeps `resolutions` honest about changes other gateways make; the app's lifespan runs it.
+    changes: ChangeListener = field(default_factory=InProcessChangeListener)
 
 
 class RegistryAdapterLookup:
@@ -186,12 +190,14 @@ def registry_lookup_from_settings(
     server starts, which is when the upload leftovers of killed servers are removed."""
     settings.staging_dir.mkdir(parents=True, exist_ok=True)
     remove_upload_leftovers(settings, store)
+    resolutions = ResolutionCache(capacity=RESOLUTION_CACHE_ENTRIES, ttl_s=settings.adapter_resolution_ttl_s)
     registry = AdapterRegistry(
         session_factory=create_session_factory(create_db_engine(settings.database_url)),
         store=store,
-        resolutions=ResolutionCache(capacity=RESOLUTION_CACHE_ENTRIES, ttl_s=settings.adapter_resolution_ttl_s),
+        resolutions=resolutions,
         upload_limits=UploadLimits(max_total_bytes=settings.adapter_upload_max_bytes),
         presigned_expires_s=settings.presigned_url_expires_s,
         staging_dir=settings.staging_dir,
+        changes=change_listener_for(settings.database_url, resolutions),
     )
     return RegistryAdapterLookup(registry=registry, local=local, find_checkpoint=find_checkpoint)

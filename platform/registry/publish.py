@@ -21,6 +21,7 @@ from sqlalchemy.orm import Session
 
 from loraloom.engine import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE, AdapterSummary, file_sha256
 from loraloom.platform.db.aliases import set_alias
+from loraloom.platform.db.changes import announce_adapter_change
 from loraloom.platform.db.locking import for_update
 from loraloom.platform.db.models import (
     Adapter,
@@ -152,6 +153,7 @@ def register_version(
             session.flush()
             set_alias(session, adapter=adapter, name=LATEST_ALIAS, version=version, actor_key_id=actor_key_id)
             adapter.updated_at = version.created_at
+            announce_adapter_change(session, tenant_id=tenant_id, adapter_name=adapter_name)
             session.commit()
             return Published(version, deduplicated=False)
         except IntegrityError:  # another upload took this number (or created the adapter) first

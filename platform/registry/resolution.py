@@ -3,8 +3,10 @@
 The runtime adapter key of a registry version is its tenant and content digest (files.runtime_key):
 versions of one tenant holding the same bytes share a key, hence a slot; other tenants never do.
 The cache holds answers (found or not) per (tenant, reference); every change to an
-adapter's versions or aliases invalidates that adapter's entries, and a TTL bounds how
-stale an entry can be when another gateway process made the change.
+adapter's versions or aliases invalidates that adapter's entries: at once in the gateway that
+made it, and in the other gateways on the same PostgreSQL database when its notification
+arrives (db/change_listener.py, which suspends the cache while it cannot hear them). A TTL
+bounds how stale an entry can be should a change still go unheard.
 """
 from __future__ import annotations
 
@@ -90,7 +92,8 @@ class _Entry:
 
 class ResolutionCache:
     """A bounded LRU of (tenant, reference text) -> ResolvedVersion | None. Thread-safe:
-    lookups run in the web server's worker threads."""
+    lookups run in the web server's worker threads, notifications arrive on the listener's.
+    It is the change listener's subscriber (db/change_listener.py's ChangeSubscriber)."""
 
     def __init__(self, *, capacity: int, ttl_s: float, clock: Callable[[], float] = time.monotonic) -> None:
         self.capacity = capacity
@@ -101,6 +104,8 @@ class ResolutionCache:
         self._texts: dict[tuple[uuid.UUID, str], set[str]] = {}
         # Bumped by every invalidation: an answer loaded while one happened may be stale, so it is not kept.
         self._generation = 0
+        # False while changes may go unheard (suspend): nothing is kept, so every lookup goes to the database.
+        self._serving = True
         self._lock = threading.Lock()
 
     def get_or_load(
@@ -115,7 +120,7 @@ class ResolutionCache:
             generation = self._generation
         resolved = load()
         with self._lock:
-            if generation == self._generation:
+            if self._serving and generation == self._generation:
                 self._entries[cache_key] = _Entry(resolved, reference.name, expires_at=self.clock() + self.ttl_s)
                 self._entries.move_to_end(cache_key)
                 self._texts.setdefault((tenant_id, reference.name), set()).add(cache_key[1])
@@ -129,6 +134,23 @@ class ResolutionCache:
             self._generation += 1
             for text in self._texts.pop((tenant_id, adapter_name), set()):
                 self._entries.pop((tenant_id, text), None)
+
+    def suspend(self) -> None:
+        """Answer every lookup from the database, keeping nothing, until `reset` (a change could go unheard)."""
+        with self._lock:
+            self._forget_all()
+            self._serving = False
+
+    def reset(self) -> None:
+        """Forget every answer and cache again (changes are heard from now on)."""
+        with self._lock:
+            self._forget_all()
+            self._serving = True
+
+    def _forget_all(self) -> None:
+        self._generation += 1
+        self._entries.clear()
+        self._texts.clear()
 
     def __len__(self) -> int:
         with self._lock:

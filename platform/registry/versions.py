@@ -12,6 +12,7 @@ from sqlalchemy import delete, select
 from sqlalchemy.orm import Session, selectinload
 
 from loraloom.platform.db.aliases import delete_alias, set_alias
+from loraloom.platform.db.changes import announce_adapter_change
 from loraloom.platform.db.locking import for_update
 from loraloom.platform.db.models import (
     Adapter,
@@ -121,6 +122,7 @@ def delete_version(
         else:
             delete_alias(session, alias=alias, actor_key_id=actor_key_id)
     adapter.updated_at = utcnow()
+    announce_adapter_change(session, tenant_id=tenant_id, adapter_name=name)
     session.commit()
     return resolved
 
@@ -159,6 +161,7 @@ def delete_adapter(session: Session, *, tenant_id: uuid.UUID, name: str, force: 
     # One statement, so the database's ON DELETE CASCADE removes versions, aliases and history
     # together (the ORM deleting children one by one would trip alias_history's foreign keys).
     session.execute(delete(Adapter).where(Adapter.id == adapter.id))
+    announce_adapter_change(session, tenant_id=tenant_id, adapter_name=name)
     session.commit()
     session.expunge_all()
     return removed
