@@ -37,7 +37,7 @@ class AdapterChange:
         try:
             fields = json.loads(payload)
             return cls(tenant_id=uuid.UUID(fields["tenant_id"]), adapter_name=str(fields["adapter"]))
-        except (TypeError, KeyError, AttributeError, json.JSONDecodeError) as error:
+        except (TypeError, KeyError, AttributeError, ValueError) as error:  # ValueError: bad JSON or uuid
             raise ValueError(f"not an adapter change notification: {payload[:200]!r}") from error
 
 
