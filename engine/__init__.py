@@ -15,8 +15,9 @@ import importlib
 
 _PUBLIC_NAMES: dict[str, tuple[str, ...]] = {
     "async_engine": ("AsyncEngine",),
+    "client": ("EngineClient",),
     "config": ("EngineConfig", "FP8_ACTIVATION_TERMS", "KV_CACHE_DTYPES", "ModelConfig", "QUANTIZATION_METHODS"),
-    "outputs": ("EngineStats", "RequestFailedError", "RequestOutput", "TokenLogprob"),
+    "outputs": ("AdapterResidency", "EngineStats", "RequestFailedError", "RequestOutput", "TokenLogprob"),
     "request": ("SamplingParams",),
     "structured_output": ("CompiledGrammar",),
     "tokenizer": ("ChatTemplateError", "Tokenizer"),
