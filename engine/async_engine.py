@@ -18,6 +18,7 @@ from pathlib import Path
 
 from loraloom.engine.lora.host_cache import AdapterFetcher, fetch_local_dir
 from loraloom.engine.lora.handle import AdapterHandle
+from loraloom.engine.client import EngineFacts
 from loraloom.engine.config import EngineConfig
 from loraloom.engine.llm_engine import LLMEngine
 from loraloom.engine.outputs import AdapterResidency, EngineStats, RequestFailedError, RequestOutput
@@ -114,6 +115,10 @@ class AsyncEngine:
 
     def stats(self) -> EngineStats:
         return self.engine.stats()
+
+    def facts(self) -> EngineFacts:
+        return EngineFacts(model_name=self.model_name, max_model_len=self.max_model_len,
+                           max_lora_rank=self.max_lora_rank, model_config=self.model_config)
 
     def adapter_residency(self) -> AdapterResidency:
         """Read off the step thread: the slot table and cache change under it, so a read that races a

@@ -10,6 +10,7 @@ engine replicas in other processes. Everything crossing this interface is plain 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from loraloom.engine.config import ModelConfig
@@ -17,6 +18,17 @@ from loraloom.engine.lora.handle import AdapterHandle
 from loraloom.engine.outputs import AdapterResidency, EngineStats, RequestOutput
 from loraloom.engine.request import SamplingParams
 from loraloom.engine.tokenizer import Tokenizer
+
+
+@dataclass(frozen=True)
+class EngineFacts:
+    """An engine's facts that a gateway needs (EngineClient's data members, the tokenizer aside, which a
+    gateway reads from the model directory itself): what a remote engine tells its gateway at start."""
+
+    model_name: str
+    max_model_len: int
+    max_lora_rank: int
+    model_config: ModelConfig
 
 
 class EngineClient(Protocol):

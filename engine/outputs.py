@@ -94,3 +94,14 @@ class AdapterResidency:
     @property
     def resident_keys(self) -> frozenset[str]:
         return self.host_cache_keys | self.slots.keys()
+
+
+class EngineUnavailableError(RuntimeError):
+    """No engine can take or finish the request now (the replica serving it died, or none is up yet).
+    Nothing about the request was wrong: the client should send it again after `retry_after_s`.
+    Raised by remote EngineClients (platform/ray_serve); the API answers 503 with Retry-After."""
+
+    def __init__(self, message: str, retry_after_s: int = 1) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
