@@ -21,6 +21,7 @@ ENGINE_RUNTIME = {"AsyncEngine"}
 GATEWAY_PACKAGES = {"api", "metering"}
 GATEWAY_NAMES = {
     "EngineClient", "AdapterHandle", "AdapterLoadError", "AdapterResidency", "ChatTemplateError", "CompiledGrammar",
+    "EngineUnavailableError",
     "EngineStats", "ModelConfig", "RequestFailedError", "RequestOutput", "SamplingParams", "TokenLogprob",
     "Tokenizer", "ADAPTER_CONFIG_FILE", "ADAPTER_FILES", "ADAPTER_WEIGHTS_FILE",
 }
