@@ -28,6 +28,11 @@ class ReplicaBoard:
     def post(self, status: ReplicaStatus, actor: ray.actor.ActorHandle | None) -> None:
         self._posts[status.replica] = (actor, status)
 
+    def actor_of(self, replica: str) -> ray.actor.ActorHandle | None:
+        """The replica's actor (operators and tests stop one with ray.kill)."""
+        actor, _ = self._posts.get(replica, (None, None))
+        return actor
+
     async def live_posts(self) -> list[ReplicaStatus]:
         """Every replica's latest post, but those of replicas whose actor has died (forgotten here)."""
         alive = []

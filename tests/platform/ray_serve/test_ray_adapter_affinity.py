@@ -124,3 +124,51 @@ def test_each_adapter_is_served_by_one_replica_and_both_replicas_serve(cluster, 
                                            find_checkpoint=find_checkpoint)
     with TestClient(create_app(engine, lookup, settings)) as local:
         assert answers(local.post, cluster.headers) == served
+
+
+def engine_replicas_running() -> int:
+    deployment = serve.status().applications["loraloom"].deployments["LoraloomEngine"]
+    return deployment.replica_states.get("RUNNING", 0)
+
+
+def test_a_replica_killed_during_traffic_gives_clean_503s_and_is_replaced(cluster):
+    """Runs after the test above, on its adapters: the replica holding bot0 is killed while it serves
+    bot0's requests. Each request completes or gets a 503 with Retry-After, none hangs; Ray Serve
+    starts a replacement, and bot0 is served again with the same answer."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from live_api import wait_until
+
+    board = replica_board()
+    holder = next(post for post in ray.get(board.live_posts.remote())
+                  if any(adapter.split("@")[0] == "bot0" for (_, adapter) in post.stats.requests_per_adapter_total))
+    victim = ray.get(board.actor_of.remote(holder.replica))
+    body = {**chat_body("bot0", PROMPTS[0]), "max_tokens": 48}
+    with httpx.Client(base_url=cluster.url, timeout=300) as client:
+        before = client.post("/v1/chat/completions", json=chat_body("bot0", PROMPTS[0]), headers=cluster.headers)
+        assert before.status_code == 200, before.text
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            calls = [pool.submit(client.post, "/v1/chat/completions", json=body, headers=cluster.headers)
+                     for _ in range(4)]
+
+            def serving() -> bool:
+                return any(post.replica == holder.replica and post.stats.num_running > 0
+                           for post in ray.get(board.live_posts.remote()))
+
+            wait_until(serving, "bot0's requests running on their replica", timeout_s=240)
+            ray.kill(victim, no_restart=True)
+            responses = [call.result() for call in calls]
+        assert any(response.status_code == 503 for response in responses), [r.text for r in responses]
+        for response in responses:
+            if response.status_code == 503:
+                error = response.json()["error"]
+                assert error["code"] == "engine_unavailable" and error["type"] == "server_error", error
+                assert int(response.headers["Retry-After"]) >= 1
+            else:
+                assert response.status_code == 200, response.text
+
+        wait_until(lambda: engine_replicas_running() == 2, "the replacement replica", timeout_s=240)
+        again = client.post("/v1/chat/completions", json=chat_body("bot0", PROMPTS[0]), headers=cluster.headers)
+        assert again.status_code == 200, again.text
+        assert again.json()["choices"][0]["message"]["content"] == before.json()["choices"][0]["message"]["content"]
+    assert holder.replica not in {post.replica for post in ray.get(board.live_posts.remote())}
