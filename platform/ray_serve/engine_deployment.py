@@ -10,12 +10,13 @@ shares) into this replica's host cache.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections.abc import AsyncIterator
 
 import ray
 from ray import serve
 
-from loraloom.engine import AdapterHandle, AsyncEngine, RequestOutput
+from loraloom.engine import AdapterHandle, AsyncEngine, EngineFacts, RequestOutput
 from loraloom.platform.ray_serve.options import AppOptions
 from loraloom.platform.ray_serve.replica_board import replica_board
 from loraloom.platform.ray_serve.wire import RemoteGrammar, RemoteRequest, ReplicaStatus
@@ -47,10 +48,11 @@ class EngineDeployment:
         self.replica = serve.get_replica_context().replica_id.unique_id
         self._board = replica_board()
         self._handles: dict[str, AdapterHandle] = {}  # runtime key -> the handle its loader fetches
+        self._posts = itertools.count()
 
     # --- what the remote EngineClient calls ---------------------------------------------------------
 
-    async def facts(self):
+    async def facts(self) -> EngineFacts:
         return self.engine.facts()
 
     async def generate(self, request: RemoteRequest) -> AsyncIterator[RequestOutput]:
@@ -90,7 +92,7 @@ class EngineDeployment:
 
     async def _hold_locally(self, adapter: AdapterHandle) -> None:
         self._handles[adapter.key] = adapter
-        await self._load_adapter(serve.get_multiplexed_model_id() or adapter.key)
+        await self._load_adapter(adapter.key)  # the request's multiplexed model id (wire.multiplexed_model_id)
 
     @serve.multiplexed(max_num_models_per_replica=MAX_ADVERTISED_ADAPTERS)
     async def _load_adapter(self, key: str) -> AdapterHandle:
@@ -102,7 +104,7 @@ class EngineDeployment:
         return handle
 
     def _status(self) -> ReplicaStatus:
-        return ReplicaStatus(replica=self.replica, stats=self.engine.stats(),
+        return ReplicaStatus(replica=self.replica, sequence=next(self._posts), stats=self.engine.stats(),
                              residency=self.engine.adapter_residency())
 
     async def _post_status(self) -> None:

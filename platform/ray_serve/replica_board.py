@@ -26,7 +26,9 @@ class ReplicaBoard:
         self._posts: dict[str, tuple[ray.actor.ActorHandle | None, ReplicaStatus]] = {}
 
     def post(self, status: ReplicaStatus, actor: ray.actor.ActorHandle | None) -> None:
-        self._posts[status.replica] = (actor, status)
+        _, latest = self._posts.get(status.replica, (None, None))
+        if latest is None or latest.sequence < status.sequence:
+            self._posts[status.replica] = (actor, status)
 
     def actor_of(self, replica: str) -> ray.actor.ActorHandle | None:
         """The replica's actor (operators and tests stop one with ray.kill)."""

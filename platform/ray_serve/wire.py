@@ -32,6 +32,7 @@ class ReplicaStatus:
     """One engine replica's own account of itself, as it reports it to the board (replica_board.py)."""
 
     replica: str  # Ray Serve's replica id
+    sequence: int  # counts the replica's posts: two in flight at once may arrive out of order
     stats: EngineStats
     residency: AdapterResidency
 

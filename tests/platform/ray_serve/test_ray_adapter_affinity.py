@@ -16,6 +16,7 @@ import pytest
 from fastapi.testclient import TestClient
 from live_api import bearer, make_key, migrated_settings
 from lora_factory import make_peft_adapter
+from prometheus_client.parser import text_string_to_metric_families
 
 ray = pytest.importorskip("ray")
 from ray import serve  # noqa: E402  (after the skip: Ray is the optional extra `ray`)
@@ -115,6 +116,14 @@ def test_each_adapter_is_served_by_one_replica_and_both_replicas_serve(cluster, 
     for name, replicas in served_by.items():
         assert [count for _, count in replicas] == [REQUESTS_PER_ADAPTER], f"{name}: {replicas}"
     assert {replica for replicas in served_by.values() for replica, _ in replicas} == {post.replica for post in posts}
+    # The gateway's /metrics adds the replicas up.
+    requests_total = {
+        sample.labels["adapter"].split("@")[0]: sample.value
+        for family in text_string_to_metric_families(httpx.get(f"{cluster.url}/metrics", timeout=60).text)
+        for sample in family.samples
+        if sample.name == "loraloom_adapter_requests_total" and sample.labels.get("tenant") == TENANT
+    }
+    assert requests_total == {name: REQUESTS_PER_ADAPTER for name in ADAPTERS}
 
     # The single-process server over the same registry answers the same, token for token.
     settings = cluster.settings
