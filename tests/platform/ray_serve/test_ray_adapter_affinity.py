@@ -9,7 +9,6 @@ import os
 import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import httpx
 import pytest
