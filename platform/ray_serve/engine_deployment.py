@@ -47,7 +47,8 @@ class EngineDeployment:
         self.engine = AsyncEngine.create(options.model_dir(), options.engine_config(), fetcher)
         self.replica = serve.get_replica_context().replica_id.unique_id
         self._board = replica_board()
-        self._handles: dict[str, AdapterHandle] = {}  # runtime key -> the handle its loader fetches
+        # runtime key -> the handle its loader is about to fetch (Ray Serve's loader takes only the id)
+        self._handles: dict[str, AdapterHandle] = {}
         self._posts = itertools.count()
 
     # --- what the remote EngineClient calls ---------------------------------------------------------
@@ -98,7 +99,7 @@ class EngineDeployment:
     async def _load_adapter(self, key: str) -> AdapterHandle:
         """Ray Serve's loader for a model id this replica does not hold yet: fetch and validate the
         adapter into the engine's host cache (raises AdapterLoadError), and tell the board."""
-        handle = self._handles[key]
+        handle = self._handles.pop(key)
         await self.engine.load_adapter(handle)
         await self._post_status()
         return handle
