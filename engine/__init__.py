@@ -15,8 +15,10 @@ import importlib
 
 _PUBLIC_NAMES: dict[str, tuple[str, ...]] = {
     "async_engine": ("AsyncEngine",),
+    "client": ("EngineClient", "EngineFacts"),
     "config": ("EngineConfig", "FP8_ACTIVATION_TERMS", "KV_CACHE_DTYPES", "ModelConfig", "QUANTIZATION_METHODS"),
-    "outputs": ("EngineStats", "RequestFailedError", "RequestOutput", "TokenLogprob"),
+    "outputs": (
+        "AdapterResidency", "EngineStats", "EngineUnavailableError", "RequestFailedError", "RequestOutput", "TokenLogprob"),
     "request": ("SamplingParams",),
     "structured_output": ("CompiledGrammar",),
     "tokenizer": ("ChatTemplateError", "Tokenizer"),

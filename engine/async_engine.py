@@ -18,9 +18,10 @@ from pathlib import Path
 
 from loraloom.engine.lora.host_cache import AdapterFetcher, fetch_local_dir
 from loraloom.engine.lora.handle import AdapterHandle
+from loraloom.engine.client import EngineFacts
 from loraloom.engine.config import EngineConfig
 from loraloom.engine.llm_engine import LLMEngine
-from loraloom.engine.outputs import EngineStats, RequestFailedError, RequestOutput
+from loraloom.engine.outputs import AdapterResidency, EngineStats, RequestFailedError, RequestOutput
 from loraloom.engine.request import SamplingParams
 from loraloom.engine.structured_output import CompiledGrammar
 
@@ -35,6 +36,8 @@ PendingAdd = tuple[str, list[int], SamplingParams, AdapterHandle | None, str]  #
 
 
 class AsyncEngine:
+    """The engine in this process; implements EngineClient (engine/client.py)."""
+
     def __init__(self, engine: LLMEngine) -> None:
         self.engine = engine
         self.tokenizer = engine.tokenizer
@@ -42,6 +45,7 @@ class AsyncEngine:
         self.config = engine.config
         self.model_name = engine.model_dir.name
         self.max_model_len = engine.max_model_len
+        self.max_lora_rank = engine.config.max_lora_rank
         # Adapter fetches may be slow (object storage); they must not hold up the step thread.
         self._fetch_threads = ThreadPoolExecutor(max_workers=2, thread_name_prefix="loraloom-fetch")
         self._grammar_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="loraloom-grammar")
@@ -111,6 +115,29 @@ class AsyncEngine:
 
     def stats(self) -> EngineStats:
         return self.engine.stats()
+
+    def facts(self) -> EngineFacts:
+        return EngineFacts(model_name=self.model_name, max_model_len=self.max_model_len,
+                           max_lora_rank=self.max_lora_rank, model_config=self.model_config)
+
+    def adapter_residency(self) -> AdapterResidency:
+        """Read off the step thread: the slot table and cache change under it, so a read that races a
+        change ("dictionary changed size during iteration") is retried."""
+        core = self.engine
+        cache = core.adapter_cache
+
+        def read() -> AdapterResidency:
+            return AdapterResidency(
+                slots={key: core.slot_table.lookup(key) for key in core.slot_table.resident_keys()},
+                host_cache_keys=frozenset(cache.keys()), host_cache_hits=cache.hits, host_cache_misses=cache.misses,
+            )
+
+        for _ in range(10):
+            try:
+                return read()
+            except RuntimeError:
+                continue
+        return read()
 
     async def generate(
         self,

@@ -79,3 +79,29 @@ class EngineStats:
     waiting_per_adapter: dict[tuple[str, str], int]
     # Bounded: past MAX_ADAPTER_SERIES pairs, new ones count under OVERFLOW_LABELS.
     requests_per_adapter_total: dict[tuple[str, str], int]
+
+
+@dataclass(frozen=True)
+class AdapterResidency:
+    """Where an engine holds adapters now, by runtime key: in a GPU slot (and the host cache), or in
+    the host cache only; plus the host cache's lookup counts since the engine started."""
+
+    slots: dict[str, int]  # runtime key -> GPU slot index
+    host_cache_keys: frozenset[str]
+    host_cache_hits: int
+    host_cache_misses: int
+
+    @property
+    def resident_keys(self) -> frozenset[str]:
+        return self.host_cache_keys | self.slots.keys()
+
+
+class EngineUnavailableError(RuntimeError):
+    """No engine can take or finish the request now (the replica serving it died, or none is up yet).
+    Nothing about the request was wrong: the client should send it again after `retry_after_s`.
+    Raised by remote EngineClients (platform/ray_serve); the API answers 503 with Retry-After."""
+
+    def __init__(self, message: str, retry_after_s: int = 1) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+

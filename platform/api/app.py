@@ -1,4 +1,4 @@
-"""create_app: the OpenAI-compatible HTTP API over one AsyncEngine, with its control-plane database."""
+"""create_app: the OpenAI-compatible HTTP API over one EngineClient, with its control-plane database."""
 from __future__ import annotations
 
 import functools
@@ -14,7 +14,7 @@ from fastapi.routing import iter_route_contexts
 from fastapi_offline import FastAPIOffline
 from starlette.concurrency import run_in_threadpool
 
-from loraloom.engine import AdapterLoadError, AsyncEngine
+from loraloom.engine import AdapterLoadError, EngineClient
 from loraloom.platform.accounts.keys import write_key_uses
 from loraloom.platform.api.console import install_console
 from loraloom.platform.api.deps import authenticate, refuse_lone_surrogates
@@ -62,7 +62,7 @@ API_PREFIX = "/v1/"
 MAX_PENDING_BATCHES = 200
 
 
-async def preload_adapters(engine: AsyncEngine, lookup: AdapterLookup) -> None:
+async def preload_adapters(engine: EngineClient, lookup: AdapterLookup) -> None:
     """Load every adapter the lookup lists into the engine's host cache. One that
     fails is logged with the loader's message and skipped; requests naming it
     get that message as a 400."""
@@ -97,7 +97,7 @@ def check_api_routes_authenticated(app: FastAPI) -> None:
 
 
 def create_app(
-    engine: AsyncEngine, lookup: AdapterLookup, settings: Settings, *, training: TrainingSupervisor | None = None
+    engine: EngineClient, lookup: AdapterLookup, settings: Settings, *, training: TrainingSupervisor | None = None
 ) -> FastAPI:
     """The app serving `engine`; tenants, keys, usage and audit live in `settings.database_url`,
     which must already be migrated (`loraloom db upgrade`; `loraloom serve` does it). `training`,

@@ -19,7 +19,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
-from loraloom.engine import AsyncEngine
+from loraloom.engine import EngineClient
 from loraloom.platform.accounts.keys import ROLES, Caller, KeyUse, is_operator_key
 from loraloom.platform.api.auth import (
     LAST_USED_RESOLUTION,
@@ -39,7 +39,7 @@ from loraloom.platform.settings import Settings
 from loraloom.platform.training.celery_app import send_run_job
 
 
-def get_engine(request: Request) -> AsyncEngine:
+def get_engine(request: Request) -> EngineClient:
     return request.app.state.engine
 
 
@@ -62,7 +62,7 @@ def get_session(session_factory: Annotated[sessionmaker[Session], Depends(get_se
         yield session
 
 
-EngineDep = Annotated[AsyncEngine, Depends(get_engine)]
+EngineDep = Annotated[EngineClient, Depends(get_engine)]
 LookupDep = Annotated[AdapterLookup, Depends(get_lookup)]
 SessionFactoryDep = Annotated[sessionmaker[Session], Depends(get_session_factory)]
 SessionDep = Annotated[Session, Depends(get_session)]

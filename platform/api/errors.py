@@ -18,7 +18,7 @@ from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Message, Receive, Scope, Send
 
-from loraloom.engine import RequestFailedError
+from loraloom.engine import EngineUnavailableError, RequestFailedError
 from loraloom.platform.accounts.tenants import TenantExistsError, TenantNotFoundError
 from loraloom.platform.api.asgi import HttpMiddleware
 from loraloom.platform.api.schemas.common import ErrorDetail, ErrorResponse
@@ -143,6 +143,10 @@ DOMAIN_ERRORS: dict[type[Exception], Callable[[Any], APIError]] = {
     TenantExistsError: lambda error: APIError(409, str(error), param="name", code="tenant_exists"),
     TenantNotFoundError: lambda error: APIError(404, str(error), param="tenant", code="tenant_not_found"),
     RequestFailedError: lambda error: APIError(500, str(error), error_type=SERVER_ERROR, code="generation_failed"),
+    EngineUnavailableError: lambda error: APIError(
+        503, str(error), error_type=SERVER_ERROR, code="engine_unavailable",
+        headers={"Retry-After": str(error.retry_after_s)},
+    ),
 }
 _DOMAIN_ERROR_TYPES = tuple(DOMAIN_ERRORS)
 
@@ -193,7 +197,8 @@ def api_error_for(error: Exception) -> APIError:
 
 
 async def _domain_error_handler(request: Request, error: Exception) -> JSONResponse:
-    return error_response(api_error_for(error))
+    api_error = api_error_for(error)
+    return error_response(api_error, headers=api_error.headers)
 
 
 def internal_error() -> APIError:

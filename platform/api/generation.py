@@ -18,8 +18,8 @@ from starlette.concurrency import run_in_threadpool
 
 from loraloom.engine import (
     AdapterLoadError,
-    AsyncEngine,
     CompiledGrammar,
+    EngineClient,
     RequestOutput,
     SamplingParams,
     TokenLogprob,
@@ -86,7 +86,7 @@ def default_max_tokens(num_prompt_tokens: int, max_model_len: int) -> int:
     return max(1, min(DEFAULT_MAX_TOKENS, max_model_len - num_prompt_tokens))
 
 
-async def compile_grammar(engine: AsyncEngine, body: GenerationRequest) -> CompiledGrammar | None:
+async def compile_grammar(engine: EngineClient, body: GenerationRequest) -> CompiledGrammar | None:
     """The grammar a JSON response_format asks for (None for text), compiled by the engine off its step
     thread, before the request is queued; a schema it cannot serve is a 400 naming response_format."""
     if not body.wants_json:
@@ -133,7 +133,7 @@ def choice_request_id(request_id: str, index: int) -> str:
 
 
 async def open_generation(
-    engine: AsyncEngine,
+    engine: EngineClient,
     *,
     request_id: str,
     prompt_token_ids: list[int],
@@ -310,7 +310,7 @@ class ResponseHead:
 
 async def respond(
     request: Request,
-    engine: AsyncEngine,
+    engine: EngineClient,
     body: GenerationRequest,
     *,
     id_prefix: str,

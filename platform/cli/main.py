@@ -8,6 +8,7 @@ from collections.abc import Sequence
 from loraloom.platform.cli import adapters, keys, training
 from loraloom.platform.cli.http_client import run_command
 from loraloom.platform.cli.options import ROLE_CHOICES, load_settings
+from loraloom.platform.cli.ray_command import add_ray_command, run_ray_command
 from loraloom.platform.cli.serve import add_serve_command, add_worker_command, run_worker_command, serve
 
 HTTP_COMMANDS = {**keys.COMMANDS, **adapters.COMMANDS, **training.COMMANDS}
@@ -31,6 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
     db_commands.add_parser("upgrade", help="apply the migrations (serve also does this on start)")
 
     add_worker_command(commands)
+    add_ray_command(commands)
 
     admin = commands.add_parser("admin", help="administer the database directly, without a server")
     admin_commands = admin.add_subparsers(dest="admin_command", required=True)
@@ -56,6 +58,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         serve(args)
     elif args.command == "worker":
         run_worker_command(args)
+    elif args.command == "ray":
+        run_ray_command(args)
     elif args.command == "model":
         from loraloom.engine import import_bundled  # imported here: it needs torch
 

@@ -24,7 +24,9 @@ ALLOWED: dict[str, set[str]] = {
     "metering": {"accounts", "db"},
     "training": {"registry", "db", "storage", "settings", "json_input"},
     "api": {"accounts", "registry", "metering", "training", "db", "storage", "settings", "json_input"},
-    "cli": {"api", "accounts", "registry", "training", "db", "storage", "settings", "log_format"},
+    # Ray Serve's deployments put the api and the services together, as `serve` does in one process.
+    "ray_serve": {"api", "registry", "training", "storage", "settings"},
+    "cli": {"api", "accounts", "registry", "training", "db", "storage", "settings", "log_format", "ray_serve"},
 }
 
 

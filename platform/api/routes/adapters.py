@@ -14,7 +14,7 @@ from typing import Annotated
 from fastapi import APIRouter, BackgroundTasks, File, Form, Query, Response, UploadFile
 from sqlalchemy.orm import Session
 
-from loraloom.engine import AdapterLoadError, AsyncEngine
+from loraloom.engine import AdapterLoadError, EngineClient
 from loraloom.platform.api.deps import CallerDep, DeveloperDep, EngineDep, RegistryLookupDep, SessionDep
 from loraloom.platform.api.errors import FieldErrorRoute
 from loraloom.platform.api.schemas.adapters import (
@@ -69,8 +69,8 @@ router = APIRouter(
 )
 
 
-def served_base(engine: AsyncEngine) -> ServedBase:
-    return ServedBase(name=engine.model_name, config=engine.model_config, max_lora_rank=engine.config.max_lora_rank)
+def served_base(engine: EngineClient) -> ServedBase:
+    return ServedBase(name=engine.model_name, config=engine.model_config, max_lora_rank=engine.max_lora_rank)
 
 
 # ------------------------------------------------------------------ helpers
@@ -91,7 +91,7 @@ def _published_object(session: Session, published: Published, adapter_name: str,
     return answer
 
 
-async def _prefetch(engine: AsyncEngine, lookup: RegistryAdapterLookup, version: ResolvedVersion) -> None:
+async def _prefetch(engine: EngineClient, lookup: RegistryAdapterLookup, version: ResolvedVersion) -> None:
     """Load a just-promoted version into the host cache, so its first request does not wait for storage."""
     try:
         await engine.load_adapter(version.handle(lookup.registry.store))
@@ -100,7 +100,7 @@ async def _prefetch(engine: AsyncEngine, lookup: RegistryAdapterLookup, version:
 
 
 def _forget(
-    session: Session, engine: AsyncEngine, lookup: RegistryAdapterLookup, versions: list[ResolvedVersion]
+    session: Session, engine: EngineClient, lookup: RegistryAdapterLookup, versions: list[ResolvedVersion]
 ) -> None:
     """After deleted versions are committed: unload them from the engine, then delete their blobs."""
     for version in versions:

@@ -13,7 +13,7 @@ from fastapi import APIRouter
 from pydantic import BaseModel, Field
 from sqlalchemy.orm import Session
 
-from loraloom.engine import AsyncEngine
+from loraloom.engine import AdapterResidency
 from loraloom.platform.api.deps import CallerDep, EngineDep, SessionDep
 from loraloom.platform.api.errors import ERROR_RESPONSES
 from loraloom.platform.registry.residency import names_by_runtime_key
@@ -48,26 +48,13 @@ class EngineStatus(BaseModel):
     adapters: list[ResidentAdapter] = Field(description="The caller's tenant's adapters resident now.")
 
 
-def _snapshot(read):
-    """Read engine structures the step thread changes: retry the rare read that races a change."""
-    for _ in range(10):
-        try:
-            return read()
-        except RuntimeError:  # "dictionary changed size during iteration"
-            continue
-    return read()
-
-
-def resident_adapters(engine: AsyncEngine, session: Session, tenant_id: uuid.UUID) -> list[ResidentAdapter]:
+def resident_adapters(residency: AdapterResidency, session: Session, tenant_id: uuid.UUID) -> list[ResidentAdapter]:
     """The tenant's versions and checkpoints whose weights are resident; names holding the same
     bytes share a key (and so a slot), and each is listed."""
-    core = engine.engine
-    slots = _snapshot(lambda: {key: core.slot_table.lookup(key) for key in core.slot_table.resident_keys()})
-    keys = set(core.adapter_cache.keys()) | set(slots)
     names = names_by_runtime_key(session, tenant_id)  # only this tenant's keys: others' never match
     found = []
-    for key in sorted(keys & names.keys()):
-        slot = slots.get(key)
+    for key in sorted(residency.resident_keys & names.keys()):
+        slot = residency.slots.get(key)
         for known in names[key]:
             found.append(ResidentAdapter(
                 adapter=known.adapter, version=known.version, reference=known.reference,
@@ -79,7 +66,7 @@ def resident_adapters(engine: AsyncEngine, session: Session, tenant_id: uuid.UUI
 @router.get("/v1/engine/status", response_model=EngineStatus)
 def get_engine_status(caller: CallerDep, engine: EngineDep, session: SessionDep) -> EngineStatus:
     stats = engine.stats()
-    cache = engine.engine.adapter_cache
+    residency = engine.adapter_residency()
     return EngineStatus(
         model=engine.model_name,
         num_running=stats.num_running, num_waiting=stats.num_waiting,
@@ -88,6 +75,7 @@ def get_engine_status(caller: CallerDep, engine: EngineDep, session: SessionDep)
         adapter_slots_used=stats.adapter_slots_used, adapter_slots_total=stats.adapter_slots_total,
         prompt_tokens_total=stats.prompt_tokens_total, generation_tokens_total=stats.generation_tokens_total,
         preemptions_total=stats.preemptions_total,
-        host_cache_hits=cache.hits, host_cache_misses=cache.misses, host_cache_adapters=len(cache.keys()),
-        adapters=resident_adapters(engine, session, caller.tenant_id),
+        host_cache_hits=residency.host_cache_hits, host_cache_misses=residency.host_cache_misses,
+        host_cache_adapters=len(residency.host_cache_keys),
+        adapters=resident_adapters(residency, session, caller.tenant_id),
     )

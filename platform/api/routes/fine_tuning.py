@@ -53,7 +53,7 @@ def post_job(
     send: JobSenderDep,
 ) -> JobObject:
     served = ServedModel(
-        name=engine.model_name, max_lora_rank=engine.config.max_lora_rank,
+        name=engine.model_name, max_lora_rank=engine.max_lora_rank,
         reserved_names=ALWAYS_BASE_NAMES | {engine.model_name},
     )
     job = create_job(

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.concurrency import run_in_threadpool
 
 router = APIRouter(tags=["operations"])
 
@@ -20,4 +21,6 @@ async def health(request: Request) -> dict[str, object]:
 
 @router.get("/metrics", response_class=Response, responses={200: {"content": {CONTENT_TYPE_LATEST: {}}}})
 async def metrics(request: Request) -> Response:
-    return Response(generate_latest(request.app.state.metrics_registry), media_type=CONTENT_TYPE_LATEST)
+    # In a worker thread: a remote engine's stats are a call to another process (ray_serve/remote_client.py).
+    text = await run_in_threadpool(generate_latest, request.app.state.metrics_registry)
+    return Response(text, media_type=CONTENT_TYPE_LATEST)

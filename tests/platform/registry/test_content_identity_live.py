@@ -134,3 +134,18 @@ def test_usage_and_metrics_name_adapters_per_tenant(live, peft_adapter, other_pe
     assert samples[(requests, (("adapter", "moo@1"), ("tenant", "globex")))] == 1  # a series of its own
     assert all(dict(labels).keys() == {"tenant", "adapter"}
                for name, labels in samples if name.startswith("loraloom_adapter_requests"))
+
+
+def test_engine_status_lists_the_callers_resident_adapters_only(live, peft_adapter):
+    assert live.push(live.acme, "stat", peft_adapter).status_code == 201
+    live.chat(live.acme, "stat")
+    status = live.client.get("/v1/engine/status", headers=live.acme)
+    assert status.status_code == 200, status.text
+    body = status.json()
+    stat = [resident for resident in body["adapters"] if resident["adapter"] == "stat"]
+    assert [(r["reference"], r["location"]) for r in stat] == [("stat@1", "gpu")]
+    assert stat[0]["slot"] is not None
+    assert body["host_cache_adapters"] >= 1 and body["adapter_slots_used"] >= 1
+    # globex pushed nothing named stat, and acme's adapters are never listed to it.
+    theirs = live.client.get("/v1/engine/status", headers=live.globex).json()["adapters"]
+    assert all(resident["adapter"] != "stat" for resident in theirs)

@@ -1,0 +1,75 @@
+"""EngineClient: the one interface between the gateway and an engine.
+
+The gateway (loraloom.platform) holds an EngineClient and nothing else of a running engine: it
+tokenizes with the client's tokenizer, hands it requests whose adapter is already resolved and
+authorized (an AdapterHandle), streams their outputs, and reads its stats. Two implementations:
+AsyncEngine, the engine in this process, and the Ray Serve client (platform/ray_serve), a set of
+engine replicas in other processes. Everything crossing this interface is plain data
+(engine/outputs.py, engine/request.py, engine/lora/handle.py), so it crosses a process boundary as is.
+"""
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from loraloom.engine.config import ModelConfig
+from loraloom.engine.lora.handle import AdapterHandle
+from loraloom.engine.outputs import AdapterResidency, EngineStats, RequestOutput
+from loraloom.engine.request import SamplingParams
+from loraloom.engine.tokenizer import Tokenizer
+
+
+@dataclass(frozen=True)
+class EngineFacts:
+    """An engine's facts that a gateway needs (EngineClient's data members, the tokenizer aside, which a
+    gateway reads from the model directory itself): what a remote engine tells its gateway at start."""
+
+    model_name: str
+    max_model_len: int
+    max_lora_rank: int
+    model_config: ModelConfig
+
+
+class EngineClient(Protocol):
+    # Facts of the served base that the gateway needs (names, limits, upload checks, tokenizing).
+    model_name: str
+    max_model_len: int
+    max_lora_rank: int
+    model_config: ModelConfig
+    tokenizer: Tokenizer
+
+    async def start(self) -> None:
+        """Start serving (the app's start-up calls it once)."""
+
+    async def shutdown(self) -> None:
+        """Stop: open streams end; the app's shutdown calls it once."""
+
+    def generate(
+        self,
+        *,
+        request_id: str,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        adapter: AdapterHandle | None,
+        tenant: str = "",
+    ) -> AsyncIterator[RequestOutput]:
+        """Stream a request's outputs; errors in the request surface at the first iteration (ValueError
+        naming the field, AdapterLoadError, RequestFailedError). Closing the stream before its last
+        output (aclose, or cancelling the task that iterates it) aborts the request: that is the abort."""
+
+    async def compile_grammar(self, schema: dict | None) -> Any:
+        """A JSON schema's grammar (None: any JSON object), for SamplingParams.grammar of a request sent
+        to this same client. Raises ValueError naming response_format."""
+
+    async def load_adapter(self, adapter: AdapterHandle) -> None:
+        """Fetch and validate the adapter ahead of its first request; raises AdapterLoadError."""
+
+    def unload_adapter(self, key: str) -> None:
+        """Forget an adapter's copies (its version was deleted). Thread-safe."""
+
+    def stats(self) -> EngineStats:
+        """Load and counters now (summed over replicas for a replica set). Thread-safe."""
+
+    def adapter_residency(self) -> AdapterResidency:
+        """Which adapters are resident now, by runtime key. Thread-safe."""

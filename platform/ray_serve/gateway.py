@@ -1,0 +1,38 @@
+"""The gateway ingress deployment: the whole HTTP API (create_app) over the engine deployment, through
+RayEngineClient. Its control plane is what the LORALOOM_* settings name (PostgreSQL, S3-compatible
+storage, a Redis or RabbitMQ broker for training workers started elsewhere); the database must be
+migrated first (`loraloom ray` does it, or `loraloom db upgrade`)."""
+from __future__ import annotations
+
+from fastapi import FastAPI
+from ray import serve
+from ray.serve.handle import DeploymentHandle
+
+from loraloom.platform.api.app import create_app
+from loraloom.platform.ray_serve.options import AppOptions
+from loraloom.platform.ray_serve.remote_client import RayEngineClient
+from loraloom.platform.registry.local import LocalAdapterLookup
+from loraloom.platform.registry.lookup import registry_lookup_from_settings
+from loraloom.platform.settings import Settings
+from loraloom.platform.storage import storage_from_settings
+from loraloom.platform.training.jobs import find_checkpoint
+
+GATEWAY_DEPLOYMENT = "LoraloomGateway"
+
+
+@serve.deployment(name=GATEWAY_DEPLOYMENT)
+@serve.ingress()
+class GatewayDeployment:
+    def __init__(self, engine: DeploymentHandle, args: dict) -> None:
+        self._engine = engine
+        self._options = AppOptions.from_args(args)
+
+    async def __serve_build_asgi_app__(self) -> FastAPI:
+        """Built once the engine deployment answers: the app's facts (model name, limits) are its own."""
+        settings = Settings()  # LORALOOM_* from the replica's environment (the config's runtime_env)
+        facts = await self._engine.facts.remote()
+        engine = RayEngineClient(self._engine, facts, self._options.model_dir())
+        store = storage_from_settings(settings)
+        local = LocalAdapterLookup(base_names={engine.model_name}, adapters={}, adapter_dir=None)
+        lookup = registry_lookup_from_settings(settings, store, local, find_checkpoint=find_checkpoint)
+        return create_app(engine, lookup, settings)
