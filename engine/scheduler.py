@@ -84,6 +84,11 @@ def _count_by_adapter(requests: list[Request]) -> dict[tuple[str, str], int]:
     return dict(Counter(r.metrics_labels for r in requests))
 
 
+def _adapter_names(requests: list[Request]) -> list[str]:
+    """The distinct adapter names of `requests`, in their order; the base model's requests left out."""
+    return list(dict.fromkeys(r.adapter.name for r in requests if r.adapter is not None))
+
+
 class Scheduler:
     def __init__(self, config: EngineConfig, block_manager: BlockManager, slot_table: AdapterSlotTable) -> None:
         if config.max_num_batched_tokens < 1:
@@ -117,6 +122,13 @@ class Scheduler:
 
     def waiting_adapter_counts(self) -> dict[tuple[str, str], int]:
         return _count_by_adapter(self._waiting)
+
+    def running_adapter_names(self) -> list[str]:
+        return _adapter_names(self._running)
+
+    def waiting_adapter_names(self) -> list[str]:
+        """Oldest request first: the adapters that will be loaded next come first."""
+        return _adapter_names(self._waiting)
 
     def add_request(self, request: Request) -> None:
         if request.request_id in self._requests:
