@@ -37,7 +37,7 @@ from loraloom.engine.model.llama import LlamaModel
 from loraloom.engine.model_runner import ModelRunner, StepTimings
 from loraloom.engine.outputs import (MAX_ADAPTER_SERIES, MAX_LISTED_WAITING_ADAPTERS, OVERFLOW_LABELS, EngineStats,
                                      RequestOutput, TokenLogprob)
-from loraloom.engine.request import Request, RequestStatus, SamplingParams
+from loraloom.engine.request import BASE_ADAPTER_LABEL, Request, RequestStatus, SamplingParams
 from loraloom.engine.request_latency import RequestLatencies
 from loraloom.engine.sampler import make_generator
 from loraloom.engine.scheduler import Scheduler
@@ -415,6 +415,8 @@ class LLMEngine:
     def stats(self) -> EngineStats:
         """A reading of the engine's state and counters; any thread may take one (a scrape does)."""
         cache, slots, latencies = self.adapter_cache, self.slot_table, self.latencies
+        # One reading of each queue: the LoRA info lists and the per-adapter counts agree.
+        running, waiting = self.scheduler.running_adapter_counts(), self.scheduler.waiting_adapter_counts()
         return EngineStats(
             num_running=self.scheduler.num_running,
             num_waiting=self.scheduler.num_waiting,
@@ -426,12 +428,12 @@ class LLMEngine:
             prompt_tokens_total=self.prompt_tokens_total,
             generation_tokens_total=self.generation_tokens_total,
             preemptions_total=self.preemptions_total,
-            running_per_adapter=self.scheduler.running_adapter_counts(),
-            waiting_per_adapter=self.scheduler.waiting_adapter_counts(),
+            running_per_adapter=running,
+            waiting_per_adapter=waiting,
             requests_per_adapter_total=dict(self.requests_per_adapter),
             block_size=self.config.block_size,
-            running_lora_adapters=self.scheduler.running_adapter_names(),
-            waiting_lora_adapters=self.scheduler.waiting_adapter_names()[:MAX_LISTED_WAITING_ADAPTERS],
+            running_lora_adapters=_adapter_names(running),
+            waiting_lora_adapters=_adapter_names(waiting)[:MAX_LISTED_WAITING_ADAPTERS],
             host_cache_adapters=len(cache.keys()),
             host_cache_bytes=cache.nbytes,
             host_cache_capacity=cache.capacity,
@@ -444,3 +446,9 @@ class LLMEngine:
             inter_token_latency=latencies.inter_token_latency.snapshot(),
             e2e_request_latency=latencies.e2e_request_latency.snapshot(),
         )
+
+
+def _adapter_names(counts: dict[tuple[str, str], int]) -> list[str]:
+    """The adapter names of per-(tenant, adapter) request counts, each once, in the counts' order (oldest
+    request first); the base model left out. Tenants' same-named adapters become one name."""
+    return list(dict.fromkeys(name for _, name in counts if name != BASE_ADAPTER_LABEL))

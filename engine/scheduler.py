@@ -84,11 +84,6 @@ def _count_by_adapter(requests: list[Request]) -> dict[tuple[str, str], int]:
     return dict(Counter(r.metrics_labels for r in requests))
 
 
-def _adapter_names(requests: list[Request]) -> list[str]:
-    """The distinct adapter names of `requests`, in their order; the base model's requests left out."""
-    return list(dict.fromkeys(r.adapter.name for r in requests if r.adapter is not None))
-
-
 class Scheduler:
     def __init__(self, config: EngineConfig, block_manager: BlockManager, slot_table: AdapterSlotTable) -> None:
         if config.max_num_batched_tokens < 1:
@@ -118,18 +113,11 @@ class Scheduler:
         return bool(self._requests)
 
     def running_adapter_counts(self) -> dict[tuple[str, str], int]:
+        """(tenant, adapter name) -> requests, in the order of their oldest request (as the waiting counts)."""
         return _count_by_adapter(self._running)
 
     def waiting_adapter_counts(self) -> dict[tuple[str, str], int]:
         return _count_by_adapter(self._waiting)
-
-    def running_adapter_names(self) -> list[str]:
-        return _adapter_names(self._running)
-
-    def waiting_adapter_names(self) -> list[str]:
-        """Oldest request first: the adapters that will be loaded next come first."""
-        return _adapter_names(self._waiting)
-
     def add_request(self, request: Request) -> None:
         if request.request_id in self._requests:
             raise ValueError(f"request_id: {request.request_id!r} is already scheduled; use a unique id")
