@@ -5,7 +5,9 @@ KServe) schedule by the model-server protocol's metrics, which this module expos
 types and meanings under our own names (EPP_METRIC_FLAGS maps the picker's flags to them;
 docs/KUBERNETES.md): requests waiting and running, KV-cache usage as a fraction, the LoRA info
 gauge, the cache config; and, as vLLM, time-to-first-token, inter-token and end-to-end latency
-histograms and preemptions. Operators get adapter residency besides: GPU slots and the host cache.
+histograms and preemptions. Operators get adapter residency besides: GPU slots and the host cache,
+as totals; which adapter sits where is per tenant and unbounded in number, so it is no label here:
+each tenant reads its own in GET /v1/engine/status.
 
 The LoRA info gauge (`loraloom_lora_requests_info`) is one series whose value is the scrape's Unix
 time (the picker keeps the series with the latest value) and whose labels are vLLM's: `max_lora`
