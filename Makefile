@@ -49,7 +49,7 @@ run: setup
 # One pytest process per folder: each gives its memory back when it ends (the whole suite in one
 # process grew past this machine's 24 GiB and was killed), and a failing folder still lets the others
 # run; the target fails if any folder did. Exit status 5 is pytest's "nothing collected" (all slow).
-TEST_GROUPS = tests/benchmarks tests/engine tests/kernels $(sort $(wildcard tests/platform/*/)) \
+TEST_GROUPS = tests/benchmarks tests/deploy tests/engine tests/kernels $(sort $(wildcard tests/platform/*/)) \
 	tests/platform/test_*.py tests/web
 PYTEST_GROUPS = status=0; for group in $(TEST_GROUPS); do \
 	  echo "== $$group"; $(PY) -m pytest -q $(1) $$group; code=$$?; \

@@ -20,6 +20,7 @@ _PUBLIC_NAMES: dict[str, tuple[str, ...]] = {
     "outputs": (
         "AdapterResidency", "EngineStats", "EngineUnavailableError", "RequestFailedError", "RequestOutput", "TokenLogprob"),
     "request": ("SamplingParams",),
+    "request_latency": ("HistogramSnapshot", "merge_histograms"),
     "structured_output": ("CompiledGrammar",),
     "tokenizer": ("ChatTemplateError", "Tokenizer"),
     "model.bundled": ("import_bundled",),

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import threading
+import time
 from collections.abc import AsyncIterator, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -32,7 +33,8 @@ GRAMMAR_COMPILE_TIMEOUT_S = 10.0
 
 logger = logging.getLogger(__name__)
 
-PendingAdd = tuple[str, list[int], SamplingParams, AdapterHandle | None, str]  # ..., adapter, tenant
+# (request id, prompt, params, adapter, tenant, arrival time: time.monotonic() when generate() was called)
+PendingAdd = tuple[str, list[int], SamplingParams, AdapterHandle | None, str, float]
 
 
 class AsyncEngine:
@@ -150,6 +152,7 @@ class AsyncEngine:
     ) -> AsyncIterator[RequestOutput]:
         """Stream a request's outputs. Errors in the request surface at the first iteration.
         `tenant` labels the request in the stats (Request.tenant); it grants nothing."""
+        arrival_time = time.monotonic()  # latency metrics count the adapter fetch and the queue too
         if request_id in self._streams:
             raise ValueError(f"request_id: {request_id!r} is already running")
         self.engine.validate_request(prompt_token_ids, params)
@@ -157,7 +160,7 @@ class AsyncEngine:
             await self._hold_adapter(adapter)  # no await from here to _submit: the hold reaches the request
         queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
         self._streams[request_id] = queue
-        self._submit(adds=[(request_id, list(prompt_token_ids), params, adapter, tenant)])
+        self._submit(adds=[(request_id, list(prompt_token_ids), params, adapter, tenant, arrival_time)])
         finished = False
         try:
             while not finished:
@@ -219,13 +222,14 @@ class AsyncEngine:
         failures: list[tuple[str, Exception]] = []
         for request_id in aborts:
             self.engine.abort_request(request_id)
-        for request_id, prompt, params, adapter, tenant in adds:
+        for request_id, prompt, params, adapter, tenant, arrival_time in adds:
             if request_id in aborts:  # gone before admission: give back the hold generate() took
                 if adapter is not None:
                     self.engine.release_adapter(adapter.key)
                 continue
             try:
-                self.engine.admit_request(request_id, prompt, params, adapter, tenant, adapter_held=True)
+                self.engine.admit_request(request_id, prompt, params, adapter, tenant, adapter_held=True,
+                                          arrival_time=arrival_time)
             except Exception as exc:  # validated before queueing; a late failure reaches only its stream
                 failures.append((request_id, exc))
         outputs = self.engine.step() if self.engine.has_unfinished() else []

@@ -24,6 +24,7 @@ import torch
 from loraloom.engine.lora.host_cache import AdapterFetcher, HostAdapterCache, fetch_local_dir
 from loraloom.engine.lora.slots import AdapterSlotTable
 from loraloom.engine.lora.handle import AdapterHandle
+from loraloom.engine.lora.files import runtime_key_scope
 from loraloom.engine.config import EngineConfig
 from loraloom.engine.detokenizer import DeferredDetokenizer, IncrementalDetokenizer
 from loraloom.engine.model.fp8 import quantize_model_fp8
@@ -34,8 +35,10 @@ from loraloom.engine.lora.layers import LoRASlotPool, attach_lora
 from loraloom.engine.memory import plan_memory
 from loraloom.engine.model.llama import LlamaModel
 from loraloom.engine.model_runner import ModelRunner, StepTimings
-from loraloom.engine.outputs import MAX_ADAPTER_SERIES, OVERFLOW_LABELS, EngineStats, RequestOutput, TokenLogprob
-from loraloom.engine.request import Request, RequestStatus, SamplingParams
+from loraloom.engine.outputs import (MAX_ADAPTER_SERIES, MAX_LISTED_WAITING_ADAPTERS, OVERFLOW_LABELS, EngineStats,
+                                     RequestOutput, TokenLogprob)
+from loraloom.engine.request import BASE_ADAPTER_LABEL, Request, RequestStatus, SamplingParams
+from loraloom.engine.request_latency import RequestLatencies
 from loraloom.engine.sampler import make_generator
 from loraloom.engine.scheduler import Scheduler
 from loraloom.engine.stop import StopStringMatcher, TokenStops
@@ -60,7 +63,8 @@ class _Tracked:
     stops: StopStringMatcher | None  # None: no stop strings
     detokenizer: IncrementalDetokenizer | None  # text made in the step: requests with stop strings
     deferred: DeferredDetokenizer | None  # text made when read: requests without stop strings
-    arrival_time: float
+    arrival_time: float  # time.monotonic() when the request reached the engine (AsyncEngine.generate)
+    last_token_time: float | None = None  # when its latest token was sampled; None before the first
 
 
 class LLMEngine:
@@ -150,6 +154,7 @@ class LLMEngine:
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
         self.preemptions_total = 0
+        self.latencies = RequestLatencies()
         self.last_step_timings = StepTimings()
         self.requests_per_adapter: Counter[tuple[str, str]] = Counter()  # (tenant, adapter name)
 
@@ -235,11 +240,14 @@ class LLMEngine:
         adapter: AdapterHandle | None = None,
         tenant: str = "",
         adapter_held: bool = False,
+        arrival_time: float | None = None,
     ) -> None:
         """Admit a request that `validate_request` accepted; AsyncEngine validates before it queues one,
         so that each request is validated once. The scheduler refuses a request id already in use.
         `adapter_held`: the caller holds the adapter's host-cache entry already (`hold_adapter`, off the
-        step thread) and hands that hold to the request, so the cache is read once per request."""
+        step thread) and hands that hold to the request, so the cache is read once per request.
+        `arrival_time` (time.monotonic()): when the request reached the engine, if before now; its
+        latency metrics count from there, so they include the adapter fetch and the wait to be admitted."""
         request = Request(request_id, list(prompt_token_ids), params, adapter, tenant=tenant)
         if params.grammar is not None:
             request.grammar = params.grammar.matcher()
@@ -262,7 +270,7 @@ class LLMEngine:
             detokenizer=detokenizer if eager else None,
             deferred=None if eager or detokenizer is None else DeferredDetokenizer(detokenizer,
                                                                                   request.output_token_ids),
-            arrival_time=time.monotonic(),
+            arrival_time=time.monotonic() if arrival_time is None else arrival_time,
         )
         generator = make_generator(params.seed, self.runner.device)
         if generator is not None:
@@ -291,10 +299,14 @@ class LLMEngine:
         self.preemptions_total += len(step.preempted_ids)
         if not step.scheduled:
             return []
-        for slot, adapter in step.adapter_loads:  # rare, and timed by nobody: a copy into a GPU slot
+        for slot, adapter in step.adapter_loads:  # rare: a copy into a GPU slot of weights a request holds
+            loading = time.perf_counter()
             self.runner.load_adapter(slot, self.adapter_cache.held(adapter.key))
+            # From the host cache, always: a request's adapter is fetched from storage before admission.
             logger.info("adapter %r loaded into slot %d", adapter.name, slot,
-                        extra={"adapter_name": adapter.name, "adapter_key": adapter.key, "slot": slot})
+                        extra={"adapter_name": adapter.name, "adapter_key": adapter.key,
+                               "tenant": runtime_key_scope(adapter.key), "slot": slot, "source": "host_cache",
+                               "duration_ms": round((time.perf_counter() - loading) * 1000, 3)})
         sampled, failed_rows = self.runner.execute(step, self._generators, timings)
         executed = time.perf_counter()
         token_ids = [] if sampled is None else sampled.token_ids
@@ -312,14 +324,24 @@ class LLMEngine:
 
         The loop runs once per running request per step, so the common case (no stop strings, no
         logprobs) is a set lookup and one RequestOutput, its text left for whoever reads it.
+        Every token of a step was sampled at once: one clock reading times them all, and the step's
+        inter-token gaps enter their histogram under one lock.
         """
         outputs = []
         tracked_of = self._tracked
+        latencies = self.latencies
+        now = time.monotonic()
+        gaps = []
         for row, (request, token) in enumerate(zip(requests, token_ids)):
             if row in failed_rows:
                 outputs.append(self._fail(request))
                 continue
             tracked = tracked_of[request.request_id]
+            if tracked.last_token_time is None:
+                latencies.time_to_first_token.observe(now - tracked.arrival_time)
+            else:
+                gaps.append(now - tracked.last_token_time)
+            tracked.last_token_time = now
             num_output_tokens = len(request.output_token_ids)
             finish_reason = tracked.token_stops.check(token, num_output_tokens)
             if tracked.stops is not None:
@@ -327,6 +349,7 @@ class LLMEngine:
             else:
                 text = None if tracked.deferred is not None else ""  # "": no tokenizer, token ids only
             if finish_reason is not None:
+                latencies.e2e_request_latency.observe(now - tracked.arrival_time)
                 self._finish(request, finish_reason)
             outputs.append(RequestOutput(
                 request.request_id,
@@ -340,6 +363,7 @@ class LLMEngine:
                 text,
                 tracked.deferred,
             ))
+        latencies.inter_token_latency.observe_all(gaps)
         return outputs
 
     @staticmethod
@@ -361,6 +385,8 @@ class LLMEngine:
         message = (f"generation failed: {adapter} produced non-finite values (NaN or infinity) for this request; "
                    "if it is an adapter, check its weights and lora_alpha")
         num_output_tokens = len(request.output_token_ids) - 1  # the token sampled from broken logits is dropped
+        # A failed request ended, as far as its client sees: its end-to-end latency counts (aborts' do not).
+        self.latencies.e2e_request_latency.observe(time.monotonic() - self._tracked[request.request_id].arrival_time)
         self.abort_request(request.request_id)
         return RequestOutput(request.request_id, [], None, True, "error", len(request.prompt_token_ids),
                              max(num_output_tokens, 0), request.num_cached_tokens, "", None, message)
@@ -387,6 +413,10 @@ class LLMEngine:
 
     # -------------------------------------------------------------------- stats
     def stats(self) -> EngineStats:
+        """A reading of the engine's state and counters; any thread may take one (a scrape does)."""
+        cache, slots, latencies = self.adapter_cache, self.slot_table, self.latencies
+        # One reading of each queue: the LoRA info lists and the per-adapter counts agree.
+        running, waiting = self.scheduler.running_adapter_counts(), self.scheduler.waiting_adapter_counts()
         return EngineStats(
             num_running=self.scheduler.num_running,
             num_waiting=self.scheduler.num_waiting,
@@ -398,7 +428,27 @@ class LLMEngine:
             prompt_tokens_total=self.prompt_tokens_total,
             generation_tokens_total=self.generation_tokens_total,
             preemptions_total=self.preemptions_total,
-            running_per_adapter=self.scheduler.running_adapter_counts(),
-            waiting_per_adapter=self.scheduler.waiting_adapter_counts(),
+            running_per_adapter=running,
+            waiting_per_adapter=waiting,
             requests_per_adapter_total=dict(self.requests_per_adapter),
+            block_size=self.config.block_size,
+            running_lora_adapters=_adapter_names(running),
+            waiting_lora_adapters=_adapter_names(waiting)[:MAX_LISTED_WAITING_ADAPTERS],
+            host_cache_adapters=len(cache.keys()),
+            host_cache_bytes=cache.nbytes,
+            host_cache_capacity=cache.capacity,
+            host_cache_hits_total=cache.hits,
+            host_cache_misses_total=cache.misses,
+            host_cache_evictions_total=cache.evictions,
+            adapter_slot_loads_total=slots.loads,
+            adapter_slot_evictions_total=slots.evictions,
+            time_to_first_token=latencies.time_to_first_token.snapshot(),
+            inter_token_latency=latencies.inter_token_latency.snapshot(),
+            e2e_request_latency=latencies.e2e_request_latency.snapshot(),
         )
+
+
+def _adapter_names(counts: dict[tuple[str, str], int]) -> list[str]:
+    """The adapter names of per-(tenant, adapter) request counts, each once, in the counts' order (oldest
+    request first); the base model left out. Tenants' same-named adapters become one name."""
+    return list(dict.fromkeys(name for _, name in counts if name != BASE_ADAPTER_LABEL))

@@ -4,6 +4,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from loraloom.engine.request_latency import HistogramSnapshot
+
 
 @dataclass
 class TokenLogprob:
@@ -62,6 +64,11 @@ MAX_ADAPTER_SERIES = 1000
 OVERFLOW_LABELS = ("other", "other")  # where pairs past the cap are counted
 
 
+# The LoRA info metric's waiting list names at most this many adapters, the oldest requests' first (those
+# load next): a queue of thousands of distinct adapters would otherwise make one huge label value.
+MAX_LISTED_WAITING_ADAPTERS = 64
+
+
 @dataclass
 class EngineStats:
     num_running: int
@@ -79,6 +86,29 @@ class EngineStats:
     waiting_per_adapter: dict[tuple[str, str], int]
     # Bounded: past MAX_ADAPTER_SERIES pairs, new ones count under OVERFLOW_LABELS.
     requests_per_adapter_total: dict[tuple[str, str], int]
+    block_size: int = 0  # tokens per KV block
+    # The adapters (AdapterHandle.name, as requests name them; the base model left out) of the running
+    # and of the waiting requests, each once, oldest request first: vLLM's LoRA info labels.
+    running_lora_adapters: list[str] = field(default_factory=list)
+    waiting_lora_adapters: list[str] = field(default_factory=list)  # at most MAX_LISTED_WAITING_ADAPTERS
+    # Adapter residency: the host cache (validated weights in CPU memory) and GPU slot traffic.
+    host_cache_adapters: int = 0
+    host_cache_bytes: int = 0
+    host_cache_capacity: int = 0  # entries
+    host_cache_hits_total: int = 0
+    host_cache_misses_total: int = 0  # lookups that fetched from storage
+    host_cache_evictions_total: int = 0
+    adapter_slot_loads_total: int = 0  # copies of an adapter into a GPU slot
+    adapter_slot_evictions_total: int = 0  # loads that replaced another adapter
+    # Per-request latencies since start (engine/request_latency.py); None from an engine that keeps none.
+    time_to_first_token: HistogramSnapshot | None = None
+    inter_token_latency: HistogramSnapshot | None = None
+    e2e_request_latency: HistogramSnapshot | None = None
+
+    @property
+    def kv_cache_usage(self) -> float:
+        """The fraction of KV blocks requests hold (0..1); free blocks kept for prefix reuse count as free."""
+        return self.kv_blocks_used / self.kv_blocks_total if self.kv_blocks_total else 0.0
 
 
 @dataclass(frozen=True)

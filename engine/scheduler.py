@@ -113,11 +113,11 @@ class Scheduler:
         return bool(self._requests)
 
     def running_adapter_counts(self) -> dict[tuple[str, str], int]:
+        """(tenant, adapter name) -> requests, in the order of their oldest request (as the waiting counts)."""
         return _count_by_adapter(self._running)
 
     def waiting_adapter_counts(self) -> dict[tuple[str, str], int]:
         return _count_by_adapter(self._waiting)
-
     def add_request(self, request: Request) -> None:
         if request.request_id in self._requests:
             raise ValueError(f"request_id: {request.request_id!r} is already scheduled; use a unique id")

@@ -31,6 +31,13 @@ KEY_HASH_CHARS = 32
 SERVER_SCOPE = "server"  # the scope of server-wide adapters (--adapter, --adapter-dir) in runtime keys
 
 
+def runtime_key_scope(key: str) -> str | None:
+    """The scope of a runtime key: the owning tenant's id, or SERVER_SCOPE; None for a key of another
+    shape (tests make their own). What the engine's adapter log lines name as the tenant."""
+    scope, slash, _ = key.partition("/")
+    return scope if slash else None
+
+
 def file_sha256(path: Path) -> str:
     """The hex sha256 of a file, read in 1 MiB chunks (adapter weights can be hundreds of MB)."""
     digest = hashlib.sha256()

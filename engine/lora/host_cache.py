@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
@@ -23,7 +24,7 @@ from urllib.parse import unquote, urlparse
 from loraloom.engine.lora.handle import AdapterHandle
 from loraloom.engine.config import ModelConfig
 from loraloom.engine.lora.errors import AdapterLoadError
-from loraloom.engine.lora.files import ADAPTER_WEIGHTS_FILE, file_sha256
+from loraloom.engine.lora.files import ADAPTER_WEIGHTS_FILE, file_sha256, runtime_key_scope
 from loraloom.engine.lora.weights import AdapterWeights, load_adapter_weights
 
 # Returns the local directory holding the handle's adapter_config.json and adapter_model.safetensors;
@@ -68,6 +69,13 @@ class HostAdapterCache:
         # Lookups answered from memory vs fetched from storage: what operators watch for thrash.
         self.hits = 0
         self.misses = 0
+        self.evictions = 0  # entries dropped to stay within capacity (not discards)
+        self._nbytes = 0  # of the weights in _entries
+
+    @property
+    def nbytes(self) -> int:
+        """Host memory the cached weights take (weights only requests still hold are not counted)."""
+        return self._nbytes
 
     def keys(self) -> list[str]:
         """The keys cached now (a snapshot: safe to read from any thread)."""
@@ -105,7 +113,7 @@ class HostAdapterCache:
 
         Requests that already hold them keep them until they end."""
         with self._lock:
-            self._entries.pop(key, None)
+            self._drop(key)
 
     def _get(self, adapter: AdapterHandle, hold: bool) -> AdapterWeights:
         with self._lock:
@@ -117,8 +125,9 @@ class HostAdapterCache:
             self.misses += 1
         weights = self._load(adapter)
         with self._lock:
+            self._drop(adapter.key)  # another thread may have loaded it meanwhile: this copy replaces it
             self._entries[adapter.key] = weights
-            self._entries.move_to_end(adapter.key)
+            self._nbytes += weights.nbytes
             if hold:  # before the eviction below, which would otherwise drop what was just loaded
                 weights = self._hold(adapter.key, weights)
             self._evict_over_capacity()
@@ -135,10 +144,19 @@ class HostAdapterCache:
         excess = len(self._entries) - self.capacity
         if excess > 0:
             for key in [key for key in self._entries if key not in self._holds][:excess]:
-                del self._entries[key]
-                logger.info("adapter %s evicted from host memory", key, extra={"adapter_key": key})
+                self._drop(key)
+                self.evictions += 1
+                logger.info("adapter %s evicted from host memory", key,
+                            extra={"adapter_key": key, "tenant": runtime_key_scope(key)})
+
+    def _drop(self, key: str) -> None:
+        """Forget an entry, if there is one (lock held)."""
+        weights = self._entries.pop(key, None)
+        if weights is not None:
+            self._nbytes -= weights.nbytes
 
     def _load(self, adapter: AdapterHandle) -> AdapterWeights:
+        started = time.monotonic()
         directory = self.fetch(adapter)
         if adapter.sha256 is not None:
             # Checked here whatever the fetcher: what is parsed is exactly what was registered.
@@ -152,6 +170,9 @@ class HostAdapterCache:
                     "the files changed since the adapter was registered"
                 )
         weights = load_adapter_weights(directory, self.model_config, self.max_rank)
+        # The fetch, the sha256 check and the validation: what a cold adapter costs its first request.
         logger.info("adapter %r loaded into host memory", adapter.name,
-                    extra={"adapter_name": adapter.name, "adapter_key": adapter.key, "uri": adapter.uri})
+                    extra={"adapter_name": adapter.name, "adapter_key": adapter.key,
+                           "tenant": runtime_key_scope(adapter.key), "source": "storage", "uri": adapter.uri,
+                           "bytes": weights.nbytes, "duration_ms": round((time.monotonic() - started) * 1000, 3)})
         return weights

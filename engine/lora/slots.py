@@ -11,6 +11,8 @@ from __future__ import annotations
 import itertools
 import logging
 
+from loraloom.engine.lora.files import runtime_key_scope
+
 logger = logging.getLogger(__name__)
 
 
@@ -26,6 +28,9 @@ class AdapterSlotTable:
         # draining use, so an adapter in steady use is never the one picked.
         self._last_acquired = [-1] * num_slots
         self._clock = itertools.count()
+        # Since start: adapters copied into a slot, and those copies that replaced another adapter.
+        self.loads = 0
+        self.evictions = 0
 
     @property
     def num_used(self) -> int:
@@ -56,9 +61,12 @@ class AdapterSlotTable:
             evicted = self._key_in_slot[slot]
             if evicted is not None:
                 del self._slot_of_key[evicted]
+                self.evictions += 1
                 # Frequent evictions mean more adapters in use than slots (--max-loras): operators look here.
                 logger.info("adapter %s evicted from slot %d", evicted, slot,
-                            extra={"adapter_key": evicted, "slot": slot, "replaced_by": key})
+                            extra={"adapter_key": evicted, "tenant": runtime_key_scope(evicted), "slot": slot,
+                                   "replaced_by": key})
+            self.loads += 1
             self._key_in_slot[slot] = key
             self._slot_of_key[key] = slot
         self._ref_counts[slot] += 1

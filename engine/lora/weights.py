@@ -75,6 +75,11 @@ class AdapterWeights:
     def target_modules(self) -> frozenset[str]:
         return frozenset(name for _, name in self.modules)
 
+    @property
+    def nbytes(self) -> int:
+        """The host memory its tensors take."""
+        return sum(m.lora_a.nbytes + m.lora_b.nbytes for m in self.modules.values())
+
 
 def lora_module_shapes(config: ModelConfig) -> dict[str, ModuleShape]:
     """The base model's weight shape of each projection an adapter may target."""

@@ -5,6 +5,7 @@ ours share an id), else a new one; either way the response carries it back in `X
 the audit log records it, and the log line names it. The line (logger `loraloom.request`) holds:
 request_id, method, path, status, duration_ms, tenant and api_key_id (once authenticated), and
 for chat and text completions the adapter reference as the request wrote it, completion_id,
+outcome (ok, error or aborted: how the generation ended, which a stream's 200 does not say),
 prompt_tokens, completion_tokens and time_to_first_token_ms. A streamed response is logged once,
 after its last event, so its duration and token counts are the whole stream's.
 

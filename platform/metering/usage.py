@@ -65,6 +65,7 @@ class UsageMeter:
     num_choices: int = 1
     lasts: dict[str, RequestOutput] = field(default_factory=dict)  # engine request id -> its latest output
     finished: bool = False
+    status: UsageStatus | None = None  # the outcome `finish` recorded
 
     def begin(self, *, request_id: str, model: str, adapter: MeteredAdapter | None, num_choices: int = 1) -> None:
         self.request_id = request_id
@@ -101,6 +102,8 @@ class UsageMeter:
     def log_fields(self) -> dict[str, Any]:
         """What the request's log line (api/request_log.py) says of the generation, however far it got."""
         return {"adapter": self.adapter_reference or None, "completion_id": self.request_id or None,
+                # A stream's HTTP status is 200 from its first byte: this says how the generation ended.
+                "outcome": None if self.status is None else self.status.value,
                 **self.token_counts()}
 
     def finish(self, *, failed: bool) -> None:
@@ -108,6 +111,7 @@ class UsageMeter:
         if self.finished:
             return
         self.finished = True
+        self.status = self.outcome(failed=failed)
         adapter = self.adapter
         self.writer.submit(
             {
@@ -121,7 +125,7 @@ class UsageMeter:
                 "model": self.model[:256],
                 "request_id": self.request_id,
                 "endpoint": self.endpoint,
-                "status": self.outcome(failed=failed),
+                "status": self.status,
                 **self.token_counts(),
                 "duration_ms": (time.monotonic() - self.received_s) * 1000,
                 "created_at": utcnow(),

@@ -25,6 +25,7 @@ from loraloom.engine import (
     RequestOutput,
     SamplingParams,
     Tokenizer,
+    merge_histograms,
 )
 from loraloom.platform.ray_serve.replica_board import replica_board
 from loraloom.platform.ray_serve.wire import RemoteGrammar, RemoteRequest, ReplicaStatus, multiplexed_model_id
@@ -122,19 +123,29 @@ class RayEngineClient:
 
 
 def sum_stats(stats: list[EngineStats]) -> EngineStats:
-    """The replicas' stats as one engine's: counts and totals added, per-adapter counts added per pair."""
+    """The replicas' stats as one engine's: counts and totals added (per-adapter counts per pair,
+    histograms bucket by bucket), adapter lists joined, the block size as the replicas share it."""
     merged = {}
     for field in dataclasses.fields(EngineStats):
         values = [getattr(one, field.name) for one in stats]
-        if str(field.type).startswith("dict"):
-            total: dict = {}
-            for value in values:
-                for labels, count in value.items():
-                    total[labels] = total.get(labels, 0) + count
-            merged[field.name] = total
-        else:
-            merged[field.name] = sum(values)
+        merged[field.name] = _merge_field(field.name, str(field.type), values)
     return EngineStats(**merged)
+
+
+def _merge_field(name: str, annotation: str, values: list):
+    if name == "block_size":  # a configuration, the same on every replica of one deployment
+        return max(values, default=0)
+    if annotation.startswith("dict"):
+        total: dict = {}
+        for value in values:
+            for labels, count in value.items():
+                total[labels] = total.get(labels, 0) + count
+        return total
+    if annotation.startswith("list"):
+        return list(dict.fromkeys(item for value in values for item in value))  # each once, in order
+    if annotation.startswith("HistogramSnapshot"):
+        return merge_histograms([value for value in values if value is not None])
+    return sum(values)
 
 
 def engine_error(error: Exception) -> Exception:

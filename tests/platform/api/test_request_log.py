@@ -1,13 +1,16 @@
 """The request log, against a live server on the bundled model: one structured line per request
 (request id echoed or made, tenant, the adapter as written, status, tokens, time to first token,
-duration), written once a stream has ended, for failures too; the audit log records the same
-request id; the engine logs adapter loads into slots and evictions from them."""
+duration, how the generation ended), written once a stream has ended, for failures too; the audit
+log records the same request id; the engine logs each adapter load (from storage into host memory,
+from there into a slot) and eviction, naming the adapter, its tenant scope, the slot, the source and
+the duration."""
 from __future__ import annotations
 
 import json
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import httpx
 import pytest
@@ -33,6 +36,7 @@ class LoggedServer:
     settings: Settings
     keys: dict[str, str]
     adapter_keys: dict[str, str]  # adapter name -> the runtime key the engine serves it under
+    adapter_dir: Path  # served as --adapter-dir: adapters put there later are cold on their first request
 
     def http(self, key: str = "dev") -> httpx.Client:
         return httpx.Client(base_url=self.url, headers=bearer(self.keys[key]), timeout=120)
@@ -50,10 +54,11 @@ def logged(model_dir, tmp_path_factory) -> Iterator[LoggedServer]:
             "admin": make_key(settings, tenant="acme", role="admin")}
     # One slot for two adapters: asking for both in turn loads one and evicts the other.
     engine = AsyncEngine.create(model_dir, EngineConfig(num_kv_blocks=64, max_loras=1))
-    lookup = LocalAdapterLookup({engine.model_name}, adapters, None)
+    adapter_dir = tmp_path_factory.mktemp("adapter_dir")
+    lookup = LocalAdapterLookup({engine.model_name}, adapters, adapter_dir)
     with serve_in_thread(create_app(engine, lookup, settings)) as url:
         yield LoggedServer(url=url, settings=settings, keys=keys,
-                           adapter_keys={name: lookup.resolve(name).key for name in adapters})
+                           adapter_keys={name: lookup.resolve(name).key for name in adapters}, adapter_dir=adapter_dir)
 
 
 @pytest.fixture
@@ -99,6 +104,7 @@ def test_a_completion_is_logged_with_the_client_s_request_id_tenant_adapter_and_
     assert line["tenant"] == tenant_id(logged.settings, "acme")
     assert line["adapter"] == "alpha"  # as the request wrote it: adapter_id, not the runtime key
     assert line["completion_id"] == response.json()["id"]
+    assert line["outcome"] == "ok"
     assert (line["prompt_tokens"], line["completion_tokens"]) == (usage["prompt_tokens"], usage["completion_tokens"])
     assert 0 < line["time_to_first_token_ms"] <= line["duration_ms"]
 
@@ -125,7 +131,7 @@ def test_a_stream_is_logged_once_after_it_ends_with_the_whole_stream_s_tokens(lo
         events = [line.removeprefix("data: ") for line in response.iter_lines() if line.startswith("data: {")]
     usage = json.loads(events[-1])["usage"]
     line = logged_line(request_log, request_id)
-    assert line["status"] == 200 and line["adapter"] == "beta"
+    assert line["status"] == 200 and line["adapter"] == "beta" and line["outcome"] == "ok"
     assert (line["prompt_tokens"], line["completion_tokens"]) == (usage["prompt_tokens"], 12)
     assert line["time_to_first_token_ms"] <= line["duration_ms"]
 
@@ -176,3 +182,28 @@ def test_adapter_loads_and_evictions_are_logged_with_the_adapter_and_slot(logged
     alpha, beta = logged.adapter_keys["alpha"], logged.adapter_keys["beta"]
     assert loads[-2:] == [("beta", beta, 0), ("alpha", alpha, 0)]
     assert evictions[-2:] == [(alpha, 0, beta), (beta, 0, alpha)]
+
+
+def test_a_cold_adapter_s_loads_are_logged_with_source_tenant_and_duration(logged, model_dir, caplog):
+    caplog.set_level(logging.INFO, logger="loraloom.engine")
+    # New in --adapter-dir, so not preloaded at start: its first request fetches it from storage.
+    make_peft_adapter(model_dir, logged.adapter_dir / "gamma", rank=4, alpha=8, target_modules=["q_proj"], seed=7)
+    with logged.http() as http:
+        for name in ("alpha", "gamma"):  # alpha first, so that gamma's load evicts it from the one slot
+            assert http.post("/v1/completions", json={"model": name, "prompt": "Hi", "max_tokens": 1}).status_code == 200
+    host_loads = [record for record in caplog.records
+                  if record.name == "loraloom.engine.lora.host_cache" and getattr(record, "adapter_name", None) == "gamma"]
+    slot_loads = [record for record in caplog.records
+                  if record.name == "loraloom.engine.llm_engine" and getattr(record, "adapter_name", None) == "gamma"]
+    assert len(host_loads) == len(slot_loads) == 1  # one fetch from storage, one copy into the one slot
+    host, slot = host_loads[0], slot_loads[0]
+    gamma = host.adapter_key
+    scope = gamma.split("/")[0]
+    assert scope == "server"  # adapters served by the server belong to no tenant
+    assert (host.tenant, host.source) == (scope, "storage")
+    assert host.bytes > 0 and host.duration_ms > 0
+    assert (slot.adapter_key, slot.tenant, slot.source, slot.slot) == (gamma, scope, "host_cache", 0)
+    assert slot.duration_ms >= 0
+    (eviction,) = [record for record in caplog.records
+                   if record.name == "loraloom.engine.lora.slots" and record.replaced_by == gamma]
+    assert (eviction.adapter_key, eviction.tenant, eviction.slot) == (logged.adapter_keys["alpha"], scope, 0)

@@ -1,0 +1,46 @@
+"""The gateway over Ray Serve reports its replicas' stats as one engine's (remote_client.sum_stats):
+counts added, per-adapter counts added per pair, adapter lists joined once each, latency histograms
+added bucket by bucket, and the block size (a setting every replica shares) kept, not added."""
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("ray")
+
+from loraloom.engine import EngineStats, HistogramSnapshot  # noqa: E402
+from loraloom.platform.ray_serve.remote_client import sum_stats  # noqa: E402
+
+BOUNDS = (0.1, 1.0, float("inf"))
+
+
+def histogram(counts: tuple[int, int, int], total: float) -> HistogramSnapshot:
+    return HistogramSnapshot(buckets=tuple(zip(BOUNDS, counts)), sum=total, count=counts[-1])
+
+
+def replica(running: int, adapters: list[str], per_adapter: dict, ttft: HistogramSnapshot | None) -> EngineStats:
+    return EngineStats(
+        num_running=running, num_waiting=1, kv_blocks_used=3, kv_blocks_total=10, kv_blocks_cached=2,
+        adapter_slots_used=1, adapter_slots_total=4, prompt_tokens_total=100, generation_tokens_total=50,
+        preemptions_total=1, running_per_adapter=per_adapter, waiting_per_adapter={},
+        requests_per_adapter_total=per_adapter, block_size=16, running_lora_adapters=adapters,
+        time_to_first_token=ttft,
+    )
+
+
+def test_two_replicas_read_as_one_engine():
+    a = replica(2, ["bot@1", "x@2"], {("acme", "bot@1"): 2}, histogram((1, 2, 2), 0.6))
+    b = replica(3, ["x@2", "y@1"], {("acme", "bot@1"): 1, ("other", "y@1"): 2}, histogram((0, 1, 3), 4.0))
+    merged = sum_stats([a, b])
+
+    assert (merged.num_running, merged.kv_blocks_total, merged.preemptions_total) == (5, 20, 2)
+    assert merged.kv_cache_usage == pytest.approx(6 / 20)
+    assert merged.block_size == 16
+    assert merged.running_per_adapter == {("acme", "bot@1"): 3, ("other", "y@1"): 2}
+    assert merged.running_lora_adapters == ["bot@1", "x@2", "y@1"]
+    assert merged.time_to_first_token == HistogramSnapshot(buckets=tuple(zip(BOUNDS, (1, 3, 5))), sum=4.6, count=5)
+    assert merged.e2e_request_latency is None  # no replica keeps one
+
+
+def test_a_replica_without_histograms_leaves_the_others_counted():
+    merged = sum_stats([replica(1, [], {}, None), replica(1, [], {}, histogram((1, 1, 1), 0.05))])
+    assert merged.time_to_first_token.count == 1
