@@ -13,7 +13,7 @@ export interface Session {
   signOut: () => void;
 }
 
-const SessionContext = createContext<Session | null>(null);
+export const SessionContext = createContext<Session | null>(null);
 
 export function useSession(): Session {
   const session = useContext(SessionContext);

@@ -64,7 +64,7 @@ export function JobPage() {
         <span className={`badge ${j.status}`} data-testid="job-status">{j.status}</span>
         {!FINISHED.includes(j.status) && me.role !== "inference" && (
           <ConfirmButton label="Cancel job" danger question="Cancel this job? It stops after the current step."
-            confirmLabel="Cancel job" disabled={cancel.isPending || j.status === "cancel_requested"} onConfirm={() => cancel.mutate()} />
+            confirmLabel="Cancel job" dismissLabel="Keep it running" disabled={cancel.isPending || j.status === "cancel_requested"} onConfirm={() => cancel.mutate()} />
         )}
       </div>
       <ErrorBox error={cancel.error} />
