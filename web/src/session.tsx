@@ -13,6 +13,7 @@ export interface Session {
   signOut: () => void;
 }
 
+// Exported for component tests, which render a page inside a session of their own.
 export const SessionContext = createContext<Session | null>(null);
 
 export function useSession(): Session {
