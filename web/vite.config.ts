@@ -9,5 +9,5 @@ export default defineConfig({
   // `npm run dev` next to `loraloom serve`: the API calls go to that server.
   server: { proxy: { "/v1": "http://127.0.0.1:8000" } },
   build: { chunkSizeWarningLimit: 600 },
-  test: { environment: "jsdom", include: ["src/**/*.test.ts", "src/**/*.test.tsx"] },
+  test: { environment: "jsdom", include: ["src/**/*.test.ts", "src/**/*.test.tsx"], setupFiles: ["src/test-setup.ts"] },
 });

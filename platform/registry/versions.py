@@ -44,11 +44,13 @@ def find_adapter(session: Session, *, tenant_id: uuid.UUID, name: str, lock: boo
 
 
 def list_adapters(session: Session, *, tenant_id: uuid.UUID, limit: int, after: str | None) -> Page[Adapter]:
-    """Adapters by name; `after` is the last name of the previous page."""
+    """Adapters by name; `after` is the last name of the previous page. Their aliases, the aliases'
+    versions and those versions' files come in one query per level for the whole page (not one per
+    adapter): the listing shows the latest version's rank, modules and size."""
     query = (
         select(Adapter)
         .where(Adapter.tenant_id == tenant_id)
-        .options(selectinload(Adapter.aliases).selectinload(Alias.version))
+        .options(selectinload(Adapter.aliases).selectinload(Alias.version).selectinload(AdapterVersion.files))
         .order_by(Adapter.name)
     )
     if after is not None:

@@ -13,7 +13,8 @@ export interface Session {
   signOut: () => void;
 }
 
-const SessionContext = createContext<Session | null>(null);
+// Exported for component tests, which render a page inside a session of their own.
+export const SessionContext = createContext<Session | null>(null);
 
 export function useSession(): Session {
   const session = useContext(SessionContext);

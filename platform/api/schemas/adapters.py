@@ -10,6 +10,7 @@ from pydantic import BaseModel, Field
 
 from loraloom.platform.api.schemas.common import ListObject, PageObject, StrictBody
 from loraloom.platform.db.models import MAX_INT64, Adapter, AdapterVersion, Alias
+from loraloom.platform.registry.references import LATEST_ALIAS
 
 # A version number in a path: past 64 bits it is a 400 naming `number`, not a database overflow.
 VersionNumber = Annotated[int, Path(ge=1, le=MAX_INT64, description="The version number (name@N).")]
@@ -70,6 +71,27 @@ class VersionList(PageObject[VersionObject]):
     pass
 
 
+class LatestVersionSummary(BaseModel):
+    """What a listing shows of an adapter's `latest` version, so a client can sort adapters by
+    rank, modules or size without one request per adapter."""
+
+    version: int
+    rank: int
+    alpha: float
+    target_modules: list[str]
+    size_bytes: int = Field(description="The version's files together, in bytes.")
+
+    @classmethod
+    def of(cls, version: AdapterVersion) -> LatestVersionSummary:
+        return cls(
+            version=version.number,
+            rank=version.rank,
+            alpha=version.alpha,
+            target_modules=list(version.target_modules),
+            size_bytes=sum(file.size_bytes for file in version.files),
+        )
+
+
 class AdapterObject(BaseModel):
     object: Literal["adapter"] = "adapter"
     id: uuid.UUID
@@ -77,17 +99,23 @@ class AdapterObject(BaseModel):
     description: str
     tags: list[str]
     aliases: dict[str, int] = Field(description="Alias -> version number, `latest` included.")
+    latest_version: LatestVersionSummary | None = Field(
+        description="The version `latest` points at (rank, alpha, target modules, size); null while the adapter "
+        "has no ready version."
+    )
     created_at: datetime
     updated_at: datetime
 
     @classmethod
     def of(cls, adapter: Adapter) -> AdapterObject:
+        latest = next((alias.version for alias in adapter.aliases if alias.name == LATEST_ALIAS), None)
         return cls(
             id=adapter.id,
             name=adapter.name,
             description=adapter.description,
             tags=list(adapter.tags),
             aliases={alias.name: alias.version.number for alias in adapter.aliases},
+            latest_version=LatestVersionSummary.of(latest) if latest is not None else None,
             created_at=adapter.created_at,
             updated_at=adapter.updated_at,
         )

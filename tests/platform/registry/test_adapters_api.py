@@ -10,6 +10,7 @@ import shutil
 import tarfile
 import zipfile
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -17,6 +18,8 @@ import pytest
 from fastapi.testclient import TestClient
 from live_api import bearer, make_key, migrated_settings
 from safetensors.torch import load_file, save_file
+from sqlalchemy import event
+from sqlalchemy.engine import Engine
 
 from loraloom.engine import runtime_key
 from loraloom.engine.async_engine import AsyncEngine
@@ -253,6 +256,50 @@ def test_listing_is_paginated_and_scoped_to_the_tenant(api, peft_adapter):
     missing = api.client.get("/v1/adapters/never-was", headers=api.globex)
     assert theirs.status_code == missing.status_code == 404
     assert theirs.json()["error"]["message"] == missing.json()["error"]["message"].replace("never-was", "page-a")
+
+
+@contextmanager
+def statements_reading(table: str) -> Iterator[list[str]]:
+    """The SQL statements run meanwhile (by any engine) that read `table`."""
+    seen: list[str] = []
+
+    def record(conn, cursor, statement, parameters, context, executemany):
+        if f"FROM {table}" in statement:
+            seen.append(statement)
+
+    event.listen(Engine, "before_cursor_execute", record)
+    try:
+        yield seen
+    finally:
+        event.remove(Engine, "before_cursor_execute", record)
+
+
+def test_listing_shows_the_latest_versions_rank_modules_and_size_without_a_query_per_adapter(
+    api, peft_adapter, other_peft_adapter
+):
+    push(api, "sized-a", files_of(peft_adapter))
+    push(api, "sized-b", files_of(peft_adapter))
+    second = push(api, "sized-b", files_of(other_peft_adapter))  # latest is now v2: rank 8 on o/up
+    push(api, "sized-c", files_of(other_peft_adapter))
+    pages = {}
+    for limit in (1, 3):
+        with statements_reading("adapter_version_files") as reads:
+            response = api.client.get("/v1/adapters", params={"limit": limit, "after": "sized-"}, headers=api.inference)
+        assert response.status_code == 200, response.text
+        pages[limit] = (response.json()["data"], len(reads))
+    assert pages[1][1] == pages[3][1] == 1  # the files of the whole page in one query
+    listed = {adapter["name"]: adapter["latest_version"] for adapter in pages[3][0]}
+    assert listed["sized-a"] == {"version": 1, "rank": 4, "alpha": 8.0, "target_modules": ["q_proj", "v_proj"],
+                                 "size_bytes": sum((peft_adapter / name).stat().st_size for name in NAMES)}
+    assert listed["sized-b"]["version"] == 2 and listed["sized-b"]["rank"] == 8
+    assert listed["sized-b"]["target_modules"] == second["target_modules"] == ["o_proj", "up_proj"]
+    assert listed["sized-b"]["size_bytes"] == sum(file["size_bytes"] for file in second["files"])
+    one = api.client.get("/v1/adapters/sized-b", headers=api.inference).json()
+    assert one["latest_version"] == listed["sized-b"]  # the single adapter says the same
+    schema = api.client.get("/openapi.json").json()["components"]["schemas"]
+    assert "latest_version" in schema["AdapterObject"]["properties"]
+    assert set(schema["LatestVersionSummary"]["properties"]) == {"version", "rank", "alpha", "target_modules",
+                                                                 "size_bytes"}
 
 
 def test_chat_with_name_prod_serves_the_uploaded_adapter(api, peft_adapter, other_peft_adapter, tmp_path):

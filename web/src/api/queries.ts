@@ -2,7 +2,7 @@
 import { useQuery } from "@tanstack/react-query";
 import { useApi } from "../session";
 import { type Api, withQuery } from "./client";
-import type { Adapter, Page, UsageBucket, Version } from "./types";
+import type { Adapter, Page, UsageBucket } from "./types";
 
 /** Every page of a cursor-paginated list (the console's lists are small enough to hold whole). */
 export async function allPages<T>(api: Api, path: string, cursor: (page: Page<T>) => string | undefined): Promise<T[]> {
@@ -21,16 +21,6 @@ export function useAdapters() {
   return useQuery({
     queryKey: ["adapters"],
     queryFn: () => allPages<Adapter>(api, "/v1/adapters", (page) => page.last_id ?? undefined),
-  });
-}
-
-export function useVersion(name: string, version: number | undefined) {
-  const api = useApi();
-  return useQuery({
-    queryKey: ["adapters", name, "versions", version],
-    queryFn: () => api.get<Version>(`/v1/adapters/${encodeURIComponent(name)}/versions/${version}`),
-    enabled: version !== undefined,
-    staleTime: Infinity, // a version never changes
   });
 }
 

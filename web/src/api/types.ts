@@ -19,12 +19,22 @@ export interface Page<T> {
   last_id?: string | null;
 }
 
+/** The listing's summary of the version `latest` points at. */
+export interface LatestVersionSummary {
+  version: number;
+  rank: number;
+  alpha: number;
+  target_modules: string[];
+  size_bytes: number;
+}
+
 export interface Adapter {
   id: string;
   name: string;
   description: string;
   tags: string[];
   aliases: Record<string, number>;
+  latest_version: LatestVersionSummary | null;
   created_at: string;
   updated_at: string;
 }

@@ -10,6 +10,11 @@ export interface Series {
   values: (number | null)[];
 }
 
+// Tick spacings uPlot may choose from. Steps are whole numbers and a time axis never goes below a
+// second: by default uPlot labels a few seconds of live data in milliseconds and steps as 1.5, 2.5.
+const STEP_INCRS = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1_000, 2_000, 5_000, 10_000, 20_000, 50_000, 100_000];
+const TIME_INCRS = [1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400, 172800, 604800];
+
 interface Props {
   x: number[];
   series: Series[];
@@ -31,7 +36,7 @@ export function LineChart({ x, series, time = false, xLabel, height = 240, label
       width: Math.max(element.clientWidth, 300),
       height,
       scales: { x: xRange ? { time, range: () => xRange } : { time } },
-      axes: [{ label: xLabel }, {}],
+      axes: [{ label: xLabel, incrs: time ? TIME_INCRS : STEP_INCRS }, {}],
       series: [{ label: xLabel }, ...series.map((s) => ({ label: s.label, stroke: s.color, width: 2, spanGaps: true }))],
     };
     plot.current = new uPlot(options, [[], ...series.map(() => [])], element);

@@ -17,8 +17,10 @@ export function adapterFiles(files: File[]): File[] {
   return wanted.length > 0 ? wanted : files;
 }
 
-/** A default adapter name from a directory or archive name: lowercased, safe characters only. */
+/** A default adapter name from a directory or archive name: lowercased, safe characters only.
+ * Loose PEFT files say nothing about the adapter's name ("adapter_config-json" would only confuse). */
 export function suggestedName(source: string): string {
+  if (ADAPTER_FILES.includes(source)) return "";
   return source
     .replace(ARCHIVE, "")
     .toLowerCase()

@@ -89,6 +89,7 @@ describe("dropped files", () => {
   });
   it("suggests a valid adapter name", () => {
     expect(suggestedName("My Bot v2.tar.gz")).toBe("my-bot-v2");
+    expect(suggestedName("adapter_config.json")).toBe("");
   });
 });
 

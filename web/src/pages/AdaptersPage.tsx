@@ -2,7 +2,7 @@ import { useMutation, useQueryClient } from "@tanstack/react-query";
 import { createColumnHelper } from "@tanstack/react-table";
 import { useMemo, useState } from "react";
 import { Link } from "react-router-dom";
-import { useAdapters, useEngineStatus, useUsageSeries, useVersion } from "../api/queries";
+import { useAdapters, useEngineStatus, useUsageSeries } from "../api/queries";
 import type { Adapter } from "../api/types";
 import { ConfirmButton } from "../components/Confirm";
 import { DataTable } from "../components/DataTable";
@@ -16,6 +16,9 @@ interface Row {
   name: string;
   latest: number;
   aliases: string;
+  rank: number | undefined;
+  modules: string;
+  size: number | undefined;
   created: string;
   lastUsed: string | null;
   requests: number;
@@ -43,6 +46,9 @@ export function AdaptersPage() {
       name: adapter.name,
       latest: adapter.aliases.latest ?? 0,
       aliases: Object.keys(adapter.aliases).filter((alias) => alias !== "latest").sort().join(", "),
+      rank: adapter.latest_version?.rank,
+      modules: adapter.latest_version?.target_modules.join(", ") ?? "",
+      size: adapter.latest_version?.size_bytes,
       created: adapter.created_at,
       lastUsed: lastUsed.get(adapter.name) ?? null,
       requests: totals.get(adapter.name)?.requests ?? 0,
@@ -59,9 +65,14 @@ export function AdaptersPage() {
       }),
       column.accessor("latest", { header: "Latest", cell: (info) => `v${info.getValue()}` }),
       column.accessor("aliases", { header: "Aliases", cell: (info) => info.getValue() || "—" }),
-      column.display({ id: "rank", header: "Rank", cell: (info) => <LatestField row={info.row.original} field="rank" /> }),
-      column.display({ id: "modules", header: "Target modules", cell: (info) => <LatestField row={info.row.original} field="modules" /> }),
-      column.display({ id: "size", header: "Size", cell: (info) => <LatestField row={info.row.original} field="size" /> }),
+      // An adapter with no ready version yet has no rank or size: it sorts after the others.
+      column.accessor("rank", { header: "Rank", cell: (info) => info.getValue() ?? "—", sortUndefined: "last" }),
+      column.accessor("modules", { header: "Target modules", cell: (info) => info.getValue() || "—" }),
+      column.accessor("size", {
+        header: "Size",
+        cell: (info) => (info.getValue() === undefined ? "—" : formatBytes(info.getValue()!)),
+        sortUndefined: "last",
+      }),
       column.accessor("created", { header: "Created", cell: (info) => formatDate(info.getValue()) }),
       column.accessor("lastUsed", {
         header: "Last used",
@@ -111,14 +122,6 @@ function LastUsed({ hourStart }: { hourStart: string | null }) {
   if (hourStart === null) return <>not in 24 h</>;
   const end = Date.parse(hourStart) + 3600 * 1000;
   return <>{end > Date.now() ? "this hour" : formatAgo(new Date(end).toISOString())}</>;
-}
-
-function LatestField({ row, field }: { row: Row; field: "rank" | "modules" | "size" }) {
-  const version = useVersion(row.name, row.latest || undefined);
-  if (!version.data) return <span className="muted">{version.error ? "?" : "…"}</span>;
-  if (field === "rank") return <>{version.data.rank}</>;
-  if (field === "modules") return <>{version.data.target_modules.join(", ")}</>;
-  return <>{formatBytes(version.data.files.reduce((sum, file) => sum + file.size_bytes, 0))}</>;
 }
 
 function DeleteAdapter({ name }: { name: string }) {

@@ -60,11 +60,11 @@ export function JobPage() {
     <section>
       <p><Link to="/training">← Training</Link></p>
       <div className="title-row">
-        <h1>{j.id}</h1>
+        <h1 className="beside">{j.id}</h1>
         <span className={`badge ${j.status}`} data-testid="job-status">{j.status}</span>
         {!FINISHED.includes(j.status) && me.role !== "inference" && (
-          <ConfirmButton label="Cancel job" danger question="Cancel this job? It stops after the current step."
-            confirmLabel="Cancel job" disabled={cancel.isPending || j.status === "cancel_requested"} onConfirm={() => cancel.mutate()} />
+          <span className="push-right"><ConfirmButton label="Cancel job" danger question="Cancel this job? It stops after the current step."
+            confirmLabel="Cancel job" dismissLabel="Keep it running" disabled={cancel.isPending || j.status === "cancel_requested"} onConfirm={() => cancel.mutate()} /></span>
         )}
       </div>
       <ErrorBox error={cancel.error} />
@@ -86,7 +86,16 @@ export function JobPage() {
         <dt>Finished</dt><dd>{formatDate(j.finished_at)}</dd>
         <dt>Trained tokens</dt><dd>{formatNumber(j.trained_tokens)}</dd>
         <dt>Attempts</dt><dd>{j.attempts} of {j.max_attempts}</dd>
-        <dt>Hyperparameters</dt><dd><code>{JSON.stringify(j.hyperparameters)}</code></dd>
+        <dt>Hyperparameters</dt>
+        <dd>
+          <ul className="inline-list" aria-label="Hyperparameters">
+            {Object.entries(j.hyperparameters).map(([name, value]) => (
+              <li key={name}>
+                {name} <code>{Array.isArray(value) ? value.join(", ") : String(value)}</code>
+              </li>
+            ))}
+          </ul>
+        </dd>
       </dl>
       <h2>Loss</h2>
       {curve.steps.length === 0 ? (
@@ -98,7 +107,7 @@ export function JobPage() {
       <h2>Checkpoints</h2>
       <ErrorBox error={checkpoints.error} />
       {(checkpoints.data ?? []).length === 0 ? (
-        <Empty>No checkpoints yet.</Empty>
+        <Empty>{running ? "No checkpoints yet." : "This job kept no intermediate checkpoints; its result is the version above."}</Empty>
       ) : (
         <ul aria-label="Checkpoints">
           {checkpoints.data!.map((checkpoint) => (

@@ -57,6 +57,7 @@ export function ServerPage() {
         <Stat label="Host-cache hits" value={lookups ? `${formatNumber(s.host_cache_hits)} of ${formatNumber(lookups)}` : "none yet"} />
         <Stat label="Preemptions" value={formatNumber(s.preemptions_total)} />
       </dl>
+      <h2>Generated tokens per second</h2>
       <LineChart label="Generated tokens per second" x={points.at} series={series} time xLabel="time" height={180} />
       <h2>Your resident adapters</h2>
       {s.adapters.length === 0 ? (

@@ -1,10 +1,11 @@
 import { useQueryClient } from "@tanstack/react-query";
-import { type DragEvent, type FormEvent, useState } from "react";
+import { type FormEvent, useState } from "react";
 import { Link } from "react-router-dom";
 import type { ApiError } from "../api/client";
 import type { Version } from "../api/types";
+import { DropZone } from "../components/DropZone";
 import { ErrorBox } from "../components/States";
-import { adapterFiles, droppedFiles, suggestedName } from "../lib/dropped";
+import { adapterFiles, suggestedName } from "../lib/dropped";
 import { formatBytes } from "../lib/format";
 import { useApi } from "../session";
 
@@ -20,7 +21,6 @@ export function UploadPage() {
   const [files, setFiles] = useState<File[]>([]);
   const [name, setName] = useState("");
   const [allowMismatch, setAllowMismatch] = useState(false);
-  const [over, setOver] = useState(false);
   const [state, setState] = useState<State>({ step: "idle" });
 
   const choose = (picked: File[], source: string) => {
@@ -28,14 +28,6 @@ export function UploadPage() {
     if (!name && source) setName(suggestedName(source));
     setState({ step: "idle" });
   };
-  const onDrop = async (event: DragEvent) => {
-    event.preventDefault();
-    setOver(false);
-    const dropped = await droppedFiles(event.dataTransfer);
-    choose(dropped.files, dropped.source);
-  };
-  const folderOf = (list: FileList) => list[0]?.webkitRelativePath.split("/")[0] || list[0]?.name || "";
-
   const submit = async (event: FormEvent) => {
     event.preventDefault();
     const form = new FormData();
@@ -61,41 +53,7 @@ export function UploadPage() {
         .tar.gz / .zip of it. The server checks every module and shape against the served base before storing it.
       </p>
       <form onSubmit={submit} aria-label="Upload an adapter">
-        <div
-          className={over ? "dropzone over" : "dropzone"}
-          onDragOver={(event) => {
-            event.preventDefault();
-            setOver(true);
-          }}
-          onDragLeave={() => setOver(false)}
-          onDrop={onDrop}
-          data-testid="dropzone"
-        >
-          <p>Drop a PEFT directory or an archive here, or choose:</p>
-          <label className="button">
-            Directory…
-            <input
-              type="file"
-              className="visually-hidden"
-              aria-label="Choose a directory"
-              // @ts-expect-error: webkitdirectory is not in React's input attributes, but every browser has it
-              webkitdirectory=""
-              multiple
-              onChange={(event) => event.target.files && choose([...event.target.files], folderOf(event.target.files))}
-            />
-          </label>
-          <label className="button">
-            Files or archive…
-            <input
-              type="file"
-              className="visually-hidden"
-              aria-label="Choose files or an archive"
-              multiple
-              accept=".json,.safetensors,.gz,.tgz,.tar,.zip"
-              onChange={(event) => event.target.files && choose([...event.target.files], event.target.files[0]?.name ?? "")}
-            />
-          </label>
-        </div>
+        <DropZone onFiles={choose} />
         {files.length > 0 && (
           <ul className="files" aria-label="Files to upload">
             {files.map((file) => (
