@@ -25,7 +25,6 @@ import os
 import socket
 import sys
 import tempfile
-import uuid
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
@@ -36,10 +35,9 @@ sys.path[:0] = [str(HERE), str(HERE.parent / "tests")]
 import httpx  # noqa: E402
 import ray  # noqa: E402
 from ray import serve  # noqa: E402
+from postgres_databases import POSTGRES_URL, throwaway_postgres_database  # noqa: E402
 from served.server import Server, send_batch  # noqa: E402
 from served.workload import adapter_specs, mixed_requests, write_adapters  # noqa: E402
-from sqlalchemy import create_engine, text  # noqa: E402
-from sqlalchemy.engine import make_url  # noqa: E402
 
 from loraloom.engine import ADAPTER_FILES  # noqa: E402
 from loraloom.engine.model.bundled import import_bundled  # noqa: E402
@@ -47,24 +45,7 @@ from loraloom.platform.ray_serve.app import build_app  # noqa: E402
 from loraloom.platform.ray_serve.engine_deployment import EngineDeployment  # noqa: E402
 from loraloom.platform.ray_serve.replica_board import replica_board  # noqa: E402
 
-POSTGRES_ADMIN_URL = os.environ.get("LORALOOM_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 ENGINE = {"max_loras": 8, "max_lora_rank": 64}
-
-
-@contextmanager
-def throwaway_database() -> Iterator[str]:
-    name = f"loraloom_bench_{uuid.uuid4().hex[:12]}"
-    admin = create_engine(POSTGRES_ADMIN_URL, isolation_level="AUTOCOMMIT")
-    try:
-        with admin.connect() as connection:
-            connection.execute(text(f'CREATE DATABASE "{name}"'))
-        try:
-            yield make_url(POSTGRES_ADMIN_URL).set(database=name).render_as_string(hide_password=False)
-        finally:
-            with admin.connect() as connection:
-                connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-    finally:
-        admin.dispose()
 
 
 def free_port() -> int:
@@ -108,7 +89,7 @@ def host_cache_misses() -> dict[str, int]:
 
 
 def run(replicas: int, model_dir: Path, adapters_dir: Path, names: list[str], requests, work: Path) -> dict:
-    with throwaway_database() as database_url, ray_app(replicas, work / f"data-{replicas}", database_url) as server:
+    with throwaway_postgres_database(POSTGRES_URL) as database_url, ray_app(replicas, work / f"data-{replicas}", database_url) as server:
         push_adapters(server, adapters_dir, names)
         # Warm: each adapter's first request (one token), so the measured batch sees no first loads.
         first_of_each = {request.adapter: request for request in reversed(requests) if request.adapter is not None}

@@ -141,22 +141,25 @@ def _latency_histograms(stats: EngineStats) -> Iterator[Metric]:
 
 def _residency(stats: EngineStats) -> Iterator[Metric]:
     """Where adapters are: GPU slots (used and total above) and the host cache, and the traffic between."""
-    yield GaugeMetricFamily("loraloom_host_cache_adapters", "Adapters whose weights the host cache holds.",
-                            value=stats.host_cache_adapters)
-    yield GaugeMetricFamily("loraloom_host_cache_bytes", "Host memory the cached adapter weights take.",
-                            value=stats.host_cache_bytes)
-    yield GaugeMetricFamily("loraloom_host_cache_capacity", "Adapters the host cache keeps (not counting held ones).",
-                            value=stats.host_cache_capacity)
-    yield CounterMetricFamily("loraloom_host_cache_hits", "Adapter lookups answered from host memory.",
-                              value=stats.host_cache_hits_total)
-    yield CounterMetricFamily("loraloom_host_cache_misses", "Adapter lookups that fetched from storage.",
-                              value=stats.host_cache_misses_total)
-    yield CounterMetricFamily("loraloom_host_cache_evictions", "Adapters dropped from host memory for room.",
-                              value=stats.host_cache_evictions_total)
-    yield CounterMetricFamily("loraloom_adapter_slot_loads", "Adapters copied into a GPU slot.",
-                              value=stats.adapter_slot_loads_total)
-    yield CounterMetricFamily("loraloom_adapter_slot_evictions", "GPU slot loads that replaced another adapter.",
-                              value=stats.adapter_slot_evictions_total)
+    for family, name, help_text, value in (
+        (GaugeMetricFamily, "loraloom_host_cache_adapters", "Adapters whose weights the host cache holds.",
+         stats.host_cache_adapters),
+        (GaugeMetricFamily, "loraloom_host_cache_bytes", "Host memory the cached adapter weights take.",
+         stats.host_cache_bytes),
+        (GaugeMetricFamily, "loraloom_host_cache_capacity", "Adapters the host cache keeps (not counting held ones).",
+         stats.host_cache_capacity),
+        (CounterMetricFamily, "loraloom_host_cache_hits", "Adapter lookups answered from host memory.",
+         stats.host_cache_hits_total),
+        (CounterMetricFamily, "loraloom_host_cache_misses", "Adapter lookups that fetched from storage.",
+         stats.host_cache_misses_total),
+        (CounterMetricFamily, "loraloom_host_cache_evictions", "Adapters dropped from host memory for room.",
+         stats.host_cache_evictions_total),
+        (CounterMetricFamily, "loraloom_adapter_slot_loads", "Adapters copied into a GPU slot.",
+         stats.adapter_slot_loads_total),
+        (CounterMetricFamily, "loraloom_adapter_slot_evictions", "GPU slot loads that replaced another adapter.",
+         stats.adapter_slot_evictions_total),
+    ):
+        yield family(name, help_text, value=value)
 
 
 def _per_adapter(family: GaugeMetricFamily | CounterMetricFamily, counts: dict[tuple[str, str], int]) -> Metric:

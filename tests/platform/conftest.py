@@ -10,28 +10,25 @@ so parallel or repeated runs never see each other's tables.
 """
 from __future__ import annotations
 
-import os
 import shutil
 import socket
 import subprocess
 import sys
 import threading
-import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from sqlalchemy import create_engine, text
-from sqlalchemy.engine import make_url
+from sqlalchemy import create_engine
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
+
+from postgres_databases import POSTGRES_URL, throwaway_postgres_database
 
 from loraloom.platform.db import create_db_engine, create_session_factory, upgrade_database
 from loraloom.platform.storage.s3 import make_s3_client
 
-POSTGRES_URL = os.environ.get("LORALOOM_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/test")
 
 
 @pytest.fixture(scope="session")
@@ -45,23 +42,6 @@ def postgres_admin_url() -> str:
     finally:
         engine.dispose()
     return POSTGRES_URL
-
-
-@contextmanager
-def throwaway_postgres_database(admin_url: str) -> Iterator[str]:
-    """A new, empty database beside `admin_url`'s, dropped (its connections cut) at the end; yields its URL."""
-    name = f"loraloom_test_{uuid.uuid4().hex[:12]}"
-    admin = create_engine(admin_url, isolation_level="AUTOCOMMIT")  # CREATE DATABASE refuses transactions
-    try:
-        with admin.connect() as connection:
-            connection.execute(text(f'CREATE DATABASE "{name}"'))
-        try:
-            yield make_url(admin_url).set(database=name).render_as_string(hide_password=False)
-        finally:
-            with admin.connect() as connection:
-                connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-    finally:
-        admin.dispose()
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

@@ -14,6 +14,7 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 from live_api import bearer, make_key, migrated_settings
+from postgres_databases import throwaway_postgres_database
 from lora_factory import make_peft_adapter
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -53,8 +54,6 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory, postgres_admin_url) -> Iterator[Cluster]:
-    from conftest import throwaway_postgres_database  # tests/platform/conftest.py
-
     with throwaway_postgres_database(postgres_admin_url) as database_url:
         settings = migrated_settings(tmp_path_factory.mktemp("ray-data"), database_url)
         key = make_key(settings, tenant=TENANT, role="developer")
