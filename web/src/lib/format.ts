@@ -32,16 +32,18 @@ export function formatNumber(value: number | null | undefined): string {
   return value === null || value === undefined ? "—" : integer.format(value);
 }
 
-/** Bytes with the largest unit that keeps the number at or above 1, via Intl's unit formatting. */
+/** Bytes with the largest unit that keeps the number at or above 1, via Intl's unit formatting.
+ * Decimal units (1 kB = 1000 B), as Intl's kilobyte and megabyte names mean; plain bytes as "B". */
 export function formatBytes(value: number | null | undefined): string {
   if (value === null || value === undefined) return "—";
   let amount = value;
   let unit = 0;
-  while (amount >= 1024 && unit < bytesUnits.length - 1) {
-    amount /= 1024;
+  while (amount >= 1000 && unit < bytesUnits.length - 1) {
+    amount /= 1000;
     unit += 1;
   }
+  if (unit === 0) return `${integer.format(amount)} B`;
   return new Intl.NumberFormat(undefined, {
-    style: "unit", unit: bytesUnits[unit], unitDisplay: "short", maximumFractionDigits: unit === 0 ? 0 : 1,
+    style: "unit", unit: bytesUnits[unit], unitDisplay: "short", maximumFractionDigits: 1,
   }).format(amount);
 }
