@@ -144,10 +144,26 @@ def engine_replicas_running() -> int:
     return deployment.replica_states.get("RUNNING", 0)
 
 
+def registry_is_whole(client: httpx.Client, headers: dict[str, str]) -> None:
+    """Every adapter is listed at version 1, and each of its files downloads with the sha256 registered."""
+    import hashlib
+
+    listed = client.get("/v1/adapters", params={"limit": 100}, headers=headers).json()["data"]
+    assert sorted((item["name"], item["latest_version"]["version"]) for item in listed) == [(n, 1) for n in ADAPTERS]
+    for name in ADAPTERS:
+        download = client.get(f"/v1/adapters/{name}/versions/1/download", headers=headers)
+        assert download.status_code == 200, download.text
+        for file in download.json()["files"]:
+            body = client.get(file["url"], headers=headers)
+            assert body.status_code == 200, body.text
+            assert hashlib.sha256(body.content).hexdigest() == file["sha256"], (name, file["filename"])
+
+
 def test_a_replica_killed_during_traffic_gives_clean_503s_and_is_replaced(cluster):
     """Runs after the test above, on its adapters: the replica holding bot0 is killed while it serves
-    bot0's requests. Each request completes or gets a 503 with Retry-After, none hangs; Ray Serve
-    starts a replacement, and bot0 is served again with the same answer."""
+    bot0's requests. Each request completes or gets a 503 with Retry-After, none hangs; nothing the
+    registry holds is lost or half-written; Ray Serve starts a replacement, and bot0 is served again
+    with the same answer."""
     from concurrent.futures import ThreadPoolExecutor
 
     from live_api import wait_until
@@ -180,6 +196,7 @@ def test_a_replica_killed_during_traffic_gives_clean_503s_and_is_replaced(cluste
             else:
                 assert response.status_code == 200, response.text
 
+        registry_is_whole(client, cluster.headers)
         wait_until(lambda: engine_replicas_running() == 2, "the replacement replica", timeout_s=240)
         again = client.post("/v1/chat/completions", json=chat_body("bot0", PROMPTS[0]), headers=cluster.headers)
         assert again.status_code == 200, again.text
