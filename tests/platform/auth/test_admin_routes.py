@@ -151,7 +151,7 @@ def test_inference_and_reads_are_not_audited(auth_server, db):
     before = len(audit_rows(db))
     headers = {**bearer(auth_server.keys["inference"]), "X-Request-ID": "not-audited"}
     body = {"model": "base", "prompt": "Hi", "max_tokens": 1}
-    assert httpx.post(f"{auth_server.url}/v1/completions", json=body, headers=headers, timeout=60).status_code == 200
+    assert httpx.post(f"{auth_server.url}/v1/completions", json=body, headers=headers, timeout=300).status_code == 200
     assert httpx.get(f"{auth_server.url}/v1/models", headers=headers, timeout=60).status_code == 200
     # A mutating call after them: once its row is in, anything written before it would be too.
     httpx.post(f"{auth_server.url}/v1/tenants", json={"name": "marker"}, headers={"X-Request-ID": "marker"})
