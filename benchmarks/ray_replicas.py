@@ -55,19 +55,19 @@ def free_port() -> int:
 
 
 @contextmanager
-def ray_app(replicas: int, data_dir: Path, database_url: str) -> Iterator[Server]:
+def ray_app(replicas: int, cpus_per_replica: int, data_dir: Path, database_url: str) -> Iterator[Server]:
     """The loraloom app on a fresh local Ray cluster; a developer key of tenant `bench`."""
     from live_api import make_key, migrated_settings  # tests/live_api.py
 
     settings = migrated_settings(data_dir, database_url)
     key = make_key(settings, tenant="bench", role="developer")
     os.environ.update({"LORALOOM_DATA_DIR": str(data_dir), "LORALOOM_DATABASE_URL": database_url})
-    ray.init(num_cpus=2 * replicas + 2, include_dashboard=False, namespace=f"loraloom-bench-{replicas}",
+    ray.init(num_cpus=cpus_per_replica * replicas + 2, include_dashboard=False, namespace=f"loraloom-bench-{replicas}",
              log_to_driver=False)
     try:
         port = free_port()
         serve.start(http_options={"host": "127.0.0.1", "port": port})
-        engine = EngineDeployment.options(num_replicas=replicas, ray_actor_options={"num_cpus": 1})
+        engine = EngineDeployment.options(num_replicas=replicas, ray_actor_options={"num_cpus": cpus_per_replica})
         serve.run(build_app({"engine": ENGINE}, engine=engine), name="loraloom", route_prefix="/")
         yield Server(f"http://127.0.0.1:{port}", key, None)
     finally:
@@ -88,8 +88,9 @@ def host_cache_misses() -> dict[str, int]:
     return {post.replica: post.residency.host_cache_misses for post in ray.get(replica_board().live_posts.remote())}
 
 
-def run(replicas: int, model_dir: Path, adapters_dir: Path, names: list[str], requests, work: Path) -> dict:
-    with throwaway_postgres_database(POSTGRES_URL) as database_url, ray_app(replicas, work / f"data-{replicas}", database_url) as server:
+def run(replicas: int, cpus_per_replica: int, adapters_dir: Path, names: list[str], requests, work: Path) -> dict:
+    with (throwaway_postgres_database(POSTGRES_URL) as database_url,
+          ray_app(replicas, cpus_per_replica, work / f"data-{replicas}", database_url) as server):
         push_adapters(server, adapters_dir, names)
         # Warm: each adapter's first request (one token), so the measured batch sees no first loads.
         first_of_each = {request.adapter: request for request in reversed(requests) if request.adapter is not None}
@@ -108,6 +109,8 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=40)
     parser.add_argument("--adapters", type=int, default=8)
     parser.add_argument("--replicas", type=int, nargs="+", default=[1, 2])
+    # Ray sets an actor's OMP_NUM_THREADS to its num_cpus: this is also each replica's torch threads.
+    parser.add_argument("--cpus-per-replica", type=int, default=1)
     args = parser.parse_args()
 
     model_dir = import_bundled()
@@ -117,10 +120,11 @@ def main() -> None:
         write_adapters(model_dir, work / "adapters", specs)
         names = [spec.name for spec in specs]
         requests = mixed_requests(args.requests, names, seed=7)
-        results = {replicas: run(replicas, model_dir, work / "adapters", names, requests, work)
+        results = {replicas: run(replicas, args.cpus_per_replica, work / "adapters", names, requests, work)
                    for replicas in args.replicas}
 
-    print(f"{args.requests} mixed chats over {args.adapters} adapters, all sent at once, over HTTP (Ray Serve)")
+    print(f"{args.requests} mixed chats over {args.adapters} adapters, all sent at once, over HTTP (Ray Serve, "
+          f"{args.cpus_per_replica} CPU(s) and torch thread(s) per replica)")
     print("| replicas | tok/s | tokens | seconds | landed on a holder |")
     print("|---|---|---|---|---|")
     for replicas, row in results.items():
