@@ -18,9 +18,13 @@ from loraloom.platform.storage import storage_from_settings
 from loraloom.platform.training.jobs import find_checkpoint
 
 GATEWAY_DEPLOYMENT = "LoraloomGateway"
+# Requests one gateway replica holds at once. Ray Serve's default (5) made the gateway, which only
+# forwards and streams, the cap on how many requests the engine could batch: the mixed benchmark ran
+# at half of `loraloom serve`. Above what the engine replicas behind it take together.
+GATEWAY_MAX_ONGOING_REQUESTS = 1024
 
 
-@serve.deployment(name=GATEWAY_DEPLOYMENT)
+@serve.deployment(name=GATEWAY_DEPLOYMENT, max_ongoing_requests=GATEWAY_MAX_ONGOING_REQUESTS)
 @serve.ingress()
 class GatewayDeployment:
     def __init__(self, engine: DeploymentHandle, args: dict) -> None:

@@ -14,8 +14,8 @@ from ray.serve.schema import ServeDeploySchema  # noqa: E402
 from loraloom.platform.cli.main import build_parser  # noqa: E402
 from loraloom.platform.cli.ray_command import config_settings_env  # noqa: E402
 from loraloom.platform.ray_serve.app import build_app  # noqa: E402
-from loraloom.platform.ray_serve.engine_deployment import ENGINE_DEPLOYMENT  # noqa: E402
-from loraloom.platform.ray_serve.gateway import GATEWAY_DEPLOYMENT  # noqa: E402
+from loraloom.platform.ray_serve.engine_deployment import ENGINE_DEPLOYMENT, EngineDeployment  # noqa: E402
+from loraloom.platform.ray_serve.gateway import GATEWAY_DEPLOYMENT, GatewayDeployment  # noqa: E402
 from loraloom.platform.ray_serve.options import AppOptions  # noqa: E402
 
 CONFIG = Path(__file__).resolve().parents[3] / "deploy" / "ray" / "serve_config.yaml"
@@ -47,3 +47,15 @@ def test_bad_application_args_are_refused_naming_the_field():
         AppOptions.from_args({"engine": {"max_lora": 8}})
     with pytest.raises(ValueError, match=r"args: unknown keys \['modle'\]"):
         AppOptions.from_args({"modle": "/m"})
+
+
+def test_the_gateway_never_caps_what_the_engines_batch():
+    """A gateway replica holds at most max_ongoing_requests requests; below what its engine replicas
+    take, the engine batches fewer requests than users send (Ray Serve's default of 5 halved the
+    mixed benchmark's throughput)."""
+    engine_takes = EngineDeployment.max_ongoing_requests
+    assert GatewayDeployment.max_ongoing_requests >= 2 * engine_takes
+    deployments = {deployment["name"]: deployment for deployment in config()["applications"][0]["deployments"]}
+    for name in (ENGINE_DEPLOYMENT, GATEWAY_DEPLOYMENT):
+        assert "max_ongoing_requests" in deployments[name], name
+    assert deployments[GATEWAY_DEPLOYMENT]["max_ongoing_requests"] >= 2 * deployments[ENGINE_DEPLOYMENT]["max_ongoing_requests"]
