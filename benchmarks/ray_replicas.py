@@ -85,7 +85,7 @@ def push_adapters(server: Server, adapters_dir: Path, names: list[str]) -> None:
 
 
 def host_cache_misses() -> dict[str, int]:
-    return {post.replica: post.residency.host_cache_misses for post in ray.get(replica_board().live_posts.remote())}
+    return {post.replica: post.stats.host_cache_misses_total for post in ray.get(replica_board().live_posts.remote())}
 
 
 def run(replicas: int, cpus_per_replica: int, adapters_dir: Path, names: list[str], requests, work: Path) -> dict:

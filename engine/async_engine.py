@@ -131,7 +131,7 @@ class AsyncEngine:
         def read() -> AdapterResidency:
             return AdapterResidency(
                 slots={key: core.slot_table.lookup(key) for key in core.slot_table.resident_keys()},
-                host_cache_keys=frozenset(cache.keys()), host_cache_hits=cache.hits, host_cache_misses=cache.misses,
+                host_cache_keys=frozenset(cache.keys()),
             )
 
         for _ in range(10):

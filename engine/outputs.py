@@ -114,12 +114,10 @@ class EngineStats:
 @dataclass(frozen=True)
 class AdapterResidency:
     """Where an engine holds adapters now, by runtime key: in a GPU slot (and the host cache), or in
-    the host cache only; plus the host cache's lookup counts since the engine started."""
+    the host cache only. The host cache's lookup counts are in EngineStats."""
 
     slots: dict[str, int]  # runtime key -> GPU slot index
     host_cache_keys: frozenset[str]
-    host_cache_hits: int
-    host_cache_misses: int
 
     @property
     def resident_keys(self) -> frozenset[str]:

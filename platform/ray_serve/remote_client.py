@@ -117,8 +117,6 @@ class RayEngineClient:
         return AdapterResidency(
             slots={key: slot for residency in residencies for key, slot in residency.slots.items()},
             host_cache_keys=frozenset().union(*(residency.host_cache_keys for residency in residencies)),
-            host_cache_hits=sum(residency.host_cache_hits for residency in residencies),
-            host_cache_misses=sum(residency.host_cache_misses for residency in residencies),
         )
 
 

@@ -75,7 +75,7 @@ def get_engine_status(caller: CallerDep, engine: EngineDep, session: SessionDep)
         adapter_slots_used=stats.adapter_slots_used, adapter_slots_total=stats.adapter_slots_total,
         prompt_tokens_total=stats.prompt_tokens_total, generation_tokens_total=stats.generation_tokens_total,
         preemptions_total=stats.preemptions_total,
-        host_cache_hits=residency.host_cache_hits, host_cache_misses=residency.host_cache_misses,
+        host_cache_hits=stats.host_cache_hits_total, host_cache_misses=stats.host_cache_misses_total,
         host_cache_adapters=len(residency.host_cache_keys),
         adapters=resident_adapters(residency, session, caller.tenant_id),
     )
