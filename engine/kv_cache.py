@@ -12,6 +12,11 @@ collision resistant, so a crafted prompt could land on another tenant's block
 and read its KV. A sha256 digest chained over (parent digest, salt, tokens)
 makes a hit mean "same tokens, same adapter, same whole prefix" without
 storing the tokens to verify.
+
+Blocks a running request will fill from its known tokens but has not computed yet are
+*in flight*: the scheduler holds back a waiting request whose next blocks are in flight
+(`inflight_prefix_tokens`), so that requests arriving together behind one long system prompt
+compute it once and the others reuse it a step later, instead of all computing it side by side.
 """
 from __future__ import annotations
 
@@ -38,9 +43,11 @@ class _Holder:
     """Block-manager state of one request that holds blocks."""
 
     request: Request
-    # Digests of the request's leading full blocks, in order; commit() extends it,
-    # so each step hashes only the blocks that became full.
-    hashes: list[bytes] = field(default_factory=list)
+    # How many of the request's leading full blocks hold computed tokens and are registered
+    # (or were offered for registration) in the prefix cache; commit() advances it.
+    num_committed: int = 0
+    # Digests of blocks it will compute that nobody had cached or in flight when it was admitted.
+    inflight: list[bytes] = field(default_factory=list)
 
 
 class BlockManager:
@@ -55,6 +62,7 @@ class BlockManager:
         self._ref_counts = [0] * num_blocks
         self._hash_of_block: list[bytes | None] = [None] * num_blocks
         self._block_of_hash: dict[bytes, int] = {}
+        self._inflight: dict[bytes, str] = {}  # digest of a block being computed -> the request computing it
         # Free blocks come in two pools: blank ones are handed out first, cached
         # ones (still matchable) only when no blank block is left, least recently
         # freed first.
@@ -93,7 +101,7 @@ class BlockManager:
         if request.request_id in self._holders or request.block_ids:
             raise ValueError(f"request {request.request_id!r}: already holds KV blocks; "
                              "free it before allocating again")
-        matched_hashes, matched_blocks = self._match_prefix(request)
+        matched_blocks = self._match_prefix(request)
         num_cached = len(matched_blocks) * self.block_size
         revived = sum(1 for block in matched_blocks if self._ref_counts[block] == 0)
         missing = self._blocks_for(request.num_tokens) - len(matched_blocks)
@@ -104,7 +112,8 @@ class BlockManager:
                 del self._cached_free[block]
             self._ref_counts[block] += 1
         request.block_ids = matched_blocks
-        self._holders[request.request_id] = _Holder(request, matched_hashes)
+        holder = self._holders[request.request_id] = _Holder(request, len(matched_blocks))
+        self._mark_inflight(holder)
         request.num_computed_tokens = num_cached
         if request.num_preemptions == 0:
             request.num_cached_tokens = num_cached
@@ -131,24 +140,28 @@ class BlockManager:
             return
         holder = self._holder(request)
         num_full = request.num_computed_tokens // self.block_size
-        if num_full <= len(holder.hashes):
+        if num_full <= holder.num_committed:
             return
-        token_ids = request.all_token_ids
-        for index in range(len(holder.hashes), num_full):
-            parent = holder.hashes[-1] if holder.hashes else _ROOT_HASH
-            digest = self._hash_block(parent, token_ids, index, request.cache_salt)
-            holder.hashes.append(digest)
+        hashes = self._block_hashes(request, num_full)
+        for index in range(holder.num_committed, num_full):
+            digest = hashes[index]
+            self._inflight.pop(digest, None)  # computed now, by this request or (the same digest) another
             block = request.block_ids[index]
             # Two requests that computed the same prefix at once: the first
             # registered copy stays the cached one, the second is plain KV.
             if digest not in self._block_of_hash and self._hash_of_block[block] is None:
                 self._block_of_hash[digest] = block
                 self._hash_of_block[block] = digest
+        holder.num_committed = num_full
 
     def free(self, request: Request) -> None:
         """Drop the request's references; blocks nobody holds go back to the free list."""
-        if self._holders.pop(request.request_id, None) is None:
+        holder = self._holders.pop(request.request_id, None)
+        if holder is None:
             return
+        for digest in holder.inflight:  # what it will no longer compute (preempted or aborted mid-prefill)
+            if self._inflight.get(digest) == request.request_id:
+                del self._inflight[digest]
         # Tail blocks first, so a shared prefix is the last part of a sequence
         # to be evicted.
         for block in reversed(request.block_ids):
@@ -159,10 +172,43 @@ class BlockManager:
         self.rows.release(request)
         request.block_ids = []
 
+    def inflight_prefix_tokens(self, request: Request) -> int:
+        """For a request not yet admitted: how many tokens of its next blocks, after what the cache
+        already holds, a running request is computing now (0 when prefix caching is off)."""
+        if not self.enable_prefix_caching:
+            return 0
+        max_blocks = (request.num_tokens - 1) // self.block_size  # as _match_prefix: the last token is computed
+        inflight = 0
+        for digest in self._block_hashes(request, max_blocks)[:max_blocks]:
+            if digest in self._inflight:
+                inflight += 1
+            elif digest not in self._block_of_hash:
+                break
+        return inflight * self.block_size
+
     # ----------------------------------------------------------------- internals
-    def _hash_block(self, parent: bytes, token_ids: list[int], index: int, salt: str) -> bytes:
-        """Chained digest of block `index` of a sequence."""
-        return block_hash(parent, token_ids[index * self.block_size:(index + 1) * self.block_size], salt)
+    def _block_hashes(self, request: Request, num_blocks: int) -> list[bytes]:
+        """request.block_hashes, extended to cover its first `num_blocks` full blocks (or all it has)."""
+        hashes = request.block_hashes
+        num_blocks = min(num_blocks, request.num_tokens // self.block_size)
+        if len(hashes) < num_blocks:
+            token_ids = request.all_token_ids
+            size = self.block_size
+            for index in range(len(hashes), num_blocks):
+                parent = hashes[-1] if hashes else _ROOT_HASH
+                hashes.append(block_hash(parent, token_ids[index * size:(index + 1) * size], request.cache_salt))
+        return hashes
+
+    def _mark_inflight(self, holder: _Holder) -> None:
+        """Mark the full blocks the new holder will compute from its known tokens as in flight."""
+        if not self.enable_prefix_caching:
+            return
+        request = holder.request
+        full = request.num_tokens // self.block_size
+        for digest in self._block_hashes(request, full)[holder.num_committed:full]:
+            if digest not in self._block_of_hash and digest not in self._inflight:
+                self._inflight[digest] = request.request_id
+                holder.inflight.append(digest)
 
     def _blocks_for(self, num_tokens: int) -> int:
         return -(-num_tokens // self.block_size)
@@ -173,23 +219,19 @@ class BlockManager:
             raise ValueError(f"request {request.request_id!r}: holds no KV blocks; call allocate_for_new first")
         return holder
 
-    def _match_prefix(self, request: Request) -> tuple[list[bytes], list[int]]:
+    def _match_prefix(self, request: Request) -> list[int]:
+        """The cached blocks of the request's longest cached prefix."""
         if not self.enable_prefix_caching:
-            return [], []
-        token_ids = request.all_token_ids
+            return []
         # Never the whole sequence: its last token must be computed for logits.
-        max_blocks = (len(token_ids) - 1) // self.block_size
-        hashes: list[bytes] = []
+        max_blocks = (request.num_tokens - 1) // self.block_size
         blocks: list[int] = []
-        parent = _ROOT_HASH
-        for index in range(max_blocks):
-            parent = self._hash_block(parent, token_ids, index, request.cache_salt)
-            block = self._block_of_hash.get(parent)
+        for digest in self._block_hashes(request, max_blocks)[:max_blocks]:
+            block = self._block_of_hash.get(digest)
             if block is None:
                 break
-            hashes.append(parent)
             blocks.append(block)
-        return hashes, blocks
+        return blocks
 
     def _take_free(self, count: int) -> list[int]:
         taken = []
@@ -214,7 +256,7 @@ class BlockManager:
             assert row[:len(table)].tolist() == table and not row[len(table):].any(), \
                 f"{request_id}: its BlockRows row differs from its block table"
             assert len(set(table)) == len(table), f"{request_id}: duplicate block in its table {table}"
-            assert len(holder.hashes) <= len(table), f"{request_id}: more hashes than blocks"
+            assert holder.num_committed <= len(table), f"{request_id}: more committed blocks than blocks"
             assert holder.request.num_computed_tokens <= len(table) * self.block_size, \
                 f"{request_id}: computed past its blocks"
             for block in table:
@@ -228,3 +270,6 @@ class BlockManager:
         for digest, block in self._block_of_hash.items():
             assert self._hash_of_block[block] == digest, f"block {block}: hash index out of sync"
         assert sum(h is not None for h in self._hash_of_block) == len(self._block_of_hash), "orphan block hash"
+        for digest, request_id in self._inflight.items():
+            assert request_id in self._holders, f"{request_id}: in flight but holds no blocks"
+            assert digest not in self._block_of_hash, "a block both cached and in flight"

@@ -164,7 +164,11 @@ class ModelRunner:
 def nonfinite_rows(logits: torch.Tensor) -> list[int]:
     """Rows holding a NaN or an infinity: a broken adapter's requests (no other row can see its
     values: adapter rows are computed apart), failed alone rather than failing the step."""
-    finite = torch.isfinite(logits).all(dim=-1)
-    if bool(finite.all()):  # one reduction and one sync in the usual case
+    # A row sum is NaN or infinite whenever the row holds a NaN or an infinity, so one vectorized
+    # sum screens the batch; torch's isfinite on CPU is several elementwise passes (about 2 ms
+    # for 32 x 49k logits here, 2-5% of a decode step), the sum one pass at memory speed. A sum
+    # that merely overflowed falls through to the exact check, which decides.
+    if bool(torch.isfinite(logits.sum(dim=-1)).all()):  # one reduction and one sync in the usual case
         return []
+    finite = torch.isfinite(logits).all(dim=-1)
     return (~finite).nonzero().flatten().tolist()

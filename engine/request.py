@@ -129,6 +129,9 @@ class Request:
     num_cached_tokens: int = 0  # tokens served from the prefix cache at first schedule
     block_ids: list[int] = field(default_factory=list)
     block_row: int = -1  # its row in the block manager's BlockRows mirror of block_ids (-1: none)
+    # Prefix-cache digests of its leading full blocks of all_token_ids (with cache_salt), extended as
+    # the block manager needs them: tokens are only ever appended, so a digest never goes stale.
+    block_hashes: list[bytes] = field(default_factory=list)
     adapter_slot: int = -1  # the GPU slot of its adapter while running (-1: the base model)
     num_preemptions: int = 0
 

@@ -18,6 +18,11 @@ A step, under a token budget (`max_num_batched_tokens`) and a sequence limit
 2. If nothing was preempted, waiting requests are admitted oldest first while
    budget, sequences, KV blocks and adapter slots allow. Running out of blocks
    stops admission (younger requests never overtake an older one on memory).
+   A waiting request whose next prefix blocks a running request is computing
+   right now (same tokens, same adapter) waits for them instead of computing
+   them too: requests that arrive together behind one long system prompt
+   compute it once (SGLang's in-batch prefix caching does the same). The wait
+   is bounded by that prefill, which runs every step.
 
 Adapter slots (the number of distinct adapters in a step). A waiting request
 whose adapter is not resident and finds every slot in use is *slot-blocked*:
@@ -46,6 +51,9 @@ from loraloom.engine.kv_cache import BlockManager
 from loraloom.engine.request import Request, RequestStatus
 
 BASE_SLOT = -1
+# A waiting request waits for a running one's prefill when at least this many tokens of its prefix are
+# being computed: below it, the step of delay costs more than the recomputation it saves.
+MIN_SHARED_INFLIGHT_TOKENS = 32
 
 
 @dataclass(slots=True)  # one per running request per step: slots make it cheaper to build
@@ -231,6 +239,8 @@ class Scheduler:
                     continue
                 if key == draining_key:
                     continue
+            if self.block_manager.inflight_prefix_tokens(request) >= MIN_SHARED_INFLIGHT_TOKENS:
+                continue  # its prefix is being computed by a running request: reuse it next step
             if not self.block_manager.allocate_for_new(request):
                 break
             slot = BASE_SLOT

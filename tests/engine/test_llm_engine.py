@@ -132,6 +132,30 @@ def test_prefix_cache_reuses_blocks_only_for_the_same_adapter(model_dir, adapter
     assert cached_other == 0 and cached_base == 0, "KV computed under one adapter must never serve another"
 
 
+def test_requests_sent_together_behind_one_system_prompt_compute_it_once(model_dir, adapters):
+    engine = LLMEngine(model_dir, EngineConfig(num_kv_blocks=128, max_loras=2))
+    no_cache = LLMEngine(model_dir, EngineConfig(num_kv_blocks=128, max_loras=2, enable_prefix_caching=False))
+    prompts = {"first": chat(engine, "Where is my order 1234?", SYSTEM),
+               "second": chat(engine, "Can I change my delivery address?", SYSTEM)}
+    shared = next(i for i, (a, b) in enumerate(zip(*prompts.values())) if a != b)
+
+    def generate_together(target):
+        for request_id, prompt in prompts.items():
+            target.add_request(request_id, prompt, GREEDY, adapters[0])
+        tokens, cached = {}, {}
+        while target.has_unfinished():
+            for output in target.step():
+                tokens.setdefault(output.request_id, []).extend(output.token_ids)
+                cached[output.request_id] = output.num_cached_tokens
+        return tokens, cached
+
+    tokens, cached = generate_together(engine)
+    block = engine.config.block_size
+    assert cached == {"first": 0, "second": (shared // block) * block}, "the second waited for the first's prefix"
+    assert tokens == generate_together(no_cache)[0]
+    assert_all_blocks_free(engine)
+
+
 def test_deferred_and_in_step_text_give_the_same_deltas(model_dir):
     """Without stop strings the text is made when read (DeferredDetokenizer); with them, in the step.
     Both must stream the same deltas, joining to the decode of the generated tokens."""
