@@ -12,6 +12,7 @@
 // only its own ranks in the slices it targets, and out is updated in place.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <ATen/ThreadLocalState.h>
 
 #include <algorithm>
 #include <atomic>
@@ -30,6 +31,11 @@ using loraloom::dot4;
 // Segments up to this many rows run through the loops below; the weights are read once per segment
 // and the rows stay in L1, so the loops beat a GEMM call until the rows make it compute bound.
 constexpr int64_t kShortSegmentRows = 8;
+// Segments up to this many rows go to torch's matmul one thread each, several segments side by side:
+// a prefill step of many adapters has hundreds of such segments per linear, and a matmul of a few
+// dozen rows split over every thread spends more on the split than on the product. Longer segments
+// run one at a time, each matmul using every thread.
+constexpr int64_t kMediumSegmentRows = 256;
 
 struct Slices {
   std::vector<const float*> b_base;  // per slice: lora_b_t[i].data_ptr()
@@ -168,24 +174,34 @@ void packed_add_lora(const at::Tensor& x,                   // [T, in]
     for (int64_t i = 0; i < num_slices; ++i) total += all_ranks[slot * num_slices + i];
     return total;
   };
-  // Short segments write disjoint rows of out, so they run side by side on torch's intra-op threads;
+  // Short and medium segments write disjoint rows of out, so they run side by side on torch's
+  // intra-op threads (a matmul called from inside the parallel region runs on its caller's thread);
   // long ones run after, one at a time, each matmul using every thread itself.
-  std::vector<size_t> short_segments, long_segments;
+  std::vector<size_t> side_by_side, long_segments;
   for (size_t s = 0; s < seg_slots.size(); ++s) {
     const int64_t slot = seg_slots[s];
     if (slot < 0 || seg_lens[s] == 0) continue;
     if (total_rank(slot) == 0) continue;  // the adapter targets none of this linear's modules
-    (seg_lens[s] <= kShortSegmentRows ? short_segments : long_segments).push_back(s);
+    (seg_lens[s] <= kMediumSegmentRows ? side_by_side : long_segments).push_back(s);
   }
-  // Segments differ in work (ranks 1 to 64, one to all slices), so the threads take them one at a
-  // time from a shared counter rather than in fixed halves.
+  // Segments differ in work (ranks 1 to 64, one to all slices, 1 to 256 rows), so the threads take
+  // them one at a time from a shared counter rather than in fixed halves.
   std::atomic<int64_t> next_segment{0};
-  const int64_t num_short = static_cast<int64_t>(short_segments.size());
-  at::parallel_for(0, std::min<int64_t>(at::get_num_threads(), num_short), 1, [&](int64_t, int64_t) {
+  const int64_t num_side_by_side = static_cast<int64_t>(side_by_side.size());
+  // The caller's inference mode (and the rest of torch's thread-local state) for the torch ops that
+  // the worker threads call: an in-place update of an inference tensor outside it is refused.
+  const at::ThreadLocalState caller_state;
+  at::parallel_for(0, std::min<int64_t>(at::get_num_threads(), num_side_by_side), 1, [&](int64_t, int64_t) {
+    const at::ThreadLocalStateGuard state_guard(caller_state);
     int64_t contiguous_rows[kShortSegmentRows];
-    for (int64_t k = next_segment++; k < num_short; k = next_segment++) {
-      const size_t s = short_segments[k];
+    for (int64_t k = next_segment++; k < num_side_by_side; k = next_segment++) {
+      const size_t s = side_by_side[k];
       const int64_t slot = seg_slots[s], n_rows = seg_lens[s];
+      if (n_rows > kShortSegmentRows) {
+        long_segment(x, token_ids.narrow(0, seg_starts[s], n_rows), seg_rows[s], n_rows, lora_a[slot],
+                     all_ranks + slot * num_slices, total_rank(slot), b_t, slot, out, offsets);
+        continue;
+      }
       const int64_t* rows = ids + seg_starts[s];
       if (seg_rows[s] >= 0) {
         for (int64_t t = 0; t < n_rows; ++t) contiguous_rows[t] = seg_rows[s] + t;

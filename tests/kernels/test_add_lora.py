@@ -101,6 +101,8 @@ STEPS = {
     "grouped": [-1, -1] + [0] * 3 + [1] * 2 + [2] * 4 + [3] * 5 + [5] * 2 + [6] * 3,
     "scrambled": scrambled([-1, -1] + [0] * 3 + [1] * 2 + [2] * 4 + [3] * 5 + [4] * 2 + [5] * 2 + [6] * 3, seed=3),
     "scrambled_prefill": scrambled([3] * 12 + [6] * 9 + [0, 0, 1, -1, 5, 5, 5, 4], seed=5),
+    # Past the compiled op's side-by-side limit (256 rows): a segment whose matmuls use every thread.
+    "long_prefill": [-1] + [2] * 300 + [6] * 20 + [0, 1],
 }
 
 
@@ -138,6 +140,23 @@ def test_add_lora_matches_definition(step: str, implementation: str, dtype: torc
     torch.testing.assert_close(base_out.double(), expected, **TOLERANCES[dtype])
     untouched = [row for row, slot in enumerate(token_slots) if slot < 0 or slot == 4]
     assert torch.equal(base_out[untouched].double(), expected[untouched])  # base and untargeted rows: as they were
+
+
+@pytest.mark.parametrize("step", ["scrambled_prefill", "long_prefill"])
+def test_compiled_op_under_inference_mode(step: str) -> None:
+    """As the engine calls it: the worker threads that run segments side by side update the
+    (inference) output tensor in place, so they must run in the caller's inference mode."""
+    generator = torch.Generator().manual_seed(2)
+    token_slots = STEPS[step]
+    meta = sgmv_metadata(token_slots, [max(column) or 1 for column in zip(*ALL_SLICES)])
+    lora_a, lora_b = make_weights(ALL_SLICES, torch.float32, generator)
+    stack = loaded_stack("compiled", ALL_SLICES, lora_a, lora_b)
+    with torch.inference_mode():
+        x = torch.randn(len(token_slots), IN_FEATURES, generator=generator)
+        base_out = torch.randn(len(token_slots), OFFSETS[-1], generator=generator)
+        expected = expected_output(x, lora_a, lora_b, ALL_SLICES, token_slots, base_out)
+        compiled_add_lora(x, stack, meta, base_out, OFFSETS)
+    torch.testing.assert_close(base_out.double(), expected, **TOLERANCES[torch.float32])
 
 
 @pytest.mark.parametrize("implementation", list(IMPLEMENTATIONS))
