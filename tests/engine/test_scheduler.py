@@ -199,6 +199,15 @@ def unconstrained_outputs(config: EngineConfig, specs: list[Spec]) -> dict[str, 
     return play(reference, unhurried, 10_000).outputs()
 
 
+def assert_finishes_as_unconstrained(simulation: Simulation, config: EngineConfig, max_tokens: int) -> None:
+    """Run the simulation's requests (all added at step 0, one budget) to the end; each must produce
+    the tokens of an unconstrained run."""
+    simulation.run_to_completion(max_steps=20)
+    specs = [Spec(rid, 0, tuple(r.prompt_token_ids), max_tokens, None if r.adapter is None else r.adapter.name)
+             for rid, r in simulation.requests.items()]
+    assert simulation.outputs() == unconstrained_outputs(config, specs)
+
+
 def random_specs(rng: random.Random, count: int, max_len: int, adapters: list[str | None], last_arrival: int,
                  abort_fraction: float, prefix_lengths: tuple[int, ...] = (4, 9, 13)) -> list[Spec]:
     shared_prefixes = [[rng.randrange(1, VOCAB) for _ in range(n)] for n in prefix_lengths]
@@ -328,10 +337,7 @@ def test_prefix_cache_reuse_through_the_scheduler_is_per_adapter():
     assert same_adapter.num_cached_tokens == 32  # 4 full blocks of the common 36 tokens
     assert first_chunk["same"] == len(variant) - 32
     assert other_adapter.num_cached_tokens == 0 and first_chunk["other"] == len(variant)
-    simulation.run_to_completion(max_steps=20)
-    specs = [Spec(rid, 0, tuple(r.prompt_token_ids), 3, None if r.adapter is None else r.adapter.name)
-             for rid, r in simulation.requests.items()]
-    assert simulation.outputs() == unconstrained_outputs(config, specs)
+    assert_finishes_as_unconstrained(simulation, config, max_tokens=3)
 
 
 # ------------------------------------------------------------- prefixes computed by another request
@@ -351,10 +357,7 @@ def test_requests_arriving_together_behind_one_long_prefix_compute_it_once():
     second = {item.request.request_id: item.num_new_tokens for item in simulation.step().scheduled}
     assert follower.num_cached_tokens == 48 and second["follower"] == 2, "it reused all six blocks"
     assert leader.num_cached_tokens == 0
-    simulation.run_to_completion(max_steps=20)
-    specs = [Spec(rid, 0, tuple(r.prompt_token_ids), 4, None if r.adapter is None else r.adapter.name)
-             for rid, r in simulation.requests.items()]
-    assert simulation.outputs() == unconstrained_outputs(config, specs)
+    assert_finishes_as_unconstrained(simulation, config, max_tokens=4)
 
 
 def test_a_waiting_request_goes_on_when_the_request_computing_its_prefix_is_aborted():
