@@ -20,11 +20,11 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent / "tests")]
 
 import torch  # noqa: E402
+from served.peers import local_adapter  # noqa: E402
 from served.workload import adapter_specs, write_adapters  # noqa: E402
 
 from loraloom.engine.config import EngineConfig  # noqa: E402
 from loraloom.engine.llm_engine import LLMEngine  # noqa: E402
-from loraloom.engine.lora.handle import AdapterHandle  # noqa: E402
 from loraloom.engine.lora.layers import build_sgmv_metadata  # noqa: E402
 from loraloom.engine.model.bundled import import_bundled  # noqa: E402
 from loraloom.engine.request import SamplingParams  # noqa: E402
@@ -54,7 +54,7 @@ def main() -> None:
         engine = LLMEngine(model_dir, EngineConfig(max_loras=len(specs), max_lora_rank=max(s.rank for s in specs)))
         # One one-token request per adapter puts every adapter into a slot, as serving does.
         for i, spec in enumerate(specs):
-            handle = AdapterHandle(key=spec.name, name=spec.name, uri=(Path(tmp) / spec.name).resolve().as_uri())
+            handle = local_adapter(Path(tmp), spec.name)
             engine.load_adapter(handle)
             engine.add_request(f"load{i}", [1, 2, 3], SamplingParams(max_tokens=1), handle)
         while engine.has_unfinished():

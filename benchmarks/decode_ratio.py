@@ -21,12 +21,11 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent / "tests")]
 
-from served.peers import chat_token_ids  # noqa: E402
+from served.peers import chat_token_ids, local_adapter  # noqa: E402
 from served.workload import adapter_specs, uniform_requests, write_adapters  # noqa: E402
 
 from loraloom.engine.config import EngineConfig  # noqa: E402
 from loraloom.engine.llm_engine import LLMEngine  # noqa: E402
-from loraloom.engine.lora.handle import AdapterHandle  # noqa: E402
 from loraloom.engine.model.bundled import import_bundled  # noqa: E402
 from loraloom.engine.request import SamplingParams  # noqa: E402
 
@@ -58,7 +57,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         write_adapters(model_dir, Path(tmp), specs)
         engine = LLMEngine(model_dir, EngineConfig(max_loras=len(specs), max_lora_rank=max(s.rank for s in specs)))
-        handles = [AdapterHandle(key=s.name, name=s.name, uri=(Path(tmp) / s.name).resolve().as_uri()) for s in specs]
+        handles = [local_adapter(Path(tmp), spec.name) for spec in specs]
         for handle in handles:
             engine.load_adapter(handle)
         for batch in args.batches:

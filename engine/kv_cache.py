@@ -177,9 +177,8 @@ class BlockManager:
         already holds, a running request is computing now (0 when prefix caching is off)."""
         if not self.enable_prefix_caching:
             return 0
-        max_blocks = (request.num_tokens - 1) // self.block_size  # as _match_prefix: the last token is computed
         inflight = 0
-        for digest in self._block_hashes(request, max_blocks)[:max_blocks]:
+        for digest in self._matchable_hashes(request):
             if digest in self._inflight:
                 inflight += 1
             elif digest not in self._block_of_hash:
@@ -198,6 +197,12 @@ class BlockManager:
                 parent = hashes[-1] if hashes else _ROOT_HASH
                 hashes.append(block_hash(parent, token_ids[index * size:(index + 1) * size], request.cache_salt))
         return hashes
+
+    def _matchable_hashes(self, request: Request) -> list[bytes]:
+        """Digests of the blocks another request's KV could serve: never the whole sequence, since its
+        last token must be computed for logits."""
+        max_blocks = (request.num_tokens - 1) // self.block_size
+        return self._block_hashes(request, max_blocks)[:max_blocks]
 
     def _mark_inflight(self, holder: _Holder) -> None:
         """Mark the full blocks the new holder will compute from its known tokens as in flight."""
@@ -223,10 +228,8 @@ class BlockManager:
         """The cached blocks of the request's longest cached prefix."""
         if not self.enable_prefix_caching:
             return []
-        # Never the whole sequence: its last token must be computed for logits.
-        max_blocks = (request.num_tokens - 1) // self.block_size
         blocks: list[int] = []
-        for digest in self._block_hashes(request, max_blocks)[:max_blocks]:
+        for digest in self._matchable_hashes(request):
             block = self._block_of_hash.get(digest)
             if block is None:
                 break

@@ -64,12 +64,17 @@ def hf_peft_static_batch(model_dir: Path, adapter_root: Path, requests: list[Cha
     return seconds, useful, texts
 
 
+def local_adapter(adapter_root: Path, name: str) -> AdapterHandle:
+    """The handle of the adapter written to adapter_root/<name>, keyed by its name, for the engine itself."""
+    return AdapterHandle(key=name, name=name, uri=(adapter_root / name).resolve().as_uri())
+
+
 def engine_direct(model_dir: Path, config: EngineConfig, adapter_root: Path,
                   requests: list[ChatRequest]) -> tuple[float, int]:
     """(seconds, generated tokens) of LLMEngine stepping the same requests, adapters loaded beforehand
     (as the server had them warm)."""
     engine = LLMEngine(model_dir, config)
-    handles = {name: AdapterHandle(key=name, name=name, uri=(adapter_root / name).resolve().as_uri())
+    handles = {name: local_adapter(adapter_root, name)
                for name in {request.adapter for request in requests if request.adapter}}
     for handle in handles.values():
         engine.load_adapter(handle)

@@ -186,6 +186,11 @@ void packed_add_lora(const at::Tensor& x,                   // [T, in]
   }
   // Segments differ in work (ranks 1 to 64, one to all slices, 1 to 256 rows), so the threads take
   // them one at a time from a shared counter rather than in fixed halves.
+  auto matmul_segment = [&](size_t s) {
+    const int64_t slot = seg_slots[s];
+    long_segment(x, token_ids.narrow(0, seg_starts[s], seg_lens[s]), seg_rows[s], seg_lens[s], lora_a[slot],
+                 all_ranks + slot * num_slices, total_rank(slot), b_t, slot, out, offsets);
+  };
   std::atomic<int64_t> next_segment{0};
   const int64_t num_side_by_side = static_cast<int64_t>(side_by_side.size());
   // The caller's inference mode (and the rest of torch's thread-local state) for the torch ops that
@@ -198,8 +203,7 @@ void packed_add_lora(const at::Tensor& x,                   // [T, in]
       const size_t s = side_by_side[k];
       const int64_t slot = seg_slots[s], n_rows = seg_lens[s];
       if (n_rows > kShortSegmentRows) {
-        long_segment(x, token_ids.narrow(0, seg_starts[s], n_rows), seg_rows[s], n_rows, lora_a[slot],
-                     all_ranks + slot * num_slices, total_rank(slot), b_t, slot, out, offsets);
+        matmul_segment(s);
         continue;
       }
       const int64_t* rows = ids + seg_starts[s];
@@ -211,9 +215,5 @@ void packed_add_lora(const at::Tensor& x,                   // [T, in]
                     all_ranks + slot * num_slices, total_rank(slot), slices, slot, out_data, out.stride(0));
     }
   });
-  for (const size_t s : long_segments) {
-    const int64_t slot = seg_slots[s];
-    long_segment(x, token_ids.narrow(0, seg_starts[s], seg_lens[s]), seg_rows[s], seg_lens[s], lora_a[slot],
-                 all_ranks + slot * num_slices, total_rank(slot), b_t, slot, out, offsets);
-  }
+  for (const size_t s : long_segments) matmul_segment(s);
 }
