@@ -1,6 +1,6 @@
 """The CPU add_lora op alone over every wrapped linear of the bundled model: one step's LoRA work.
 
-    python benchmarks/cpu_add_lora.py [--adapters 32] [--rows 1 8 16 40]
+    python benchmarks/cpu_add_lora.py [--adapters 32] [--rows 1 8 16 40] [--lora-dtype auto|bfloat16|float16]
 
 The served benchmark's adapters (ranks 4-64, mixed module subsets) are loaded into the engine's slot
 pool as serving loads them; each figure is the median time of one step's add_lora calls (4 linears
@@ -23,7 +23,7 @@ import torch  # noqa: E402
 from served.peers import local_adapter  # noqa: E402
 from served.workload import adapter_specs, write_adapters  # noqa: E402
 
-from loraloom.engine.config import EngineConfig  # noqa: E402
+from loraloom.engine.config import LORA_DTYPES, EngineConfig  # noqa: E402
 from loraloom.engine.llm_engine import LLMEngine  # noqa: E402
 from loraloom.engine.lora.layers import build_sgmv_metadata  # noqa: E402
 from loraloom.engine.model.bundled import import_bundled  # noqa: E402
@@ -46,12 +46,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--adapters", type=int, default=32)
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 8, 16, 40])
+    parser.add_argument("--lora-dtype", choices=LORA_DTYPES, default="auto", help="the slot pool's dtype")
     args = parser.parse_args()
     model_dir = import_bundled()
     specs = adapter_specs(args.adapters)
     with tempfile.TemporaryDirectory() as tmp, torch.inference_mode():
         write_adapters(model_dir, Path(tmp), specs)
-        engine = LLMEngine(model_dir, EngineConfig(max_loras=len(specs), max_lora_rank=max(s.rank for s in specs)))
+        engine = LLMEngine(model_dir, EngineConfig(max_loras=len(specs), max_lora_rank=max(s.rank for s in specs),
+                                                lora_dtype=args.lora_dtype))
         # One one-token request per adapter puts every adapter into a slot, as serving does.
         for i, spec in enumerate(specs):
             handle = local_adapter(Path(tmp), spec.name)

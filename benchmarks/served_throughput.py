@@ -8,7 +8,7 @@ Prints:
    tokens only) and against the engine driven directly in this process (no HTTP);
 3. the machine's ceiling: a plain HF forward decoding at each batch size.
 
-    python benchmarks/served_throughput.py [--quick] [--skip-peer] [--rounds 2]
+    python benchmarks/served_throughput.py [--quick] [--skip-peer] [--rounds 2] [--lora-dtype bfloat16]
 
 Not a test: figures go to BENCHMARKS.md with the machine's load.
 """
@@ -29,7 +29,7 @@ from served.server import running_server, send_batch  # noqa: E402
 from served.workload import adapter_specs, mixed_requests, uniform_requests, write_adapters  # noqa: E402
 
 from loraloom.engine.model.bundled import import_bundled  # noqa: E402
-from loraloom.engine.config import EngineConfig  # noqa: E402
+from loraloom.engine.config import LORA_DTYPES, EngineConfig  # noqa: E402
 
 BATCHES = (1, 8, 32)
 MIXED_REQUESTS, MIXED_ADAPTERS = 40, 8
@@ -60,6 +60,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--new-tokens", type=int, default=48)
     parser.add_argument("--skip-peer", action="store_true", help="leave out HF+PEFT and the plain-forward ceiling")
+    parser.add_argument("--lora-dtype", choices=LORA_DTYPES, default="auto",
+                        help="the server's (and the direct engine's) adapter slot dtype")
     parser.add_argument("--adapter-cache", type=Path, default=None,
                         help="directory to keep the generated adapters in between runs")
     args = parser.parse_args()
@@ -74,9 +76,10 @@ def main() -> None:
         adapter_root = args.adapter_cache or Path(tmp) / "adapters"
         write_adapters(model_dir, adapter_root, specs)
         names = [spec.name for spec in specs]
-        config = EngineConfig(max_loras=len(specs), max_lora_rank=max(spec.rank for spec in specs))
+        config = EngineConfig(max_loras=len(specs), max_lora_rank=max(spec.rank for spec in specs),
+                              lora_dtype=args.lora_dtype)
         serve_args = ["--adapter-dir", str(adapter_root), "--max-loras", str(config.max_loras),
-                      "--max-lora-rank", str(config.max_lora_rank)]
+                      "--max-lora-rank", str(config.max_lora_rank), "--lora-dtype", config.lora_dtype]
         mixed = mixed_requests(MIXED_REQUESTS, names[:MIXED_ADAPTERS], seed=7)
         with running_server(Path(tmp) / "data", serve_args, Path(tmp) / "serve.log") as server:
             print(f"\n1. served adapters / base, same chats, {new_tokens} new tokens each, {rounds} round(s)")

@@ -16,7 +16,8 @@ import importlib
 _PUBLIC_NAMES: dict[str, tuple[str, ...]] = {
     "async_engine": ("AsyncEngine",),
     "client": ("EngineClient", "EngineFacts"),
-    "config": ("EngineConfig", "FP8_ACTIVATION_TERMS", "KV_CACHE_DTYPES", "ModelConfig", "QUANTIZATION_METHODS"),
+    "config": (
+        "EngineConfig", "FP8_ACTIVATION_TERMS", "KV_CACHE_DTYPES", "LORA_DTYPES", "ModelConfig", "QUANTIZATION_METHODS"),
     "outputs": (
         "AdapterResidency", "EngineStats", "EngineUnavailableError", "RequestFailedError", "RequestOutput", "TokenLogprob"),
     "request": ("SamplingParams",),

@@ -165,6 +165,7 @@ def _check_fp8_args(args: dict, field: str) -> None:
 QUANTIZATION_METHODS = ("fp8",)
 FP8_ACTIVATION_TERMS = (1, 2)  # EngineConfig.fp8_activation_terms
 KV_CACHE_DTYPES = ("auto", "fp8")  # EngineConfig.kv_cache_dtype
+LORA_DTYPES = ("auto", "float32", "bfloat16", "float16")  # EngineConfig.lora_dtype
 
 
 @dataclass
@@ -194,6 +195,12 @@ class EngineConfig:
     # "auto": K/V cached in `dtype`; "fp8": in float8_e4m3fn with a K and a V scale per layer (half the
     # bytes of bf16, so twice the tokens fit), from the checkpoint or calibrated at start (engine/model/kv_scales.py).
     kv_cache_dtype: str = "auto"
+    # The adapter slot pool's dtype. "auto": `dtype`, so adapters are applied exactly as PEFT applies
+    # them to this model. On the CPU a 16-bit pool halves the bytes a decode step reads for its
+    # adapters (the LoRA cost at large batches, where each request has its own adapter) and computes
+    # in float32 still; the weights (PEFT's scale folded in) are rounded to it once, at load.
+    # The Triton kernels compute LoRA in `dtype`, so on CUDA it must be "auto" or `dtype`.
+    lora_dtype: str = "auto"
     # On CUDA, decode steps replay CUDA graphs (engine/cuda_graphs.py); True runs every step eagerly
     # (for debugging, or to save the graphs' capture time and memory).
     enforce_eager: bool = False
@@ -207,6 +214,15 @@ class EngineConfig:
                              f"use one of {list(FP8_ACTIVATION_TERMS)}")
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"EngineConfig.kv_cache_dtype is {self.kv_cache_dtype!r}; use one of {list(KV_CACHE_DTYPES)}")
+        if self.lora_dtype not in LORA_DTYPES:
+            raise ValueError(f"EngineConfig.lora_dtype is {self.lora_dtype!r}; use one of {list(LORA_DTYPES)}")
+        if self.resolved_lora_dtype != self.dtype and not self.device.startswith("cpu"):
+            raise ValueError(f"EngineConfig.lora_dtype is {self.lora_dtype!r} on {self.device}, where LoRA is "
+                             f"computed in the model's dtype ({self.dtype!r}); use 'auto'")
+
+    @property
+    def resolved_lora_dtype(self) -> str:
+        return self.dtype if self.lora_dtype == "auto" else self.lora_dtype
 
     def resolved_max_model_len(self, model: ModelConfig) -> int:
         if self.num_kv_blocks is None:

@@ -120,7 +120,7 @@ class LLMEngine:
             model_config=self.model_config,
             num_slots=config.max_loras,
             max_rank=config.max_lora_rank,
-            dtype=getattr(torch, config.dtype),
+            dtype=getattr(torch, config.resolved_lora_dtype),
             device=device,
             backend=kernels,
         )

@@ -1,5 +1,6 @@
 """add_lora for the CPU backend: the compiled op (kernels/csrc/packed_lora.cpp) when it is built
-and the tensors are what it handles (float32), kernels/reference.py's add_lora otherwise.
+and the tensors are what it handles (float32 activations; float32, bfloat16 or float16 weights),
+kernels/reference.py's add_lora otherwise.
 
 Both compute the same thing over the same PackedStack; the compiled op only removes the per
 (segment, linear) Python and dispatch overhead that dominates a decode step of many adapters.

@@ -250,9 +250,12 @@ def add_lora(
         else:
             rows = meta.sorted_token_ids[start:start + length].long()
             xs = x[rows]
-        shrunk = torch.mm(xs, views.a_t)  # [n, total rank]
+        # Weights stored narrower than x (EngineConfig.lora_dtype) are widened for the matmul (`.to`
+        # is a no-op when the types agree); the compiled CPU op widens them as it reads them instead.
+        shrunk = torch.mm(xs, views.a_t.to(x.dtype))  # [n, total rank]
         parts = shrunk.split(views.split, dim=1) if len(views.split) > 1 else (shrunk,)
         for (index, b_t), part in zip(views.expands, parts):
+            b_t = b_t.to(x.dtype)
             if rows is None:
                 columns[index].narrow(0, first_row, length).addmm_(part, b_t)
             else:

@@ -9,7 +9,9 @@
 // long (prefill) segments to torch's matmul, which blocks them better than a loop could.
 //
 // Same contract as the reference: rows outside every segment are never written, a slot reads
-// only its own ranks in the slices it targets, and out is updated in place.
+// only its own ranks in the slices it targets, and out is updated in place. x and out are float32;
+// the weights are float32, bfloat16 or float16 (EngineConfig.lora_dtype), widened to float32 as
+// they are read, so every sum is a float32 sum over the stored weights.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <ATen/ThreadLocalState.h>
@@ -17,6 +19,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "vector_ops.h"
@@ -25,8 +28,10 @@ namespace {
 
 using loraloom::axpy;
 using loraloom::axpy4;
+using loraloom::Bf16;
 using loraloom::dot;
 using loraloom::dot4;
+using loraloom::Fp16;
 
 // Segments up to this many rows run through the loops below; the weights are read once per segment
 // and the rows stay in L1, so the loops beat a GEMM call until the rows make it compute bound.
@@ -38,57 +43,104 @@ constexpr int64_t kShortSegmentRows = 8;
 constexpr int64_t kMediumSegmentRows = 256;
 
 struct Slices {
-  std::vector<const float*> b_base;  // per slice: lora_b_t[i].data_ptr()
+  std::vector<const void*> b_base;  // per slice: lora_b_t[i].data_ptr(), of the weights' type
   std::vector<int64_t> b_slot_stride, out_width, out_offset;
 };
 
+// Columns of a weight row handled at a time when the weights are 16-bit: four rows' widened chunks
+// (4 KiB) stay in L1 while every row of the segment uses them. Float rows are used whole, in place.
+constexpr int64_t kWidenChunk = 256;
+
+template <typename W>
+constexpr bool kIsFloat = std::is_same_v<W, float>;
+
+// Rows [first, first + count) of a row-major weight block, columns [start, start + m), as float
+// pointers: the weights themselves when they are float, widened copies in `buffer` otherwise.
+template <typename W>
+void weight_rows(const W* block, int64_t row_length, int64_t first, int64_t count, int64_t start, int64_t m,
+                 float (*buffer)[kWidenChunk], const float** rows) {
+  for (int64_t j = 0; j < count; ++j) {
+    const W* row = block + (first + j) * row_length + start;
+    if constexpr (kIsFloat<W>) {
+      rows[j] = row;
+    } else {
+      loraloom::widen(row, buffer[j], m);
+      rows[j] = buffer[j];
+    }
+  }
+}
+
 // One short segment: shrink every row against the slot's packed A (all targeted slices' rows,
-// `total` of them), then expand each targeted slice from its transposed B.
-void short_segment(const float* x, int64_t x_stride, const int64_t* rows, int64_t n_rows, const float* a_slot,
+// `total` of them), then expand each targeted slice from its transposed B. W is the weights' type.
+// Each group of four weight rows is read once, a chunk at a time, and used by every row of the
+// segment while it is in L1.
+template <typename W>
+void short_segment(const float* x, int64_t x_stride, const int64_t* rows, int64_t n_rows, const W* a_slot,
                    int64_t in_features, const int32_t* ranks, int64_t total, const Slices& slices, int64_t slot,
                    float* out, int64_t out_stride) {
-  std::vector<float> shrunk(static_cast<size_t>(n_rows * total));
-  for (int64_t t = 0; t < n_rows; ++t) {
-    const float* x_row = x + rows[t] * x_stride;
-    float* s = shrunk.data() + t * total;
-    int64_t k = 0;
-    for (; k + 4 <= total; k += 4) {
-      const float* a = a_slot + k * in_features;
-      dot4(a, a + in_features, a + 2 * in_features, a + 3 * in_features, x_row, in_features, s + k);
+  std::vector<float> shrunk(static_cast<size_t>(n_rows * total), 0.f);
+  alignas(64) float buffer[4][kWidenChunk];
+  const float* w[4];
+  const int64_t a_chunk = kIsFloat<W> ? in_features : kWidenChunk;
+  for (int64_t k = 0; k < total; k += 4) {
+    const int64_t count = std::min<int64_t>(4, total - k);
+    for (int64_t start = 0; start < in_features; start += a_chunk) {
+      const int64_t m = std::min(a_chunk, in_features - start);
+      weight_rows(a_slot, in_features, k, count, start, m, buffer, w);
+      for (int64_t t = 0; t < n_rows; ++t) {
+        const float* x_row = x + rows[t] * x_stride + start;
+        float* s = shrunk.data() + t * total + k;
+        if (count == 4) {
+          float part[4];
+          dot4(w[0], w[1], w[2], w[3], x_row, m, part);
+          for (int j = 0; j < 4; ++j) s[j] += part[j];
+        } else {
+          for (int64_t j = 0; j < count; ++j) s[j] += dot(w[j], x_row, m);
+        }
+      }
     }
-    for (; k < total; ++k) s[k] = dot(a_slot + k * in_features, x_row, in_features);
   }
   int64_t first = 0;  // this slice's first column of shrunk
   for (size_t i = 0; i < slices.b_base.size(); ++i) {
     const int64_t rank = ranks[i];
     if (rank == 0) continue;
-    const int64_t width = slices.out_width[i];
-    const float* b = slices.b_base[i] + slot * slices.b_slot_stride[i];  // [R, width], rows 0..rank used
-    for (int64_t t = 0; t < n_rows; ++t) {
-      float* o = out + rows[t] * out_stride + slices.out_offset[i];
-      const float* coef = shrunk.data() + t * total + first;
-      int64_t j = 0;
-      for (; j + 4 <= rank; j += 4)
-        axpy4(o, b + j * width, b + (j + 1) * width, b + (j + 2) * width, b + (j + 3) * width, coef + j, width);
-      for (; j < rank; ++j) axpy(o, b + j * width, coef[j], width);
+    const int64_t width = slices.out_width[i], b_chunk = kIsFloat<W> ? width : kWidenChunk;
+    const W* b = static_cast<const W*>(slices.b_base[i]) + slot * slices.b_slot_stride[i];  // [R, width], rows 0..rank used
+    for (int64_t j = 0; j < rank; j += 4) {
+      const int64_t count = std::min<int64_t>(4, rank - j);
+      for (int64_t start = 0; start < width; start += b_chunk) {
+        const int64_t m = std::min(b_chunk, width - start);
+        weight_rows(b, width, j, count, start, m, buffer, w);
+        for (int64_t t = 0; t < n_rows; ++t) {
+          float* o = out + rows[t] * out_stride + slices.out_offset[i] + start;
+          const float* coef = shrunk.data() + t * total + first + j;
+          if (count == 4) {
+            axpy4(o, w[0], w[1], w[2], w[3], coef, m);
+          } else {
+            for (int64_t c = 0; c < count; ++c) axpy(o, w[c], coef[c], m);
+          }
+        }
+      }
     }
     first += rank;
   }
 }
 
 // One long segment through torch's matmul: the same steps as the reference, without Python between them.
+// 16-bit weights are widened to float32 for the matmul: only this slot's used ranks, which the
+// segment's rows (more than kShortSegmentRows) then reuse, so the copy is a small share of its work.
 void long_segment(const at::Tensor& x, const at::Tensor& rows, int64_t first_row, int64_t n_rows,
                   const at::Tensor& a_slot, const int32_t* ranks, int64_t total,
                   const std::vector<at::Tensor>& b_t, int64_t slot, const at::Tensor& out,
                   const std::vector<int64_t>& offsets) {
   const at::Tensor xs = first_row >= 0 ? x.narrow(0, first_row, n_rows) : x.index_select(0, rows);
-  const at::Tensor shrunk = at::mm(xs, a_slot.narrow(0, 0, total).t());
+  const at::Tensor shrunk = at::mm(xs, a_slot.narrow(0, 0, total).to(at::kFloat).t());
   int64_t first = 0;
   for (size_t i = 0; i < b_t.size(); ++i) {
     const int64_t rank = ranks[i];
     if (rank == 0) continue;
     const at::Tensor part = shrunk.narrow(1, first, rank);
-    const at::Tensor b = b_t[i][slot].narrow(0, 0, rank);
+    const at::Tensor b = b_t[i][slot].narrow(0, 0, rank).to(at::kFloat);
     at::Tensor columns = out.narrow(1, offsets[i], offsets[i + 1] - offsets[i]);
     if (first_row >= 0) {
       columns.narrow(0, first_row, n_rows).addmm_(part, b);
@@ -104,6 +156,12 @@ void check_float_cpu(const at::Tensor& t, const char* name) {
               " must be a float32 CPU tensor");
 }
 
+void check_weights_cpu(const at::Tensor& t, at::ScalarType type, const char* name) {
+  TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == type &&
+                  (type == at::kFloat || type == at::kBFloat16 || type == at::kHalf),
+              "packed_add_lora: ", name, " must be a CPU tensor of lora_a's type (float32, bfloat16 or float16)");
+}
+
 }  // namespace
 
 void packed_add_lora(const at::Tensor& x,                   // [T, in]
@@ -116,7 +174,8 @@ void packed_add_lora(const at::Tensor& x,                   // [T, in]
                      const std::vector<int64_t>& seg_slots, const std::vector<int64_t>& seg_rows,
                      const at::Tensor& sorted_token_ids) {  // [>= T_lora] int32
   check_float_cpu(x, "x");
-  check_float_cpu(lora_a, "lora_a");
+  const at::ScalarType weight_type = lora_a.scalar_type();
+  check_weights_cpu(lora_a, weight_type, "lora_a");
   check_float_cpu(out, "out");
   TORCH_CHECK(x.stride(1) == 1 && out.stride(1) == 1 && lora_a.is_contiguous(), "packed_add_lora: rows must be contiguous");
   TORCH_CHECK(slot_ranks.scalar_type() == at::kInt && slot_ranks.is_contiguous(), "packed_add_lora: slot_ranks int32");
@@ -125,9 +184,9 @@ void packed_add_lora(const at::Tensor& x,                   // [T, in]
   const int64_t in_features = x.size(1), num_slices = slot_ranks.size(1);
   Slices slices;
   for (size_t i = 0; i < b_t.size(); ++i) {
-    check_float_cpu(b_t[i], "lora_b_t");
+    check_weights_cpu(b_t[i], weight_type, "lora_b_t");
     TORCH_CHECK(b_t[i].is_contiguous(), "packed_add_lora: lora_b_t must be contiguous");
-    slices.b_base.push_back(b_t[i].data_ptr<float>());
+    slices.b_base.push_back(b_t[i].data_ptr());
     slices.b_slot_stride.push_back(b_t[i].stride(0));
     slices.out_width.push_back(offsets[i + 1] - offsets[i]);
     slices.out_offset.push_back(offsets[i]);
@@ -136,7 +195,8 @@ void packed_add_lora(const at::Tensor& x,                   // [T, in]
   const int64_t* ids = token_ids.data_ptr<int64_t>();
   const int32_t* all_ranks = slot_ranks.data_ptr<int32_t>();
   const float* x_data = x.data_ptr<float>();
-  const float* a_data = lora_a.data_ptr<float>();
+  const char* a_bytes = static_cast<const char*>(lora_a.data_ptr());
+  const int64_t a_slot_bytes = lora_a.stride(0) * lora_a.element_size();
   float* out_data = out.data_ptr<float>();
 
   // Every index the loops follow is checked here, before any thread reads memory through it.
@@ -211,8 +271,18 @@ void packed_add_lora(const at::Tensor& x,                   // [T, in]
         for (int64_t t = 0; t < n_rows; ++t) contiguous_rows[t] = seg_rows[s] + t;
         rows = contiguous_rows;
       }
-      short_segment(x_data, x.stride(0), rows, n_rows, a_data + slot * lora_a.stride(0), in_features,
-                    all_ranks + slot * num_slices, total_rank(slot), slices, slot, out_data, out.stride(0));
+      const void* a_slot = a_bytes + slot * a_slot_bytes;
+      auto run = [&](auto* typed_a_slot) {
+        short_segment(x_data, x.stride(0), rows, n_rows, typed_a_slot, in_features, all_ranks + slot * num_slices,
+                      total_rank(slot), slices, slot, out_data, out.stride(0));
+      };
+      if (weight_type == at::kFloat) {
+        run(static_cast<const float*>(a_slot));
+      } else if (weight_type == at::kBFloat16) {
+        run(static_cast<const Bf16*>(a_slot));
+      } else {
+        run(static_cast<const Fp16*>(a_slot));
+      }
     }
   });
   for (const size_t s : long_segments) matmul_segment(s);

@@ -4,6 +4,10 @@
 
 #include <cstdint>
 
+#if defined(__F16C__)
+#include <immintrin.h>
+#endif
+
 namespace loraloom {
 
 inline float dot(const float* __restrict a, const float* __restrict b, int64_t n) {
@@ -43,6 +47,32 @@ inline void axpy4(float* __restrict out, const float* __restrict b0, const float
   const float c0 = coef[0], c1 = coef[1], c2 = coef[2], c3 = coef[3];
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) out[i] += c0 * b0[i] + c1 * b1[i] + c2 * b2[i] + c3 * b3[i];
+}
+
+// The bit layouts of torch's bfloat16 and float16 (at::BFloat16 and at::Half hold exactly these 16
+// bits), as types of their own so that each widens its own way and these loops need no ATen header.
+struct Bf16 {
+  uint16_t bits;
+};
+struct Fp16 {
+  uint16_t bits;
+};
+
+// Widening is exact for both. The float loops above then run on the widened copy: GCC vectorizes a
+// widening load inside a reduction poorly and float16 conversion not at all, so it is a loop of its own.
+// bfloat16 is the top half of a float32: one shift.
+inline void widen(const Bf16* __restrict in, float* __restrict out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = __builtin_bit_cast(float, static_cast<uint32_t>(in[i].bits) << 16);
+}
+
+// float16: F16C converts eight at a time.
+inline void widen(const Fp16* __restrict in, float* __restrict out, int64_t n) {
+  int64_t i = 0;
+#if defined(__F16C__)
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i))));
+#endif
+  for (; i < n; ++i) out[i] = static_cast<float>(__builtin_bit_cast(_Float16, in[i].bits));
 }
 
 }  // namespace loraloom

@@ -115,8 +115,8 @@ def compiled_add_lora(*args) -> None:
 IMPLEMENTATIONS = {"reference": reference.add_lora, "compiled": compiled_add_lora, "triton": sgmv.add_lora}
 
 
-# The CPU path serves fp32; the Triton one also runs fp16 (bf16 is checked on a GPU: the interpreter's
-# bf16 tl.dot is unreliable).
+# The CPU path serves fp32 activations (its 16-bit weights are checked below); the Triton one also runs
+# fp16 (bf16 is checked on a GPU: the interpreter's bf16 tl.dot is unreliable).
 VARIANTS = [("reference", torch.float32), ("compiled", torch.float32), ("triton", torch.float32),
             ("triton", torch.float16)]
 
@@ -140,6 +140,41 @@ def test_add_lora_matches_definition(step: str, implementation: str, dtype: torc
     torch.testing.assert_close(base_out.double(), expected, **TOLERANCES[dtype])
     untouched = [row for row, slot in enumerate(token_slots) if slot < 0 or slot == 4]
     assert torch.equal(base_out[untouched].double(), expected[untouched])  # base and untargeted rows: as they were
+
+
+@pytest.mark.parametrize("weight_dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("implementation", ["reference", "compiled"])
+@pytest.mark.parametrize("step", list(STEPS))
+def test_cpu_add_lora_with_16_bit_weights(step: str, implementation: str, weight_dtype: torch.dtype) -> None:
+    """EngineConfig.lora_dtype on the CPU: float32 activations over 16-bit weights, every sum in float32,
+    so the result is the definition over the stored (rounded) weights within float32 tolerance; both
+    the loop path (short segments) and the matmul path (longer ones) widen what they read."""
+    generator = torch.Generator().manual_seed(7)
+    token_slots = STEPS[step]
+    meta = sgmv_metadata(token_slots, [max(column) or 1 for column in zip(*ALL_SLICES)])
+    lora_a, lora_b = make_weights(ALL_SLICES, weight_dtype, generator)
+    x = torch.randn(len(token_slots), IN_FEATURES, generator=generator)
+    base_out = torch.randn(len(token_slots), OFFSETS[-1], generator=generator)
+    expected = expected_output(x, lora_a, lora_b, ALL_SLICES, token_slots, base_out)
+    stack = loaded_stack(implementation, ALL_SLICES, lora_a, lora_b)
+    assert stack.lora_a.dtype == weight_dtype
+
+    IMPLEMENTATIONS[implementation](x, stack, meta, base_out, OFFSETS)
+
+    torch.testing.assert_close(base_out.double(), expected, **TOLERANCES[torch.float32])
+    untouched = [row for row, slot in enumerate(token_slots) if slot < 0 or slot == 4]
+    assert torch.equal(base_out[untouched].double(), expected[untouched])
+
+
+def test_compiled_op_refuses_weights_of_mixed_types() -> None:
+    generator = torch.Generator().manual_seed(8)
+    lora_a, lora_b = make_weights(ALL_SLICES, torch.bfloat16, generator)
+    stack = loaded_stack("compiled", ALL_SLICES, lora_a, lora_b)
+    x, out = torch.randn(2, IN_FEATURES), torch.zeros(2, OFFSETS[-1])
+    lora_b_t = [stack.lora_b_t[0].half(), *stack.lora_b_t[1:]]
+    with pytest.raises(RuntimeError, match="lora_b_t must be a CPU tensor of lora_a's type"):
+        cpu_extension.load().packed_add_lora(x, stack.lora_a, lora_b_t, stack.ranks, out, OFFSETS,
+                                             [0], [2], [0], [0], torch.arange(2, dtype=torch.int32))
 
 
 @pytest.mark.parametrize("step", ["scrambled_prefill", "long_prefill"])

@@ -1,4 +1,5 @@
-"""`loraloom serve --quantization` and `--kv-cache-dtype`: the flags reach EngineConfig, and only known values parse."""
+"""`loraloom serve --quantization`, `--kv-cache-dtype` and `--lora-dtype`: the flags reach EngineConfig, and only
+known values parse."""
 from __future__ import annotations
 
 import pytest
@@ -41,3 +42,14 @@ def test_unknown_kv_cache_dtype_is_an_argparse_error_naming_the_flag(capsys):
     assert exited.value.code == 2
     error = capsys.readouterr().err
     assert "--kv-cache-dtype" in error and "fp8" in error
+
+
+def test_lora_dtype_flag_maps_onto_engine_config(capsys):
+    assert engine_config(build_parser().parse_args(["serve", "--device", "cpu"])).resolved_lora_dtype == "float32"
+    parsed = build_parser().parse_args(["serve", "--device", "cpu", "--lora-dtype", "bfloat16"])
+    assert engine_config(parsed).lora_dtype == "bfloat16"
+    with pytest.raises(SystemExit) as exited:
+        main(["serve", "--lora-dtype", "int8"])
+    assert exited.value.code == 2
+    error = capsys.readouterr().err
+    assert "--lora-dtype" in error and "bfloat16" in error
