@@ -54,18 +54,28 @@ constexpr int64_t kWidenChunk = 256;
 template <typename W>
 constexpr bool kIsFloat = std::is_same_v<W, float>;
 
-// Rows [first, first + count) of a row-major weight block, columns [start, start + m), as float
-// pointers: the weights themselves when they are float, widened copies in `buffer` otherwise.
-template <typename W>
-void weight_rows(const W* block, int64_t row_length, int64_t first, int64_t count, int64_t start, int64_t m,
-                 float (*buffer)[kWidenChunk], const float** rows) {
-  for (int64_t j = 0; j < count; ++j) {
-    const W* row = block + (first + j) * row_length + start;
-    if constexpr (kIsFloat<W>) {
-      rows[j] = row;
-    } else {
-      loraloom::widen(row, buffer[j], m);
-      rows[j] = buffer[j];
+// Walks a row-major weight block [num_rows, row_length] in groups of up to four rows and, within a
+// group, in column chunks [start, start + m): visit(first_row, count, start, m, rows) gets the group's
+// chunk as float pointers, the weights themselves when they are float, widened copies (in L1) otherwise.
+template <typename W, typename Visit>
+void for_each_row_group(const W* block, int64_t num_rows, int64_t row_length, Visit&& visit) {
+  alignas(64) float buffer[4][kWidenChunk];
+  const float* rows[4];
+  const int64_t chunk = kIsFloat<W> ? row_length : kWidenChunk;
+  for (int64_t first = 0; first < num_rows; first += 4) {
+    const int64_t count = std::min<int64_t>(4, num_rows - first);
+    for (int64_t start = 0; start < row_length; start += chunk) {
+      const int64_t m = std::min(chunk, row_length - start);
+      for (int64_t j = 0; j < count; ++j) {
+        const W* row = block + (first + j) * row_length + start;
+        if constexpr (kIsFloat<W>) {
+          rows[j] = row;
+        } else {
+          loraloom::widen(row, buffer[j], m);
+          rows[j] = buffer[j];
+        }
+      }
+      visit(first, count, start, m, rows);
     }
   }
 }
@@ -79,49 +89,37 @@ void short_segment(const float* x, int64_t x_stride, const int64_t* rows, int64_
                    int64_t in_features, const int32_t* ranks, int64_t total, const Slices& slices, int64_t slot,
                    float* out, int64_t out_stride) {
   std::vector<float> shrunk(static_cast<size_t>(n_rows * total), 0.f);
-  alignas(64) float buffer[4][kWidenChunk];
-  const float* w[4];
-  const int64_t a_chunk = kIsFloat<W> ? in_features : kWidenChunk;
-  for (int64_t k = 0; k < total; k += 4) {
-    const int64_t count = std::min<int64_t>(4, total - k);
-    for (int64_t start = 0; start < in_features; start += a_chunk) {
-      const int64_t m = std::min(a_chunk, in_features - start);
-      weight_rows(a_slot, in_features, k, count, start, m, buffer, w);
-      for (int64_t t = 0; t < n_rows; ++t) {
-        const float* x_row = x + rows[t] * x_stride + start;
-        float* s = shrunk.data() + t * total + k;
-        if (count == 4) {
-          float part[4];
-          dot4(w[0], w[1], w[2], w[3], x_row, m, part);
-          for (int j = 0; j < 4; ++j) s[j] += part[j];
-        } else {
-          for (int64_t j = 0; j < count; ++j) s[j] += dot(w[j], x_row, m);
-        }
-      }
-    }
-  }
+  for_each_row_group(a_slot, total, in_features,
+                     [&](int64_t k, int64_t count, int64_t start, int64_t m, const float* const* w) {
+                       for (int64_t t = 0; t < n_rows; ++t) {
+                         const float* x_row = x + rows[t] * x_stride + start;
+                         float* s = shrunk.data() + t * total + k;
+                         if (count == 4) {
+                           float part[4];
+                           dot4(w[0], w[1], w[2], w[3], x_row, m, part);
+                           for (int j = 0; j < 4; ++j) s[j] += part[j];
+                         } else {
+                           for (int64_t j = 0; j < count; ++j) s[j] += dot(w[j], x_row, m);
+                         }
+                       }
+                     });
   int64_t first = 0;  // this slice's first column of shrunk
   for (size_t i = 0; i < slices.b_base.size(); ++i) {
     const int64_t rank = ranks[i];
     if (rank == 0) continue;
-    const int64_t width = slices.out_width[i], b_chunk = kIsFloat<W> ? width : kWidenChunk;
     const W* b = static_cast<const W*>(slices.b_base[i]) + slot * slices.b_slot_stride[i];  // [R, width], rows 0..rank used
-    for (int64_t j = 0; j < rank; j += 4) {
-      const int64_t count = std::min<int64_t>(4, rank - j);
-      for (int64_t start = 0; start < width; start += b_chunk) {
-        const int64_t m = std::min(b_chunk, width - start);
-        weight_rows(b, width, j, count, start, m, buffer, w);
-        for (int64_t t = 0; t < n_rows; ++t) {
-          float* o = out + rows[t] * out_stride + slices.out_offset[i] + start;
-          const float* coef = shrunk.data() + t * total + first + j;
-          if (count == 4) {
-            axpy4(o, w[0], w[1], w[2], w[3], coef, m);
-          } else {
-            for (int64_t c = 0; c < count; ++c) axpy(o, w[c], coef[c], m);
-          }
-        }
-      }
-    }
+    for_each_row_group(b, rank, slices.out_width[i],
+                       [&](int64_t j, int64_t count, int64_t start, int64_t m, const float* const* w) {
+                         for (int64_t t = 0; t < n_rows; ++t) {
+                           float* o = out + rows[t] * out_stride + slices.out_offset[i] + start;
+                           const float* coef = shrunk.data() + t * total + first + j;
+                           if (count == 4) {
+                             axpy4(o, w[0], w[1], w[2], w[3], coef, m);
+                           } else {
+                             for (int64_t c = 0; c < count; ++c) axpy(o, w[c], coef[c], m);
+                           }
+                         }
+                       });
     first += rank;
   }
 }
