@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from loraloom.kernels import cpu_extension, reference
-from loraloom.kernels.lora_stacks import PackedStack
+from loraloom.kernels.lora_stacks import PANEL_WIDTH, PackedStack
 from loraloom.kernels.metadata import SGMVMetadata
 
 
@@ -23,6 +23,6 @@ def add_lora(x: torch.Tensor, stack: PackedStack, meta: SGMVMetadata, out: torch
         return
     if x.stride(-1) != 1:
         x = x.contiguous()
-    compiled.packed_add_lora(x, stack.lora_a, stack.lora_b_t, stack.ranks, out, slice_offsets,
+    compiled.packed_add_lora(x, stack.lora_a, stack.lora_b_panels, PANEL_WIDTH, stack.ranks, out, slice_offsets,
                              meta.segment_starts_host, meta.segment_lens_host, meta.active_slots_host,
                              meta.segment_rows_host, meta.sorted_token_ids)

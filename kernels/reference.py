@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from loraloom.kernels.kv_quant import check_kv_scales, dequantize_kv, quantize_kv
-from loraloom.kernels.lora_stacks import PackedStack
+from loraloom.kernels.lora_stacks import BPanels, PackedStack
 from loraloom.kernels.metadata import AttentionMetadata, SGMVMetadata
 
 
@@ -254,12 +254,22 @@ def add_lora(
         # is a no-op when the types agree); the compiled CPU op widens them as it reads them instead.
         shrunk = torch.mm(xs, views.a_t.to(x.dtype))  # [n, total rank]
         parts = shrunk.split(views.split, dim=1) if len(views.split) > 1 else (shrunk,)
-        for (index, b_t), part in zip(views.expands, parts):
-            b_t = b_t.to(x.dtype)
+        for (index, panels), part in zip(views.expands, parts):
+            delta = expand_panels(part, panels.to(x.dtype))
             if rows is None:
-                columns[index].narrow(0, first_row, length).addmm_(part, b_t)
+                columns[index].narrow(0, first_row, length).add_(delta)
             else:
-                columns[index].index_add_(0, rows, torch.mm(part, b_t))
+                columns[index].index_add_(0, rows, delta)
+
+
+def expand_panels(part: torch.Tensor, panels: BPanels) -> torch.Tensor:
+    """part [n, r] @ B^T [r, out] over B^T's column panels (kernels/lora_stacks.py): one batched matmul
+    over the whole panels and one matmul for the narrower last, on views of the stack (no weight copy)."""
+    n = part.shape[0]
+    delta = torch.matmul(part, panels.full).transpose(0, 1).reshape(n, -1)  # [panels, n, W] -> [n, panels * W]
+    if panels.tail is None:
+        return delta
+    return torch.cat([delta, part @ panels.tail], dim=1)
 
 
 def fp8_scaled_mm(

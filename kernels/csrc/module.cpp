@@ -4,7 +4,8 @@
 #include <cstdint>
 #include <vector>
 
-void packed_add_lora(const at::Tensor& x, const at::Tensor& lora_a, const std::vector<at::Tensor>& b_t,
+void packed_add_lora(const at::Tensor& x, const at::Tensor& lora_a, const std::vector<at::Tensor>& b_panels,
+                     int64_t panel_width,
                      const at::Tensor& slot_ranks, const at::Tensor& out, const std::vector<int64_t>& offsets,
                      const std::vector<int64_t>& seg_starts, const std::vector<int64_t>& seg_lens,
                      const std::vector<int64_t>& seg_slots, const std::vector<int64_t>& seg_rows,

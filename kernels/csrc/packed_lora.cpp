@@ -26,11 +26,7 @@
 
 namespace {
 
-using loraloom::axpy;
-using loraloom::axpy4;
 using loraloom::Bf16;
-using loraloom::dot;
-using loraloom::dot4;
 using loraloom::Fp16;
 
 // Segments up to this many rows run through the loops below; the weights are read once per segment
@@ -42,108 +38,150 @@ constexpr int64_t kShortSegmentRows = 8;
 // run one at a time, each matmul using every thread.
 constexpr int64_t kMediumSegmentRows = 256;
 
+// kernels/lora_stacks.py PANEL_WIDTH: a slot's B^T for one slice is stored as column panels of this
+// many columns, each an [r, width] row-major block, one after another (BPanels).
+constexpr int64_t kPanelWidth = 64;
+
 struct Slices {
-  std::vector<const void*> b_base;  // per slice: lora_b_t[i].data_ptr(), of the weights' type
+  std::vector<const void*> b_base;  // per slice: lora_b_panels[i].data_ptr(), of the weights' type
   std::vector<int64_t> b_slot_stride, out_width, out_offset;
 };
 
-// Columns of a weight row handled at a time when the weights are 16-bit: four rows' widened chunks
-// (4 KiB) stay in L1 while every row of the segment uses them. Float rows are used whole, in place.
+// Columns of an A row widened at a time when the weights are 16-bit (1 KiB, in L1 while every row of
+// the segment uses it). Float rows are used whole, in place.
 constexpr int64_t kWidenChunk = 256;
 
 template <typename W>
 constexpr bool kIsFloat = std::is_same_v<W, float>;
 
-// Walks a row-major weight block [num_rows, row_length] in groups of up to four rows and, within a
-// group, in column chunks [start, start + m): visit(first_row, count, start, m, rows) gets the group's
-// chunk as float pointers, the weights themselves when they are float, widened copies (in L1) otherwise.
+// Walks a row-major weight block [num_rows, row_length] one row at a time, front to back (the order
+// the CPU streams fastest: reading several rows side by side halves the bandwidth one core gets),
+// in column chunks [start, start + m): visit(row, start, m, chunk) gets the chunk as float, the
+// weights themselves when they are float, a widened copy (in L1) otherwise.
 template <typename W, typename Visit>
-void for_each_row_group(const W* block, int64_t num_rows, int64_t row_length, Visit&& visit) {
-  alignas(64) float buffer[4][kWidenChunk];
-  const float* rows[4];
+void for_each_row_chunk(const W* block, int64_t num_rows, int64_t row_length, Visit&& visit) {
+  alignas(64) float buffer[kWidenChunk];
   const int64_t chunk = kIsFloat<W> ? row_length : kWidenChunk;
-  for (int64_t first = 0; first < num_rows; first += 4) {
-    const int64_t count = std::min<int64_t>(4, num_rows - first);
+  for (int64_t k = 0; k < num_rows; ++k) {
     for (int64_t start = 0; start < row_length; start += chunk) {
       const int64_t m = std::min(chunk, row_length - start);
-      for (int64_t j = 0; j < count; ++j) {
-        const W* row = block + (first + j) * row_length + start;
-        if constexpr (kIsFloat<W>) {
-          rows[j] = row;
-        } else {
-          loraloom::widen(row, buffer[j], m);
-          rows[j] = buffer[j];
-        }
+      const W* row = block + k * row_length + start;
+      if constexpr (kIsFloat<W>) {
+        visit(k, start, m, row);
+      } else {
+        loraloom::widen(row, buffer, m);
+        visit(k, start, m, buffer);
       }
-      visit(first, count, start, m, rows);
     }
   }
 }
 
+// One panel of the expand: for each row t of the segment, out_t[width] += coef_t[:rank] @ panel
+// [rank, width], the panel read front to back with the row's output columns held in registers.
+// Width is the panel width when the panel is whole (a constant the compiler unrolls), the remaining
+// columns for the last one.
+template <int64_t kWidth>
+void expand_panel(const float* panel, int64_t rank, int64_t width, const float* shrunk, int64_t shrunk_stride,
+                  float* const* outs, int64_t n_rows) {
+  const int64_t w = kWidth > 0 ? kWidth : width;
+  for (int64_t t = 0; t < n_rows; ++t) {
+    alignas(64) float acc[kPanelWidth] = {};
+    const float* coef = shrunk + t * shrunk_stride;
+    for (int64_t k = 0; k < rank; ++k) {
+      const float c = coef[k];
+      const float* row = panel + k * w;
+#pragma omp simd
+      for (int64_t j = 0; j < w; ++j) acc[j] += c * row[j];
+    }
+    float* o = outs[t];
+#pragma omp simd
+    for (int64_t j = 0; j < w; ++j) o[j] += acc[j];
+  }
+}
+
 // One short segment: shrink every row against the slot's packed A (all targeted slices' rows,
-// `total` of them), then expand each targeted slice from its transposed B. W is the weights' type.
-// Each group of four weight rows is read once, a chunk at a time, and used by every row of the
-// segment while it is in L1.
+// `total` of them), then expand each targeted slice from its B panels. W is the weights' type; a
+// 16-bit panel is widened once (into `panel_buffer`, rank * kPanelWidth floats) and used by every
+// row of the segment.
 template <typename W>
 void short_segment(const float* x, int64_t x_stride, const int64_t* rows, int64_t n_rows, const W* a_slot,
                    int64_t in_features, const int32_t* ranks, int64_t total, const Slices& slices, int64_t slot,
-                   float* out, int64_t out_stride) {
+                   float* out, int64_t out_stride, float* panel_buffer) {
   std::vector<float> shrunk(static_cast<size_t>(n_rows * total), 0.f);
-  for_each_row_group(a_slot, total, in_features,
-                     [&](int64_t k, int64_t count, int64_t start, int64_t m, const float* const* w) {
-                       for (int64_t t = 0; t < n_rows; ++t) {
-                         const float* x_row = x + rows[t] * x_stride + start;
-                         float* s = shrunk.data() + t * total + k;
-                         if (count == 4) {
-                           float part[4];
-                           dot4(w[0], w[1], w[2], w[3], x_row, m, part);
-                           for (int j = 0; j < 4; ++j) s[j] += part[j];
-                         } else {
-                           for (int64_t j = 0; j < count; ++j) s[j] += dot(w[j], x_row, m);
-                         }
-                       }
-                     });
+  for_each_row_chunk(a_slot, total, in_features, [&](int64_t k, int64_t start, int64_t m, const float* w) {
+    // The segment's rows four at a time against this chunk of A's row k.
+    for (int64_t t = 0; t < n_rows; t += 4) {
+      const int64_t count = std::min<int64_t>(4, n_rows - t);
+      const float* xs[4];
+      float dots[4];
+      for (int64_t r = 0; r < count; ++r) xs[r] = x + rows[t + r] * x_stride + start;
+      switch (count) {
+        case 4: loraloom::dot_rows<4>(w, xs, m, dots); break;
+        case 3: loraloom::dot_rows<3>(w, xs, m, dots); break;
+        case 2: loraloom::dot_rows<2>(w, xs, m, dots); break;
+        default: loraloom::dot_rows<1>(w, xs, m, dots);
+      }
+      for (int64_t r = 0; r < count; ++r) shrunk[(t + r) * total + k] += dots[r];
+    }
+  });
+  float* outs[kShortSegmentRows];
   int64_t first = 0;  // this slice's first column of shrunk
   for (size_t i = 0; i < slices.b_base.size(); ++i) {
     const int64_t rank = ranks[i];
     if (rank == 0) continue;
-    const W* b = static_cast<const W*>(slices.b_base[i]) + slot * slices.b_slot_stride[i];  // [R, width], rows 0..rank used
-    for_each_row_group(b, rank, slices.out_width[i],
-                       [&](int64_t j, int64_t count, int64_t start, int64_t m, const float* const* w) {
-                         for (int64_t t = 0; t < n_rows; ++t) {
-                           float* o = out + rows[t] * out_stride + slices.out_offset[i] + start;
-                           const float* coef = shrunk.data() + t * total + first + j;
-                           if (count == 4) {
-                             axpy4(o, w[0], w[1], w[2], w[3], coef, m);
-                           } else {
-                             for (int64_t c = 0; c < count; ++c) axpy(o, w[c], coef[c], m);
-                           }
-                         }
-                       });
+    const W* b = static_cast<const W*>(slices.b_base[i]) + slot * slices.b_slot_stride[i];
+    const int64_t width = slices.out_width[i];
+    for (int64_t start = 0; start < width; start += kPanelWidth) {
+      const int64_t w = std::min(kPanelWidth, width - start);
+      const W* stored = b + rank * start;  // panels before this one hold rank * kPanelWidth each
+      const float* panel;
+      if constexpr (kIsFloat<W>) {
+        panel = stored;
+      } else {
+        loraloom::widen(stored, panel_buffer, rank * w);
+        panel = panel_buffer;
+      }
+      for (int64_t t = 0; t < n_rows; ++t) outs[t] = out + rows[t] * out_stride + slices.out_offset[i] + start;
+      if (w == kPanelWidth) {
+        expand_panel<kPanelWidth>(panel, rank, w, shrunk.data() + first, total, outs, n_rows);
+      } else {
+        expand_panel<0>(panel, rank, w, shrunk.data() + first, total, outs, n_rows);
+      }
+    }
     first += rank;
   }
 }
 
-// One long segment through torch's matmul: the same steps as the reference, without Python between them.
-// 16-bit weights are widened to float32 for the matmul: only this slot's used ranks, which the
-// segment's rows (more than kShortSegmentRows) then reuse, so the copy is a small share of its work.
+// One long segment through torch's matmul: the same steps as the reference (kernels/reference.py
+// add_lora and expand_panels), without Python between them. 16-bit weights are widened to float32
+// for the matmul: only this slot's used ranks, which the segment's rows (more than kShortSegmentRows)
+// then reuse, so the copy is a small share of its work.
 void long_segment(const at::Tensor& x, const at::Tensor& rows, int64_t first_row, int64_t n_rows,
                   const at::Tensor& a_slot, const int32_t* ranks, int64_t total,
-                  const std::vector<at::Tensor>& b_t, int64_t slot, const at::Tensor& out,
+                  const std::vector<at::Tensor>& b_panels, int64_t slot, const at::Tensor& out,
                   const std::vector<int64_t>& offsets) {
   const at::Tensor xs = first_row >= 0 ? x.narrow(0, first_row, n_rows) : x.index_select(0, rows);
   const at::Tensor shrunk = at::mm(xs, a_slot.narrow(0, 0, total).to(at::kFloat).t());
   int64_t first = 0;
-  for (size_t i = 0; i < b_t.size(); ++i) {
+  for (size_t i = 0; i < b_panels.size(); ++i) {
     const int64_t rank = ranks[i];
     if (rank == 0) continue;
     const at::Tensor part = shrunk.narrow(1, first, rank);
-    const at::Tensor b = b_t[i][slot].narrow(0, 0, rank).to(at::kFloat);
-    at::Tensor columns = out.narrow(1, offsets[i], offsets[i + 1] - offsets[i]);
+    const int64_t width = offsets[i + 1] - offsets[i], whole = width / kPanelWidth * kPanelWidth;
+    const at::Tensor region = b_panels[i][slot];
+    at::Tensor delta = at::matmul(part, region.narrow(0, 0, rank * whole).view({whole / kPanelWidth, rank, kPanelWidth})
+                                            .to(at::kFloat))
+                           .transpose(0, 1)
+                           .reshape({n_rows, whole});
+    if (whole < width) {
+      const at::Tensor tail = region.narrow(0, rank * whole, rank * (width - whole)).view({rank, width - whole});
+      delta = at::cat({delta, at::mm(part, tail.to(at::kFloat))}, 1);
+    }
+    at::Tensor columns = out.narrow(1, offsets[i], width);
     if (first_row >= 0) {
-      columns.narrow(0, first_row, n_rows).addmm_(part, b);
+      columns.narrow(0, first_row, n_rows).add_(delta);
     } else {
-      columns.index_add_(0, rows, at::mm(part, b));
+      columns.index_add_(0, rows, delta);
     }
     first += rank;
   }
@@ -164,7 +202,8 @@ void check_weights_cpu(const at::Tensor& t, at::ScalarType type, const char* nam
 
 void packed_add_lora(const at::Tensor& x,                   // [T, in]
                      const at::Tensor& lora_a,              // [S, slices * R, in]: per slot, packed targeted A rows
-                     const std::vector<at::Tensor>& b_t,    // per slice [S, R, out_i]
+                     const std::vector<at::Tensor>& b_panels,  // per slice [S, R * out_i]: B^T in column panels
+                     int64_t panel_width,                   // kernels/lora_stacks.py PANEL_WIDTH
                      const at::Tensor& slot_ranks,          // [S, slices] int32: rank per slot and slice (0: none)
                      const at::Tensor& out,                 // [T, sum out_i], updated in place
                      const std::vector<int64_t>& offsets,   // [slices + 1] column offsets of the slices in out
@@ -177,15 +216,15 @@ void packed_add_lora(const at::Tensor& x,                   // [T, in]
   check_float_cpu(out, "out");
   TORCH_CHECK(x.stride(1) == 1 && out.stride(1) == 1 && lora_a.is_contiguous(), "packed_add_lora: rows must be contiguous");
   TORCH_CHECK(slot_ranks.scalar_type() == at::kInt && slot_ranks.is_contiguous(), "packed_add_lora: slot_ranks int32");
-  TORCH_CHECK(offsets.size() == b_t.size() + 1 && slot_ranks.size(1) == static_cast<int64_t>(b_t.size()),
+  TORCH_CHECK(offsets.size() == b_panels.size() + 1 && slot_ranks.size(1) == static_cast<int64_t>(b_panels.size()),
               "packed_add_lora: one offset pair and one rank column per slice");
   const int64_t in_features = x.size(1), num_slices = slot_ranks.size(1);
   Slices slices;
-  for (size_t i = 0; i < b_t.size(); ++i) {
-    check_weights_cpu(b_t[i], weight_type, "lora_b_t");
-    TORCH_CHECK(b_t[i].is_contiguous(), "packed_add_lora: lora_b_t must be contiguous");
-    slices.b_base.push_back(b_t[i].data_ptr());
-    slices.b_slot_stride.push_back(b_t[i].stride(0));
+  for (size_t i = 0; i < b_panels.size(); ++i) {
+    check_weights_cpu(b_panels[i], weight_type, "lora_b_panels");
+    TORCH_CHECK(b_panels[i].is_contiguous(), "packed_add_lora: lora_b_panels must be contiguous");
+    slices.b_base.push_back(b_panels[i].data_ptr());
+    slices.b_slot_stride.push_back(b_panels[i].stride(0));
     slices.out_width.push_back(offsets[i + 1] - offsets[i]);
     slices.out_offset.push_back(offsets[i]);
   }
@@ -206,9 +245,9 @@ void packed_add_lora(const at::Tensor& x,                   // [T, in]
                   seg_rows.size() == seg_slots.size(),
               "packed_add_lora: one start, length, slot and first row per segment");
   for (int64_t i = 0; i < num_slices; ++i) {
-    TORCH_CHECK(b_t[i].size(0) == num_slots && b_t[i].size(1) >= max_rank &&
-                    b_t[i].size(2) == offsets[i + 1] - offsets[i],
-                "packed_add_lora: lora_b_t[", i, "] shape disagrees with the offsets");
+    TORCH_CHECK(b_panels[i].dim() == 2 && b_panels[i].size(0) == num_slots &&
+                    b_panels[i].size(1) >= max_rank * (offsets[i + 1] - offsets[i]),
+                "packed_add_lora: lora_b_panels[", i, "] shape disagrees with the offsets");
   }
   for (int64_t slot = 0; slot < num_slots; ++slot)
     for (int64_t i = 0; i < num_slices; ++i) {
@@ -242,12 +281,21 @@ void packed_add_lora(const at::Tensor& x,                   // [T, in]
     if (total_rank(slot) == 0) continue;  // the adapter targets none of this linear's modules
     (seg_lens[s] <= kMediumSegmentRows ? side_by_side : long_segments).push_back(s);
   }
-  // Segments differ in work (ranks 1 to 64, one to all slices, 1 to 256 rows), so the threads take
-  // them one at a time from a shared counter rather than in fixed halves.
+  auto work = [&](size_t s) {
+    const int64_t slot = seg_slots[s];
+    int64_t weights = total_rank(slot) * in_features;
+    for (int64_t i = 0; i < num_slices; ++i)
+      weights += all_ranks[slot * num_slices + i] * (offsets[i + 1] - offsets[i]);
+    return weights * (kShortSegmentRows + seg_lens[s]);
+  };
+  std::vector<int64_t> segment_work(seg_slots.size());
+  for (const size_t s : side_by_side) segment_work[s] = work(s);
+  std::stable_sort(side_by_side.begin(), side_by_side.end(),
+                   [&](size_t a, size_t b) { return segment_work[a] > segment_work[b]; });
   auto matmul_segment = [&](size_t s) {
     const int64_t slot = seg_slots[s];
     long_segment(x, token_ids.narrow(0, seg_starts[s], seg_lens[s]), seg_rows[s], seg_lens[s], lora_a[slot],
-                 all_ranks + slot * num_slices, total_rank(slot), b_t, slot, out, offsets);
+                 all_ranks + slot * num_slices, total_rank(slot), b_panels, slot, out, offsets);
   };
   std::atomic<int64_t> next_segment{0};
   const int64_t num_side_by_side = static_cast<int64_t>(side_by_side.size());
@@ -257,6 +305,7 @@ void packed_add_lora(const at::Tensor& x,                   // [T, in]
   at::parallel_for(0, std::min<int64_t>(at::get_num_threads(), num_side_by_side), 1, [&](int64_t, int64_t) {
     const at::ThreadLocalStateGuard state_guard(caller_state);
     int64_t contiguous_rows[kShortSegmentRows];
+    std::vector<float> panel_buffer(weight_type == at::kFloat ? 0 : max_rank * kPanelWidth);
     for (int64_t k = next_segment++; k < num_side_by_side; k = next_segment++) {
       const size_t s = side_by_side[k];
       const int64_t slot = seg_slots[s], n_rows = seg_lens[s];
@@ -272,7 +321,7 @@ void packed_add_lora(const at::Tensor& x,                   // [T, in]
       const void* a_slot = a_bytes + slot * a_slot_bytes;
       auto run = [&](auto* typed_a_slot) {
         short_segment(x_data, x.stride(0), rows, n_rows, typed_a_slot, in_features, all_ranks + slot * num_slices,
-                      total_rank(slot), slices, slot, out_data, out.stride(0));
+                      total_rank(slot), slices, slot, out_data, out.stride(0), panel_buffer.data());
       };
       if (weight_type == at::kFloat) {
         run(static_cast<const float*>(a_slot));

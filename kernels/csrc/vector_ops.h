@@ -17,36 +17,47 @@ inline float dot(const float* __restrict a, const float* __restrict b, int64_t n
   return acc;
 }
 
-// out[j] = dot(rows[j], x) for four rows at once: four independent sums hide the add latency that
-// one running sum waits on, and x is loaded once for the four.
-inline void dot4(const float* __restrict r0, const float* __restrict r1, const float* __restrict r2,
-                 const float* __restrict r3, const float* __restrict x, int64_t n, float* out) {
-  float a0 = 0.f, a1 = 0.f, a2 = 0.f, a3 = 0.f;
-#pragma omp simd reduction(+ : a0, a1, a2, a3)
-  for (int64_t i = 0; i < n; ++i) {
-    a0 += r0[i] * x[i];
-    a1 += r1[i] * x[i];
-    a2 += r2[i] * x[i];
-    a3 += r3[i] * x[i];
+// Sixteen floats as one value: an AVX-512 register, or two AVX2 ones (GCC's vector extension, so the
+// code below names no instruction set and builds wherever -march=native points).
+using Float16x = float __attribute__((vector_size(64)));
+
+inline Float16x load16(const float* p) {
+  Float16x v;
+  __builtin_memcpy(&v, p, sizeof v);  // an unaligned load
+  return v;
+}
+
+inline float sum16(Float16x v) {
+  float acc = 0.f;
+  for (int i = 0; i < 16; ++i) acc += v[i];
+  return acc;
+}
+
+// out[r] = dot(w, xs[r]) for kRows rows at once, over long rows (a LoRA weight row, hundreds to
+// thousands of floats): w is loaded once for every x row, and each row keeps two running vector
+// sums, so the loop waits neither on memory twice nor on one chain of adds.
+template <int kRows>
+inline void dot_rows(const float* __restrict w, const float* const* xs, int64_t n, float* out) {
+  Float16x acc[kRows][2] = {};
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    const Float16x w0 = load16(w + i), w1 = load16(w + i + 16);
+    for (int r = 0; r < kRows; ++r) {
+      acc[r][0] += w0 * load16(xs[r] + i);
+      acc[r][1] += w1 * load16(xs[r] + i + 16);
+    }
   }
-  out[0] = a0;
-  out[1] = a1;
-  out[2] = a2;
-  out[3] = a3;
+  for (int r = 0; r < kRows; ++r) {
+    float total = sum16(acc[r][0] + acc[r][1]);
+    for (int64_t j = i; j < n; ++j) total += w[j] * xs[r][j];
+    out[r] = total;
+  }
 }
 
 // out[i] += c * b[i]
 inline void axpy(float* __restrict out, const float* __restrict b, float c, int64_t n) {
 #pragma omp simd
   for (int64_t i = 0; i < n; ++i) out[i] += c * b[i];
-}
-
-// out[i] += sum_j coef[j] * b_j[i] for four rows at once: out is read and written once per four rows.
-inline void axpy4(float* __restrict out, const float* __restrict b0, const float* __restrict b1,
-                  const float* __restrict b2, const float* __restrict b3, const float* coef, int64_t n) {
-  const float c0 = coef[0], c1 = coef[1], c2 = coef[2], c3 = coef[3];
-#pragma omp simd
-  for (int64_t i = 0; i < n; ++i) out[i] += c0 * b0[i] + c1 * b1[i] + c2 * b2[i] + c3 * b3[i];
 }
 
 // The bit layouts of torch's bfloat16 and float16 (at::BFloat16 and at::Half hold exactly these 16

@@ -14,13 +14,15 @@ import pytest
 import torch
 
 from loraloom.kernels import cpu_extension, packed_lora, reference, sgmv
-from loraloom.kernels.lora_stacks import PackedStack, SliceStack
+from loraloom.kernels.lora_stacks import PANEL_WIDTH, PackedStack, SliceStack
 from loraloom.kernels.metadata import SliceRanks
 from sgmv_cases import sgmv_metadata
 
 IN_FEATURES = 200
-OUT_FEATURES = [72, 24, 40]  # q/k/v-like slices
-OFFSETS = [0, 72, 96, 136]
+# q/k/v-like slices; on the CPU, B is kept in column panels of PANEL_WIDTH (64): two whole panels and
+# a narrower last one, a last panel alone, and exactly one whole panel.
+OUT_FEATURES = [136, 24, 64]
+OFFSETS = [0, 136, 160, 224]
 MAX_RANK = 64
 TOLERANCES = {torch.float32: dict(atol=1e-4, rtol=1e-4), torch.float16: dict(atol=4e-3, rtol=4e-3)}
 
@@ -171,9 +173,9 @@ def test_compiled_op_refuses_weights_of_mixed_types() -> None:
     lora_a, lora_b = make_weights(ALL_SLICES, torch.bfloat16, generator)
     stack = loaded_stack("compiled", ALL_SLICES, lora_a, lora_b)
     x, out = torch.randn(2, IN_FEATURES), torch.zeros(2, OFFSETS[-1])
-    lora_b_t = [stack.lora_b_t[0].half(), *stack.lora_b_t[1:]]
-    with pytest.raises(RuntimeError, match="lora_b_t must be a CPU tensor of lora_a's type"):
-        cpu_extension.load().packed_add_lora(x, stack.lora_a, lora_b_t, stack.ranks, out, OFFSETS,
+    lora_b_panels = [stack.lora_b_panels[0].half(), *stack.lora_b_panels[1:]]
+    with pytest.raises(RuntimeError, match="lora_b_panels must be a CPU tensor of lora_a's type"):
+        cpu_extension.load().packed_add_lora(x, stack.lora_a, lora_b_panels, PANEL_WIDTH, stack.ranks, out, OFFSETS,
                                              [0], [2], [0], [0], torch.arange(2, dtype=torch.int32))
 
 
@@ -246,5 +248,5 @@ def test_compiled_op_refuses_segments_it_would_read_past() -> None:
     compiled = cpu_extension.load()
     for slot, first_row in ((len(ALL_SLICES[0]), 0), (0, 2)):  # a slot past the stack; two rows from row 2 of 3
         with pytest.raises(RuntimeError, match="packed_add_lora"):
-            compiled.packed_add_lora(x, stack.lora_a, stack.lora_b_t, stack.ranks, out, OFFSETS,
+            compiled.packed_add_lora(x, stack.lora_a, stack.lora_b_panels, PANEL_WIDTH, stack.ranks, out, OFFSETS,
                                      [0], [2], [slot], [first_row], torch.arange(3, dtype=torch.int32))

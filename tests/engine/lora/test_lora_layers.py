@@ -21,7 +21,7 @@ from loraloom.engine.lora.layers import LoRALinear, LoRASlotPool, PACKED_MODULES
 from loraloom.engine.lora.weights import load_adapter_weights
 from loraloom.engine.model.llama import allocate_kv_cache
 from loraloom.kernels.backend import REFERENCE_BACKEND
-from loraloom.kernels.lora_stacks import PackedStack, SliceStack
+from loraloom.kernels.lora_stacks import PANEL_WIDTH, PackedStack, SliceStack
 from loraloom.kernels.metadata import AttentionMetadata
 
 ALL_MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -197,11 +197,19 @@ def slot_weights(stack, slot: int) -> list:
             held.append((a[slot, :rank].tolist(), b[slot, :, :rank].tolist()) if rank else None)
         return held
     views = stack.slots[slot]
-    held = [None] * len(stack.lora_b_t)
+    held = [None] * len(stack.lora_b_panels)
     row = 0
-    for (i, b_t), rank in zip(views.expands if views else [], views.split if views else []):
+    for (i, panels), rank in zip(views.expands if views else [], views.split if views else []):
+        # B^T [r, out] put back together from its column panels: the panel of columns [start, start + width)
+        # is an [r, width] block at r * start.
+        region = stack.lora_b_panels[i][slot]
+        out = region.numel() // (stack.lora_a.shape[1] // len(stack.lora_b_panels))
+        columns = [region[rank * start:rank * min(start + PANEL_WIDTH, out)].view(rank, -1)
+                   for start in range(0, out, PANEL_WIDTH)]
+        b_t = torch.cat(columns, dim=1)
+        assert torch.equal(b_t, panels.dense())
         held[i] = (stack.lora_a[slot, row:row + rank].tolist(), b_t.T.tolist())
-        assert not stack.lora_b_t[i][slot, rank:].any()
+        assert not region[rank * out:].any()
         row += rank
     assert not stack.lora_a[slot, row:].any()
     return held
