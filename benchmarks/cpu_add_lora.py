@@ -66,7 +66,7 @@ def main() -> None:
         stacks = [stack for layer in pool.stacks for stack in layer.values()]
         lora_bytes = 0
         for stack in stacks:
-            in_features, out_features = stack.lora_a.shape[2], [b.shape[2] for b in stack.lora_b_panels]
+            in_features, out_features = stack.lora_a.shape[2], stack.out_features
             for slot in slots:
                 ranks = stack.ranks[slot].tolist()
                 lora_bytes += stack.lora_a.element_size() * sum(r * (in_features + out) for r, out in zip(ranks, out_features))
@@ -79,8 +79,8 @@ def main() -> None:
             calls = []
             for stack in stacks:
                 offsets = [0]
-                for b in stack.lora_b_panels:
-                    offsets.append(offsets[-1] + b.shape[2])
+                for out in stack.out_features:
+                    offsets.append(offsets[-1] + out)
                 calls.append((torch.randn(len(slots) * rows, stack.lora_a.shape[2]), stack,
                               torch.zeros(len(slots) * rows, offsets[-1]), offsets))
 

@@ -155,8 +155,16 @@ class PackedStack:
     def tensors(self) -> list[torch.Tensor]:
         return [self.lora_a, *self.lora_b_panels]
 
+    @property
+    def max_rank(self) -> int:
+        return self.lora_a.shape[1] // len(self.lora_b_panels)
+
+    @property
+    def out_features(self) -> list[int]:
+        return [panels.shape[1] // self.max_rank for panels in self.lora_b_panels]
+
     def load(self, slot: int, weights: SliceWeights) -> None:
-        _check_slices(weights, len(self.lora_b_panels), self.lora_a.shape[1] // len(self.lora_b_panels))
+        _check_slices(weights, len(self.lora_b_panels), self.max_rank)
         self.clear(slot)
         row, split, expands = 0, [], []
         for i, pair in enumerate(weights):

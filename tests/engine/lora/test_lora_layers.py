@@ -203,7 +203,7 @@ def slot_weights(stack, slot: int) -> list:
         # B^T [r, out] put back together from its column panels: the panel of columns [start, start + width)
         # is an [r, width] block at r * start.
         region = stack.lora_b_panels[i][slot]
-        out = region.numel() // (stack.lora_a.shape[1] // len(stack.lora_b_panels))
+        out = stack.out_features[i]
         columns = [region[rank * start:rank * min(start + PANEL_WIDTH, out)].view(rank, -1)
                    for start in range(0, out, PANEL_WIDTH)]
         b_t = torch.cat(columns, dim=1)
