@@ -4,15 +4,16 @@
 // step of many adapters it issues one shrink and up to three expand matmuls per (segment, linear):
 // ~4,000 tiny ops a step at batch 32, each paying Python and dispatcher overhead that is larger
 // than its arithmetic. A decode segment is a matrix-vector product, bound by reading the slot's
-// weights once, so this file does short segments with plain loops the compiler vectorizes
-// (-O3 -march=native, built on the machine that runs it by kernels/cpu_extension.py) and leaves
-// long (prefill) segments to torch's matmul, which blocks them better than a loop could.
+// weights once, so this file does every segment with plain loops the compiler vectorizes
+// (-O3 -march=native, built on the machine that runs it by kernels/cpu_extension.py), a block of
+// up to 8 rows at a time. A prefill segment is many blocks, which reread the slot's weights from
+// cache; at LoRA's ranks that beat torch's matmul on every segment length measured (1 to 300 rows,
+// 1.5-2x from 16 rows up), and a prefill's LoRA is ~2% of its base matmuls either way.
 //
 // The loops read each weight block front to back, one stream at a time: A row by row, B^T panel
 // by panel (kernels/lora_stacks.py BPanels). Measured on a 2-core EPYC, reading two to four rows
 // side by side (the earlier loops, which shared x loads that way) got a core 10-15 GB/s where one
-// stream gets 22-25; a 32-adapter decode step's op went from 20 to 15 ms. Segments are taken
-// largest first, so that neither thread is left alone with a big adapter at the end.
+// stream gets 22-25; a 32-adapter decode step's op went from 20 to 15 ms.
 //
 // Same contract as the reference: rows outside every segment are never written, a slot reads
 // only its own ranks in the slices it targets, and out is updated in place. x and out are float32;
@@ -20,7 +21,6 @@
 // they are read, so every sum is a float32 sum over the stored weights.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
-#include <ATen/ThreadLocalState.h>
 
 #include <algorithm>
 #include <atomic>
@@ -35,14 +35,9 @@ namespace {
 using loraloom::Bf16;
 using loraloom::Fp16;
 
-// Segments up to this many rows run through the loops below; the weights are read once per segment
-// and the rows stay in L1, so the loops beat a GEMM call until the rows make it compute bound.
-constexpr int64_t kShortSegmentRows = 8;
-// Segments up to this many rows go to torch's matmul one thread each, several segments side by side:
-// a prefill step of many adapters has hundreds of such segments per linear, and a matmul of a few
-// dozen rows split over every thread spends more on the split than on the product. Longer segments
-// run one at a time, each matmul using every thread.
-constexpr int64_t kMediumSegmentRows = 256;
+// Rows of a segment computed together: each weight is read once for up to this many rows (from
+// memory for the first block of a segment, from cache after), and the rows stay in L1.
+constexpr int64_t kBlockRows = 8;
 
 // kernels/lora_stacks.py PANEL_WIDTH: a slot's B^T for one slice is stored as column panels of this
 // many columns, each an [r, width] row-major block, one after another (BPanels).
@@ -105,12 +100,12 @@ void expand_panel(const float* panel, int64_t rank, int64_t width, const float* 
   }
 }
 
-// One short segment: shrink every row against the slot's packed A (all targeted slices' rows,
+// One block of a segment's rows: shrink every row against the slot's packed A (all targeted slices' rows,
 // `total` of them), then expand each targeted slice from its B panels. W is the weights' type; a
 // 16-bit panel is widened once (into `panel_buffer`, rank * kPanelWidth floats) and used by every
 // row of the segment.
 template <typename W>
-void short_segment(const float* x, int64_t x_stride, const int64_t* rows, int64_t n_rows, const W* a_slot,
+void row_block(const float* x, int64_t x_stride, const int64_t* rows, int64_t n_rows, const W* a_slot,
                    int64_t in_features, const int32_t* ranks, int64_t total, const Slices& slices, int64_t slot,
                    float* out, int64_t out_stride, float* panel_buffer) {
   std::vector<float> shrunk(static_cast<size_t>(n_rows * total), 0.f);
@@ -130,7 +125,7 @@ void short_segment(const float* x, int64_t x_stride, const int64_t* rows, int64_
       for (int64_t r = 0; r < count; ++r) shrunk[(t + r) * total + k] += dots[r];
     }
   });
-  float* outs[kShortSegmentRows];
+  float* outs[kBlockRows];
   int64_t first = 0;  // this slice's first column of shrunk
   for (size_t i = 0; i < slices.b_base.size(); ++i) {
     const int64_t rank = ranks[i];
@@ -153,41 +148,6 @@ void short_segment(const float* x, int64_t x_stride, const int64_t* rows, int64_
       } else {
         expand_panel<0>(panel, rank, w, shrunk.data() + first, total, outs, n_rows);
       }
-    }
-    first += rank;
-  }
-}
-
-// One long segment through torch's matmul: the same steps as the reference (kernels/reference.py
-// add_lora and expand_panels), without Python between them. 16-bit weights are widened to float32
-// for the matmul: only this slot's used ranks, which the segment's rows (more than kShortSegmentRows)
-// then reuse, so the copy is a small share of its work.
-void long_segment(const at::Tensor& x, const at::Tensor& rows, int64_t first_row, int64_t n_rows,
-                  const at::Tensor& a_slot, const int32_t* ranks, int64_t total,
-                  const std::vector<at::Tensor>& b_panels, int64_t slot, const at::Tensor& out,
-                  const std::vector<int64_t>& offsets) {
-  const at::Tensor xs = first_row >= 0 ? x.narrow(0, first_row, n_rows) : x.index_select(0, rows);
-  const at::Tensor shrunk = at::mm(xs, a_slot.narrow(0, 0, total).to(at::kFloat).t());
-  int64_t first = 0;
-  for (size_t i = 0; i < b_panels.size(); ++i) {
-    const int64_t rank = ranks[i];
-    if (rank == 0) continue;
-    const at::Tensor part = shrunk.narrow(1, first, rank);
-    const int64_t width = offsets[i + 1] - offsets[i], whole = width / kPanelWidth * kPanelWidth;
-    const at::Tensor region = b_panels[i][slot];
-    at::Tensor delta = at::matmul(part, region.narrow(0, 0, rank * whole).view({whole / kPanelWidth, rank, kPanelWidth})
-                                            .to(at::kFloat))
-                           .transpose(0, 1)
-                           .reshape({n_rows, whole});
-    if (whole < width) {
-      const at::Tensor tail = region.narrow(0, rank * whole, rank * (width - whole)).view({rank, width - whole});
-      delta = at::cat({delta, at::mm(part, tail.to(at::kFloat))}, 1);
-    }
-    at::Tensor columns = out.narrow(1, offsets[i], width);
-    if (first_row >= 0) {
-      columns.narrow(0, first_row, n_rows).add_(delta);
-    } else {
-      columns.index_add_(0, rows, delta);
     }
     first += rank;
   }
@@ -277,72 +237,73 @@ void packed_add_lora(const at::Tensor& x,                   // [T, in]
     for (int64_t i = 0; i < num_slices; ++i) total += all_ranks[slot * num_slices + i];
     return total;
   };
-  // Short and medium segments write disjoint rows of out, so they run side by side on torch's
-  // intra-op threads (a matmul called from inside the parallel region runs on its caller's thread);
-  // long ones run after, one at a time, each matmul using every thread itself.
-  std::vector<size_t> side_by_side, long_segments;
-  for (size_t s = 0; s < seg_slots.size(); ++s) {
-    const int64_t slot = seg_slots[s];
-    if (slot < 0 || seg_lens[s] == 0) continue;
-    if (total_rank(slot) == 0) continue;  // the adapter targets none of this linear's modules
-    (seg_lens[s] <= kMediumSegmentRows ? side_by_side : long_segments).push_back(s);
-  }
-  // Segments differ in work (ranks 1 to 64, one to all slices, 1 to 256 rows), so the threads take
-  // them one at a time from a shared counter rather than in fixed halves, largest first: the last
-  // segments taken are then small, and no thread is left alone with a big one at the end (cutting
-  // segments into pieces that the threads share was slower: two threads reading neighbouring pieces).
-  // A segment's work: reading the slot's weights (the same for 1 row or 8: a weight read costs
-  // about what 8 multiply-adds do here) plus a multiply-add per weight and row.
-  auto work = [&](size_t s) {
-    const int64_t slot = seg_slots[s];
+  // The threads share the work as units of a segment's rows: a whole segment, or, for a segment
+  // larger than one thread's share of the call (a long prefill), runs of its rows, so that every
+  // thread takes part in it. A unit runs kBlockRows rows at a time on one thread: its later blocks
+  // find the slot's weights in that core's cache (two threads taking turns at one segment's blocks
+  // both read them from memory, and ran 30% slower).
+  struct Unit {
+    int64_t segment, first, count;  // rows [first, first + count) of the segment
+    int64_t work;
+  };
+  // A unit's work: reading the slot's weights once per block (a weight read costs about what 8
+  // multiply-adds do here) plus a multiply-add per weight and row.
+  auto segment_weights = [&](int64_t slot) {
     int64_t weights = total_rank(slot) * in_features;
-    for (int64_t i = 0; i < num_slices; ++i)
-      weights += all_ranks[slot * num_slices + i] * (offsets[i + 1] - offsets[i]);
-    return weights * (kShortSegmentRows + seg_lens[s]);
+    for (int64_t i = 0; i < num_slices; ++i) weights += all_ranks[slot * num_slices + i] * (offsets[i + 1] - offsets[i]);
+    return weights;
   };
-  std::vector<int64_t> segment_work(seg_slots.size());
-  for (const size_t s : side_by_side) segment_work[s] = work(s);
-  std::stable_sort(side_by_side.begin(), side_by_side.end(),
-                   [&](size_t a, size_t b) { return segment_work[a] > segment_work[b]; });
-  auto matmul_segment = [&](size_t s) {
-    const int64_t slot = seg_slots[s];
-    long_segment(x, token_ids.narrow(0, seg_starts[s], seg_lens[s]), seg_rows[s], seg_lens[s], lora_a[slot],
-                 all_ranks + slot * num_slices, total_rank(slot), b_panels, slot, out, offsets);
+  auto work = [&](int64_t slot, int64_t n_rows) {
+    return segment_weights(slot) * (kBlockRows * ((n_rows + kBlockRows - 1) / kBlockRows) + n_rows);
   };
-  std::atomic<int64_t> next_segment{0};
-  const int64_t num_side_by_side = static_cast<int64_t>(side_by_side.size());
-  // The caller's inference mode (and the rest of torch's thread-local state) for the torch ops that
-  // the worker threads call: an in-place update of an inference tensor outside it is refused.
-  const at::ThreadLocalState caller_state;
-  at::parallel_for(0, std::min<int64_t>(at::get_num_threads(), num_side_by_side), 1, [&](int64_t, int64_t) {
-    const at::ThreadLocalStateGuard state_guard(caller_state);
-    int64_t contiguous_rows[kShortSegmentRows];
+  int64_t total_work = 0;
+  for (size_t s = 0; s < seg_slots.size(); ++s)
+    if (seg_slots[s] >= 0 && seg_lens[s] > 0) total_work += work(seg_slots[s], seg_lens[s]);
+  const int64_t threads = std::max<int64_t>(1, at::get_num_threads());
+  const int64_t share = std::max<int64_t>(1, total_work / threads);
+  std::vector<Unit> units;
+  for (size_t s = 0; s < seg_slots.size(); ++s) {
+    const int64_t slot = seg_slots[s], n_rows = seg_lens[s];
+    if (slot < 0 || n_rows == 0 || total_rank(slot) == 0) continue;  // rank 0: targets none of this linear's modules
+    const int64_t segment_work = work(slot, n_rows);
+    // Runs of about half a thread's share, in whole blocks; a segment within one share stays whole.
+    const int64_t runs = segment_work <= share ? 1 : (2 * segment_work + share - 1) / share;
+    const int64_t run_rows = kBlockRows * ((n_rows + runs * kBlockRows - 1) / (runs * kBlockRows));
+    for (int64_t first = 0; first < n_rows; first += run_rows) {
+      const int64_t count = std::min(run_rows, n_rows - first);
+      units.push_back({static_cast<int64_t>(s), first, count, work(slot, count)});
+    }
+  }
+  // Units differ in work (ranks 1 to 64, one to all slices, 1 to hundreds of rows), so the threads
+  // take them one at a time from a shared counter rather than in fixed halves, largest first: the
+  // last units taken are then small, and no thread is left alone with a big one at the end.
+  std::stable_sort(units.begin(), units.end(), [](const Unit& a, const Unit& b) { return a.work > b.work; });
+  std::atomic<int64_t> next_unit{0};
+  const int64_t num_units = static_cast<int64_t>(units.size());
+  at::parallel_for(0, std::min(threads, num_units), 1, [&](int64_t, int64_t) {
+    int64_t rows[kBlockRows];
     std::vector<float> panel_buffer(weight_type == at::kFloat ? 0 : max_rank * kPanelWidth);
-    for (int64_t k = next_segment++; k < num_side_by_side; k = next_segment++) {
-      const size_t s = side_by_side[k];
-      const int64_t slot = seg_slots[s], n_rows = seg_lens[s];
-      if (n_rows > kShortSegmentRows) {
-        matmul_segment(s);
-        continue;
-      }
-      const int64_t* rows = ids + seg_starts[s];
-      if (seg_rows[s] >= 0) {
-        for (int64_t t = 0; t < n_rows; ++t) contiguous_rows[t] = seg_rows[s] + t;
-        rows = contiguous_rows;
-      }
+    for (int64_t k = next_unit++; k < num_units; k = next_unit++) {
+      const Unit& unit = units[k];
+      const size_t s = static_cast<size_t>(unit.segment);
+      const int64_t slot = seg_slots[s];
       const void* a_slot = a_bytes + slot * a_slot_bytes;
-      auto run = [&](auto* typed_a_slot) {
-        short_segment(x_data, x.stride(0), rows, n_rows, typed_a_slot, in_features, all_ranks + slot * num_slices,
-                      total_rank(slot), slices, slot, out_data, out.stride(0), panel_buffer.data());
-      };
-      if (weight_type == at::kFloat) {
-        run(static_cast<const float*>(a_slot));
-      } else if (weight_type == at::kBFloat16) {
-        run(static_cast<const Bf16*>(a_slot));
-      } else {
-        run(static_cast<const Fp16*>(a_slot));
+      for (int64_t first = unit.first; first < unit.first + unit.count; first += kBlockRows) {
+        const int64_t count = std::min(kBlockRows, unit.first + unit.count - first);
+        for (int64_t t = 0; t < count; ++t)
+          rows[t] = seg_rows[s] >= 0 ? seg_rows[s] + first + t : ids[seg_starts[s] + first + t];
+        auto run = [&](auto* typed_a_slot) {
+          row_block(x_data, x.stride(0), rows, count, typed_a_slot, in_features, all_ranks + slot * num_slices,
+                    total_rank(slot), slices, slot, out_data, out.stride(0), panel_buffer.data());
+        };
+        if (weight_type == at::kFloat) {
+          run(static_cast<const float*>(a_slot));
+        } else if (weight_type == at::kBFloat16) {
+          run(static_cast<const Bf16*>(a_slot));
+        } else {
+          run(static_cast<const Fp16*>(a_slot));
+        }
       }
     }
   });
-  for (const size_t s : long_segments) matmul_segment(s);
 }

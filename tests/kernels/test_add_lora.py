@@ -103,7 +103,8 @@ STEPS = {
     "grouped": [-1, -1] + [0] * 3 + [1] * 2 + [2] * 4 + [3] * 5 + [5] * 2 + [6] * 3,
     "scrambled": scrambled([-1, -1] + [0] * 3 + [1] * 2 + [2] * 4 + [3] * 5 + [4] * 2 + [5] * 2 + [6] * 3, seed=3),
     "scrambled_prefill": scrambled([3] * 12 + [6] * 9 + [0, 0, 1, -1, 5, 5, 5, 4], seed=5),
-    # Past the compiled op's side-by-side limit (256 rows): a segment whose matmuls use every thread.
+    # A segment larger than one thread's share of the step: the compiled op splits it into runs of rows
+    # (300 rows: the last block of a run is partial) that several threads take.
     "long_prefill": [-1] + [2] * 300 + [6] * 20 + [0, 1],
 }
 
