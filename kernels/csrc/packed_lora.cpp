@@ -25,7 +25,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
-#include <type_traits>
 #include <vector>
 
 #include "vector_ops.h"
@@ -48,41 +47,12 @@ struct Slices {
   std::vector<int64_t> b_slot_stride, out_width, out_offset;
 };
 
-// Columns of an A row widened at a time when the weights are 16-bit (1 KiB, in L1 while every row of
-// the segment uses it). Float rows are used whole, in place.
-constexpr int64_t kWidenChunk = 256;
-
-template <typename W>
-constexpr bool kIsFloat = std::is_same_v<W, float>;
-
-// Walks a row-major weight block [num_rows, row_length] one row at a time, front to back (the order
-// the CPU streams fastest: reading several rows side by side halves the bandwidth one core gets),
-// in column chunks [start, start + m): visit(row, start, m, chunk) gets the chunk as float, the
-// weights themselves when they are float, a widened copy (in L1) otherwise.
-template <typename W, typename Visit>
-void for_each_row_chunk(const W* block, int64_t num_rows, int64_t row_length, Visit&& visit) {
-  alignas(64) float buffer[kWidenChunk];
-  const int64_t chunk = kIsFloat<W> ? row_length : kWidenChunk;
-  for (int64_t k = 0; k < num_rows; ++k) {
-    for (int64_t start = 0; start < row_length; start += chunk) {
-      const int64_t m = std::min(chunk, row_length - start);
-      const W* row = block + k * row_length + start;
-      if constexpr (kIsFloat<W>) {
-        visit(k, start, m, row);
-      } else {
-        loraloom::widen(row, buffer, m);
-        visit(k, start, m, buffer);
-      }
-    }
-  }
-}
-
-// One panel of the expand: for each row t of the segment, out_t[width] += coef_t[:rank] @ panel
-// [rank, width], the panel read front to back with the row's output columns held in registers.
-// Width is the panel width when the panel is whole (a constant the compiler unrolls), the remaining
-// columns for the last one.
-template <int64_t kWidth>
-void expand_panel(const float* panel, int64_t rank, int64_t width, const float* shrunk, int64_t shrunk_stride,
+// One panel of the expand: for each row t of the block, out_t[width] += coef_t[:rank] @ panel
+// [rank, width] (weights of type W, widened as they are read), the panel read front to back with the
+// row's output columns held in registers. kWidth is the panel width for a whole panel (a constant,
+// so the compiler unrolls the columns into four vectors), 0 for the narrower last panel of a slice.
+template <int64_t kWidth, typename W>
+void expand_panel(const W* panel, int64_t rank, int64_t width, const float* shrunk, int64_t shrunk_stride,
                   float* const* outs, int64_t n_rows) {
   const int64_t w = kWidth > 0 ? kWidth : width;
   for (int64_t t = 0; t < n_rows; ++t) {
@@ -90,9 +60,9 @@ void expand_panel(const float* panel, int64_t rank, int64_t width, const float* 
     const float* coef = shrunk + t * shrunk_stride;
     for (int64_t k = 0; k < rank; ++k) {
       const float c = coef[k];
-      const float* row = panel + k * w;
+      const W* row = panel + k * w;
 #pragma omp simd
-      for (int64_t j = 0; j < w; ++j) acc[j] += c * row[j];
+      for (int64_t j = 0; j < w; ++j) acc[j] += c * loraloom::widen1(row[j]);
     }
     float* o = outs[t];
 #pragma omp simd
@@ -100,31 +70,31 @@ void expand_panel(const float* panel, int64_t rank, int64_t width, const float* 
   }
 }
 
-// One block of a segment's rows: shrink every row against the slot's packed A (all targeted slices' rows,
-// `total` of them), then expand each targeted slice from its B panels. W is the weights' type; a
-// 16-bit panel is widened once (into `panel_buffer`, rank * kPanelWidth floats) and used by every
-// row of the segment.
+// One block of a segment's rows: shrink every row against the slot's packed A (all targeted slices'
+// rows, `total` of them, read one after another), then expand each targeted slice from its B panels.
+// W is the weights' type.
 template <typename W>
 void row_block(const float* x, int64_t x_stride, const int64_t* rows, int64_t n_rows, const W* a_slot,
-                   int64_t in_features, const int32_t* ranks, int64_t total, const Slices& slices, int64_t slot,
-                   float* out, int64_t out_stride, float* panel_buffer) {
+               int64_t in_features, const int32_t* ranks, int64_t total, const Slices& slices, int64_t slot,
+               float* out, int64_t out_stride) {
   std::vector<float> shrunk(static_cast<size_t>(n_rows * total), 0.f);
-  for_each_row_chunk(a_slot, total, in_features, [&](int64_t k, int64_t start, int64_t m, const float* w) {
-    // The segment's rows four at a time against this chunk of A's row k.
+  for (int64_t k = 0; k < total; ++k) {
+    const W* a_row = a_slot + k * in_features;
+    // The block's rows four at a time against A's row k.
     for (int64_t t = 0; t < n_rows; t += 4) {
       const int64_t count = std::min<int64_t>(4, n_rows - t);
       const float* xs[4];
       float dots[4];
-      for (int64_t r = 0; r < count; ++r) xs[r] = x + rows[t + r] * x_stride + start;
+      for (int64_t r = 0; r < count; ++r) xs[r] = x + rows[t + r] * x_stride;
       switch (count) {
-        case 4: loraloom::dot_rows<4>(w, xs, m, dots); break;
-        case 3: loraloom::dot_rows<3>(w, xs, m, dots); break;
-        case 2: loraloom::dot_rows<2>(w, xs, m, dots); break;
-        default: loraloom::dot_rows<1>(w, xs, m, dots);
+        case 4: loraloom::dot_rows<4>(a_row, xs, in_features, dots); break;
+        case 3: loraloom::dot_rows<3>(a_row, xs, in_features, dots); break;
+        case 2: loraloom::dot_rows<2>(a_row, xs, in_features, dots); break;
+        default: loraloom::dot_rows<1>(a_row, xs, in_features, dots);
       }
-      for (int64_t r = 0; r < count; ++r) shrunk[(t + r) * total + k] += dots[r];
+      for (int64_t r = 0; r < count; ++r) shrunk[(t + r) * total + k] = dots[r];
     }
-  });
+  }
   float* outs[kBlockRows];
   int64_t first = 0;  // this slice's first column of shrunk
   for (size_t i = 0; i < slices.b_base.size(); ++i) {
@@ -133,20 +103,13 @@ void row_block(const float* x, int64_t x_stride, const int64_t* rows, int64_t n_
     const W* b = static_cast<const W*>(slices.b_base[i]) + slot * slices.b_slot_stride[i];
     const int64_t width = slices.out_width[i];
     for (int64_t start = 0; start < width; start += kPanelWidth) {
-      const int64_t w = std::min(kPanelWidth, width - start);
-      const W* stored = b + rank * start;  // panels before this one hold rank * kPanelWidth each
-      const float* panel;
-      if constexpr (kIsFloat<W>) {
-        panel = stored;
-      } else {
-        loraloom::widen(stored, panel_buffer, rank * w);
-        panel = panel_buffer;
-      }
       for (int64_t t = 0; t < n_rows; ++t) outs[t] = out + rows[t] * out_stride + slices.out_offset[i] + start;
-      if (w == kPanelWidth) {
-        expand_panel<kPanelWidth>(panel, rank, w, shrunk.data() + first, total, outs, n_rows);
+      // The panels before this one hold rank * kPanelWidth weights each.
+      const W* panel = b + rank * start;
+      if (width - start >= kPanelWidth) {
+        expand_panel<kPanelWidth>(panel, rank, kPanelWidth, shrunk.data() + first, total, outs, n_rows);
       } else {
-        expand_panel<0>(panel, rank, w, shrunk.data() + first, total, outs, n_rows);
+        expand_panel<0>(panel, rank, width - start, shrunk.data() + first, total, outs, n_rows);
       }
     }
     first += rank;
@@ -282,7 +245,6 @@ void packed_add_lora(const at::Tensor& x,                   // [T, in]
   const int64_t num_units = static_cast<int64_t>(units.size());
   at::parallel_for(0, std::min(threads, num_units), 1, [&](int64_t, int64_t) {
     int64_t rows[kBlockRows];
-    std::vector<float> panel_buffer(weight_type == at::kFloat ? 0 : max_rank * kPanelWidth);
     for (int64_t k = next_unit++; k < num_units; k = next_unit++) {
       const Unit& unit = units[k];
       const size_t s = static_cast<size_t>(unit.segment);
@@ -294,7 +256,7 @@ void packed_add_lora(const at::Tensor& x,                   // [T, in]
           rows[t] = seg_rows[s] >= 0 ? seg_rows[s] + first + t : ids[seg_starts[s] + first + t];
         auto run = [&](auto* typed_a_slot) {
           row_block(x_data, x.stride(0), rows, count, typed_a_slot, in_features, all_ranks + slot * num_slices,
-                    total_rank(slot), slices, slot, out_data, out.stride(0), panel_buffer.data());
+                    total_rank(slot), slices, slot, out_data, out.stride(0));
         };
         if (weight_type == at::kFloat) {
           run(static_cast<const float*>(a_slot));

@@ -4,7 +4,7 @@
 
 #include <cstdint>
 
-#if defined(__F16C__)
+#if defined(__F16C__) || defined(__AVX512F__)
 #include <immintrin.h>
 #endif
 
@@ -15,43 +15,6 @@ inline float dot(const float* __restrict a, const float* __restrict b, int64_t n
 #pragma omp simd reduction(+ : acc)
   for (int64_t i = 0; i < n; ++i) acc += a[i] * b[i];
   return acc;
-}
-
-// Sixteen floats as one value: an AVX-512 register, or two AVX2 ones (GCC's vector extension, so the
-// code below names no instruction set and builds wherever -march=native points).
-using Float16x = float __attribute__((vector_size(64)));
-
-inline Float16x load16(const float* p) {
-  Float16x v;
-  __builtin_memcpy(&v, p, sizeof v);  // an unaligned load
-  return v;
-}
-
-inline float sum16(Float16x v) {
-  float acc = 0.f;
-  for (int i = 0; i < 16; ++i) acc += v[i];
-  return acc;
-}
-
-// out[r] = dot(w, xs[r]) for kRows rows at once, over long rows (a LoRA weight row, hundreds to
-// thousands of floats): w is loaded once for every x row, and each row keeps two running vector
-// sums, so the loop waits neither on memory twice nor on one chain of adds.
-template <int kRows>
-inline void dot_rows(const float* __restrict w, const float* const* xs, int64_t n, float* out) {
-  Float16x acc[kRows][2] = {};
-  int64_t i = 0;
-  for (; i + 32 <= n; i += 32) {
-    const Float16x w0 = load16(w + i), w1 = load16(w + i + 16);
-    for (int r = 0; r < kRows; ++r) {
-      acc[r][0] += w0 * load16(xs[r] + i);
-      acc[r][1] += w1 * load16(xs[r] + i + 16);
-    }
-  }
-  for (int r = 0; r < kRows; ++r) {
-    float total = sum16(acc[r][0] + acc[r][1]);
-    for (int64_t j = i; j < n; ++j) total += w[j] * xs[r][j];
-    out[r] = total;
-  }
 }
 
 // out[i] += c * b[i]
@@ -69,21 +32,77 @@ struct Fp16 {
   uint16_t bits;
 };
 
-// Widening is exact for both. The float loops above then run on the widened copy: GCC vectorizes a
-// widening load inside a reduction poorly and float16 conversion not at all, so it is a loop of its own.
-// bfloat16 is the top half of a float32: one shift.
-inline void widen(const Bf16* __restrict in, float* __restrict out, int64_t n) {
-  for (int64_t i = 0; i < n; ++i) out[i] = __builtin_bit_cast(float, static_cast<uint32_t>(in[i].bits) << 16);
+// One weight as float32. Widening is exact for both 16-bit types; bfloat16 is the top half of a
+// float32 (one shift).
+inline float widen1(float v) { return v; }
+inline float widen1(Bf16 v) { return __builtin_bit_cast(float, static_cast<uint32_t>(v.bits) << 16); }
+inline float widen1(Fp16 v) { return static_cast<float>(__builtin_bit_cast(_Float16, v.bits)); }
+
+// Sixteen floats as one value: an AVX-512 register, or two AVX2 ones (GCC's vector extension, so the
+// code below names no instruction set and builds wherever -march=native points).
+using Float16x = float __attribute__((vector_size(64)));
+
+// Sixteen weights from p (unaligned), widened to float32 in registers: a 16-bit decode step reads
+// half the bytes and converts them where they are used, with no widened copy in between.
+inline Float16x load16(const float* p) {
+  Float16x v;
+  __builtin_memcpy(&v, p, sizeof v);
+  return v;
 }
 
-// float16: F16C converts eight at a time.
-inline void widen(const Fp16* __restrict in, float* __restrict out, int64_t n) {
-  int64_t i = 0;
-#if defined(__F16C__)
-  for (; i + 8 <= n; i += 8)
-    _mm256_storeu_ps(out + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i))));
+inline Float16x load16(const Bf16* p) {
+  using Half16x = uint16_t __attribute__((vector_size(32)));
+  using Word16x = uint32_t __attribute__((vector_size(64)));
+  Half16x bits;
+  __builtin_memcpy(&bits, p, sizeof bits);
+  const Word16x words = __builtin_convertvector(bits, Word16x) << 16;
+  Float16x v;
+  __builtin_memcpy(&v, &words, sizeof v);
+  return v;
+}
+
+// float16: GCC's own conversion of a vector goes one lane at a time, so the F16C / AVX-512 instructions.
+inline Float16x load16(const Fp16* p) {
+  Float16x v;
+#if defined(__AVX512F__)
+  const __m512 wide = _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  __builtin_memcpy(&v, &wide, sizeof v);
+#elif defined(__F16C__)
+  const __m256 low = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  const __m256 high = _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 8)));
+  __builtin_memcpy(&v, &low, sizeof low);
+  __builtin_memcpy(reinterpret_cast<char*>(&v) + sizeof low, &high, sizeof high);
+#else
+  for (int i = 0; i < 16; ++i) v[i] = widen1(p[i]);
 #endif
-  for (; i < n; ++i) out[i] = static_cast<float>(__builtin_bit_cast(_Float16, in[i].bits));
+  return v;
+}
+
+inline float sum16(Float16x v) {
+  float acc = 0.f;
+  for (int i = 0; i < 16; ++i) acc += v[i];
+  return acc;
+}
+
+// out[r] = dot(w, xs[r]) for kRows rows at once, over long rows (a LoRA weight row, hundreds to
+// thousands of weights of type W): w is loaded once for every x row, and each row keeps two running
+// vector sums, so the loop waits neither on memory twice nor on one chain of adds.
+template <int kRows, typename W>
+inline void dot_rows(const W* __restrict w, const float* const* xs, int64_t n, float* out) {
+  Float16x acc[kRows][2] = {};
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    const Float16x w0 = load16(w + i), w1 = load16(w + i + 16);
+    for (int r = 0; r < kRows; ++r) {
+      acc[r][0] += w0 * load16(xs[r] + i);
+      acc[r][1] += w1 * load16(xs[r] + i + 16);
+    }
+  }
+  for (int r = 0; r < kRows; ++r) {
+    float total = sum16(acc[r][0] + acc[r][1]);
+    for (int64_t j = i; j < n; ++j) total += widen1(w[j]) * xs[r][j];
+    out[r] = total;
+  }
 }
 
 }  // namespace loraloom
