@@ -82,8 +82,9 @@ class SliceStack:
 # rank-long run of PANEL_WIDTH-wide rows, contiguous) with the panel's output columns held in
 # registers. Reading B^T [r, out] row by row instead keeps several rows' streams open at once, or
 # reads and writes the whole output row once per rank; measured on a 2-core EPYC, either is 30-55%
-# slower than the panels. Wide enough for torch's batched matmul to use whole vector tiles on long
-# segments. kernels/csrc/packed_lora.cpp is built for this width.
+# slower than the panels. 64 columns are four AVX-512 vectors of sums, and whole tiles for the
+# reference's batched matmul (kernels/reference.py expand_panels). kernels/csrc/packed_lora.cpp is
+# built for this width.
 PANEL_WIDTH = 64
 
 
