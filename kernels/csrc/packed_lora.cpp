@@ -49,24 +49,36 @@ struct Slices {
 
 // One panel of the expand: for each row t of the block, out_t[width] += coef_t[:rank] @ panel
 // [rank, width] (weights of type W, widened as they are read), the panel read front to back with the
-// row's output columns held in registers. kWidth is the panel width for a whole panel (a constant,
-// so the compiler unrolls the columns into four vectors), 0 for the narrower last panel of a slice.
+// rows' output columns held in registers, two rows per pass so that each weight loaded serves both.
+// kWidth is the panel width for a whole panel (a constant, so the compiler unrolls the columns into
+// vectors), 0 for the narrower last panel of a slice.
 template <int64_t kWidth, typename W>
 void expand_panel(const W* panel, int64_t rank, int64_t width, const float* shrunk, int64_t shrunk_stride,
                   float* const* outs, int64_t n_rows) {
   const int64_t w = kWidth > 0 ? kWidth : width;
-  for (int64_t t = 0; t < n_rows; ++t) {
-    alignas(64) float acc[kPanelWidth] = {};
-    const float* coef = shrunk + t * shrunk_stride;
+  for (int64_t t = 0; t < n_rows; t += 2) {
+    const bool pair = t + 1 < n_rows;
+    alignas(64) float acc0[kPanelWidth] = {}, acc1[kPanelWidth] = {};
+    const float* coef0 = shrunk + t * shrunk_stride;
+    const float* coef1 = pair ? coef0 + shrunk_stride : coef0;  // a lone last row computes itself twice
     for (int64_t k = 0; k < rank; ++k) {
-      const float c = coef[k];
+      const float c0 = coef0[k], c1 = coef1[k];
       const W* row = panel + k * w;
 #pragma omp simd
-      for (int64_t j = 0; j < w; ++j) acc[j] += c * loraloom::widen1(row[j]);
+      for (int64_t j = 0; j < w; ++j) {
+        const float weight = loraloom::widen1(row[j]);
+        acc0[j] += c0 * weight;
+        acc1[j] += c1 * weight;
+      }
     }
-    float* o = outs[t];
+    float* o0 = outs[t];
 #pragma omp simd
-    for (int64_t j = 0; j < w; ++j) o[j] += acc[j];
+    for (int64_t j = 0; j < w; ++j) o0[j] += acc0[j];
+    if (pair) {
+      float* o1 = outs[t + 1];
+#pragma omp simd
+      for (int64_t j = 0; j < w; ++j) o1[j] += acc1[j];
+    }
   }
 }
 
