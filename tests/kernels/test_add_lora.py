@@ -150,8 +150,8 @@ def test_add_lora_matches_definition(step: str, implementation: str, dtype: torc
 @pytest.mark.parametrize("step", list(STEPS))
 def test_cpu_add_lora_with_16_bit_weights(step: str, implementation: str, weight_dtype: torch.dtype) -> None:
     """EngineConfig.lora_dtype on the CPU: float32 activations over 16-bit weights, every sum in float32,
-    so the result is the definition over the stored (rounded) weights within float32 tolerance; both
-    the loop path (short segments) and the matmul path (longer ones) widen what they read."""
+    so the result is the definition over the stored (rounded) weights within float32 tolerance, on
+    every step shape: decodes, grouped and scrambled rows, and a long segment split into runs."""
     generator = torch.Generator().manual_seed(7)
     token_slots = STEPS[step]
     meta = sgmv_metadata(token_slots, [max(column) or 1 for column in zip(*ALL_SLICES)])
@@ -182,8 +182,8 @@ def test_compiled_op_refuses_weights_of_mixed_types() -> None:
 
 @pytest.mark.parametrize("step", ["scrambled_prefill", "long_prefill"])
 def test_compiled_op_under_inference_mode(step: str) -> None:
-    """As the engine calls it: the worker threads that run segments side by side update the
-    (inference) output tensor in place, so they must run in the caller's inference mode."""
+    """As the engine calls it: under inference mode, with the output an inference tensor that the
+    worker threads, running row blocks side by side, update in place."""
     generator = torch.Generator().manual_seed(2)
     token_slots = STEPS[step]
     meta = sgmv_metadata(token_slots, [max(column) or 1 for column in zip(*ALL_SLICES)])
