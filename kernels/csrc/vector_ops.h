@@ -78,6 +78,20 @@ inline Float16x load16(const Fp16* p) {
   return v;
 }
 
+// How far ahead of the loads the weight loops ask for cache lines. The hardware prefetchers
+// alone left a core stalled on memory: a slot's weights are many short streams (each slice's A
+// rows, each B panel), and every new stream starts cold. Measured on a 2-core Xeon (Sapphire
+// Rapids class), 32-adapter decode step: 2 KiB 0.90 of the op's time without, 4 KiB 0.88, 8 KiB 0.92.
+constexpr int64_t kPrefetchBytes = 4096;
+
+// Asks for the `bytes` bytes that lie kPrefetchBytes past p (one request per cache line).
+inline void prefetch_ahead(const void* p, int64_t bytes) {
+  const char* ahead = static_cast<const char*>(p) + kPrefetchBytes;
+  for (int64_t line = 0; line < bytes; line += 64) __builtin_prefetch(ahead + line, 0, 3);
+}
+
+inline void store16(float* p, Float16x v) { __builtin_memcpy(p, &v, sizeof v); }
+
 inline float sum16(Float16x v) {
   float acc = 0.f;
   for (int i = 0; i < 16; ++i) acc += v[i];
@@ -92,6 +106,7 @@ inline void dot_rows(const W* __restrict w, const float* const* xs, int64_t n, f
   Float16x acc[kRows][2] = {};
   int64_t i = 0;
   for (; i + 32 <= n; i += 32) {
+    prefetch_ahead(w + i, 32 * sizeof(W));
     const Float16x w0 = load16(w + i), w1 = load16(w + i + 16);
     for (int r = 0; r < kRows; ++r) {
       acc[r][0] += w0 * load16(xs[r] + i);
