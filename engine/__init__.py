@@ -24,6 +24,7 @@ _PUBLIC_NAMES: dict[str, tuple[str, ...]] = {
     "request_latency": ("HistogramSnapshot", "merge_histograms"),
     "structured_output": ("CompiledGrammar",),
     "tokenizer": ("ChatTemplateError", "Tokenizer"),
+    "torch_threads": ("reserve_for_step_thread",),
     "model.bundled": ("import_bundled",),
     "lora.errors": ("AdapterLoadError",),
     "lora.files": (

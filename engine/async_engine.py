@@ -6,6 +6,10 @@ outputs to the event loop (call_soon_threadsafe) and starts the next step at onc
 dispatching outputs, detokenizing and answering HTTP on the loop overlap the next step's
 compute instead of taking turns with it (torch releases the GIL inside its ops). Adds and
 aborts are queued by the loop under a lock and applied by the thread between steps.
+
+The step thread has all of torch's threads and the engine's helper threads one each
+(engine/torch_threads.py says why); AsyncEngine.create builds the LLMEngine on the step thread
+too, so that loading the model starts no OpenMP pool on the caller's thread.
 """
 from __future__ import annotations
 
@@ -14,7 +18,7 @@ import logging
 import threading
 import time
 from collections.abc import AsyncIterator, Iterable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from loraloom.engine.lora.host_cache import AdapterFetcher, fetch_local_dir
@@ -25,6 +29,7 @@ from loraloom.engine.llm_engine import LLMEngine
 from loraloom.engine.outputs import AdapterResidency, EngineStats, RequestFailedError, RequestOutput
 from loraloom.engine.request import SamplingParams
 from loraloom.engine.structured_output import CompiledGrammar
+from loraloom.engine.torch_threads import StepThread, one_torch_thread
 
 # Schemas compile on their own thread, never on the step thread; one at a time, so that a burst of
 # new schemas takes one core and not every core the step needs. What a compile may cost is bounded
@@ -40,7 +45,8 @@ PendingAdd = tuple[str, list[int], SamplingParams, AdapterHandle | None, str, fl
 class AsyncEngine:
     """The engine in this process; implements EngineClient (engine/client.py)."""
 
-    def __init__(self, engine: LLMEngine) -> None:
+    def __init__(self, engine: LLMEngine, step_thread: StepThread | None = None) -> None:
+        """`step_thread`: the thread the engine was built on (create() passes it); else a new one."""
         self.engine = engine
         self.tokenizer = engine.tokenizer
         self.model_config = engine.model_config
@@ -49,8 +55,10 @@ class AsyncEngine:
         self.max_model_len = engine.max_model_len
         self.max_lora_rank = engine.config.max_lora_rank
         # Adapter fetches may be slow (object storage); they must not hold up the step thread.
-        self._fetch_threads = ThreadPoolExecutor(max_workers=2, thread_name_prefix="loraloom-fetch")
-        self._grammar_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="loraloom-grammar")
+        self._fetch_threads = ThreadPoolExecutor(max_workers=2, thread_name_prefix="loraloom-fetch",
+                                                 initializer=one_torch_thread)
+        self._grammar_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="loraloom-grammar",
+                                                  initializer=one_torch_thread)
         self._streams: dict[str, asyncio.Queue[RequestOutput | BaseException]] = {}  # touched on the loop only
         # Shared with the step thread, under _lock: what the loop asks it to do between steps.
         self._lock = threading.Lock()
@@ -59,28 +67,36 @@ class AsyncEngine:
         self._pending_aborts: list[str] = []
         self._stopping = False
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._step_thread: threading.Thread | None = None
+        self._step_thread = step_thread or StepThread("loraloom-step")
+        self._stepping: Future | None = None  # _step_forever running on the step thread
 
     @classmethod
     def create(
         cls, model_dir: Path, config: EngineConfig, adapter_fetch: AdapterFetcher = fetch_local_dir
     ) -> "AsyncEngine":
-        return cls(LLMEngine(model_dir, config, adapter_fetch))
+        """The engine built on its own step thread (raises what LLMEngine raises)."""
+        step_thread = StepThread("loraloom-step")
+        try:
+            engine = step_thread.submit(LLMEngine, model_dir, config, adapter_fetch).result()
+        except BaseException:
+            step_thread.stop()
+            raise
+        return cls(engine, step_thread)
 
     async def start(self) -> None:
-        if self._step_thread is None:
+        if self._stepping is None:
             self._loop = asyncio.get_running_loop()
             self._stopping = False
-            self._step_thread = threading.Thread(target=self._step_forever, name="loraloom-step", daemon=True)
-            self._step_thread.start()
+            self._stepping = self._step_thread.submit(self._step_forever)
 
     async def shutdown(self) -> None:
-        if self._step_thread is not None:
+        if self._stepping is not None:
             with self._work:
                 self._stopping = True
                 self._work.notify()
-            await asyncio.get_running_loop().run_in_executor(None, self._step_thread.join)
-            self._step_thread = None
+            await asyncio.wrap_future(self._stepping)
+            self._stepping = None
+        self._step_thread.stop()
         self._fetch_threads.shutdown(wait=True)
         self._grammar_thread.shutdown(wait=True)
 

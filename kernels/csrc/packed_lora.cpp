@@ -23,13 +23,13 @@
 // the weights are float32, bfloat16 or float16 (EngineConfig.lora_dtype), widened to float32 as
 // they are read, so every sum is a float32 sum over the stored weights.
 #include <ATen/ATen.h>
-#include <ATen/Parallel.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
 #include <vector>
 
+#include "torch_threads.h"
 #include "vector_ops.h"
 
 namespace {
@@ -278,7 +278,7 @@ void packed_add_lora(const at::Tensor& x,                   // [T, in]
   std::stable_sort(units.begin(), units.end(), [](const Unit& a, const Unit& b) { return a.work > b.work; });
   std::atomic<int64_t> next_unit{0};
   const int64_t num_units = static_cast<int64_t>(units.size());
-  at::parallel_for(0, std::min(threads, num_units), 1, [&](int64_t, int64_t) {
+  loraloom::run_on_torch_threads(num_units, [&] {
     int64_t rows[kBlockRows];
     for (int64_t k = next_unit++; k < num_units; k = next_unit++) {
       const Unit& unit = units[k];

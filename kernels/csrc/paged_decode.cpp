@@ -11,7 +11,6 @@
 // Same result as the reference: softmax(q . k * scale) over positions 0 .. seq_len - 1, query head
 // h on KV head h / (H / KVH). Float32 cache only (an FP8 cache takes the reference path).
 #include <ATen/ATen.h>
-#include <ATen/Parallel.h>
 
 #include <algorithm>
 #include <atomic>
@@ -20,6 +19,7 @@
 #include <limits>
 #include <vector>
 
+#include "torch_threads.h"
 #include "vector_ops.h"
 
 void paged_decode_attention(const at::Tensor& query,         // [T, H, D]
@@ -69,7 +69,7 @@ void paged_decode_attention(const at::Tensor& query,         // [T, H, D]
   const int64_t num_requests_here = static_cast<int64_t>(requests.size());
   std::atomic<int64_t> next_request{0};
   const float score_scale = static_cast<float>(scale);
-  at::parallel_for(0, std::min<int64_t>(at::get_num_threads(), num_requests_here), 1, [&](int64_t, int64_t) {
+  loraloom::run_on_torch_threads(num_requests_here, [&] {
     std::vector<float> scores;  // [heads, length]
     for (int64_t r = next_request++; r < num_requests_here; r = next_request++) {
       const int64_t length = seq_lens[r];

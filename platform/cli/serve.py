@@ -151,6 +151,9 @@ def serve(args: argparse.Namespace) -> None:
     from loraloom.platform.training.jobs import find_checkpoint
     from loraloom.platform.training.supervisor import TrainingSupervisor
 
+    from loraloom.engine import reserve_for_step_thread
+
+    reserve_for_step_thread()  # before any thread runs torch: the engine's step thread alone gets all of its threads
     configure_logging(logging.INFO)
     settings = load_settings(args.broker_url)
     try:

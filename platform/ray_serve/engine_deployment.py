@@ -17,6 +17,7 @@ import ray
 from ray import serve
 
 from loraloom.engine import AdapterHandle, AsyncEngine, EngineFacts, RequestOutput
+from loraloom.engine import reserve_for_step_thread
 from loraloom.platform.ray_serve.options import AppOptions
 from loraloom.platform.ray_serve.replica_board import replica_board
 from loraloom.platform.ray_serve.wire import RemoteGrammar, RemoteRequest, ReplicaStatus
@@ -41,6 +42,7 @@ def detached(output: RequestOutput) -> RequestOutput:
 @serve.deployment(name=ENGINE_DEPLOYMENT, max_ongoing_requests=MAX_ONGOING_REQUESTS)
 class EngineDeployment:
     def __init__(self, args: dict) -> None:
+        reserve_for_step_thread()  # a replica's process serves: its engine's step thread gets torch's threads
         options = AppOptions.from_args(args)
         settings = Settings()  # LORALOOM_* from the replica's environment (the config's runtime_env)
         fetcher = adapter_fetcher_from_settings(settings, storage_from_settings(settings))

@@ -64,7 +64,7 @@ def test_concurrent_streams_get_what_the_synchronous_engine_makes(engine, tiny_c
         return {f"r{i}": tokens for i, tokens in enumerate(results)}
 
     assert asyncio.run(run()) == synchronous_tokens(tiny_checkpoint, budgets)
-    assert engine._step_thread is None  # shutdown joined the step thread
+    assert engine._stepping is None  # shutdown waited for the step loop to end
 
 
 def test_a_client_that_goes_away_frees_its_blocks_while_others_finish(engine):
