@@ -22,8 +22,8 @@ log = logging.getLogger(__name__)
 CSRC = Path(__file__).parent / "csrc"
 SOURCES = [CSRC / "module.cpp", CSRC / "packed_lora.cpp", CSRC / "paged_decode.cpp"]
 HEADERS = [CSRC / "torch_threads.h", CSRC / "vector_ops.h"]
-# -fopenmp: at::parallel_for runs on torch's own OpenMP pool (torch ships libgomp, and the
-# extension binds to the copy already loaded).
+# -fopenmp: the ops' threads (csrc/torch_threads.h) are torch's own OpenMP runtime (torch ships
+# libgomp, and the extension binds to the copy already loaded).
 # -fno-math-errno: exp() sets no errno, so loops over it vectorize (glibc's vector math library).
 FLAGS = ["-O3", "-march=native", "-fopenmp", "-fno-math-errno"]
 DISABLE_ENV = "LORALOOM_CPU_EXTENSION"

@@ -98,15 +98,16 @@ class BPanels:
     full: torch.Tensor
     tail: torch.Tensor | None
 
-    @staticmethod
-    def write(region: torch.Tensor, b: torch.Tensor) -> None:
-        """Lay B [out, r] into the flat region (of at least r * out elements) as panels."""
+    @classmethod
+    def write(cls, region: torch.Tensor, b: torch.Tensor) -> "BPanels":
+        """Lay B [out, r] into the flat region (of at least r * out elements) as panels; returns their views."""
         rank, out = b.shape[1], b.shape[0]
-        whole = out // PANEL_WIDTH * PANEL_WIDTH
-        panels = whole // PANEL_WIDTH
-        region[:rank * whole].view(panels, rank, PANEL_WIDTH).copy_(
-            b[:whole].T.reshape(rank, panels, PANEL_WIDTH).transpose(0, 1))
-        region[rank * whole:rank * out].view(rank, out - whole).copy_(b[whole:].T)
+        panels = cls.view(region, rank, out)
+        whole = panels.full.shape[0] * PANEL_WIDTH
+        panels.full.copy_(b[:whole].T.reshape(rank, panels.full.shape[0], PANEL_WIDTH).transpose(0, 1))
+        if panels.tail is not None:
+            panels.tail.copy_(b[whole:].T)
+        return panels
 
     @classmethod
     def view(cls, region: torch.Tensor, rank: int, out: int) -> "BPanels":
@@ -174,10 +175,10 @@ class PackedStack:
             a, b = pair
             rank = a.shape[0]
             self.lora_a[slot, row:row + rank].copy_(a)
-            BPanels.write(self.lora_b_panels[i][slot], b)
+            panels = BPanels.write(self.lora_b_panels[i][slot], b)
             self.ranks[slot, i] = rank
             split.append(rank)
-            expands.append((i, BPanels.view(self.lora_b_panels[i][slot], rank, b.shape[0])))
+            expands.append((i, panels))
             row += rank
         self.slots[slot] = SlotViews(self.lora_a[slot, :row].T, split, expands) if row else None
 

@@ -27,6 +27,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "torch_threads.h"
@@ -49,6 +50,22 @@ struct Slices {
   std::vector<const void*> b_base;  // per slice: lora_b_panels[i].data_ptr(), of the weights' type
   std::vector<int64_t> b_slot_stride, out_width, out_offset;
 };
+
+// Rows taken in one pass over a weight row or panel: each weight loaded serves all of them.
+constexpr int64_t kRowsPerPass = 4;
+
+// pass(std::integral_constant<int, count>{}) for a count of 1 to kRowsPerPass rows, so that the loops
+// get the row count as a constant and keep each row's sums in registers.
+template <typename Pass>
+void with_row_count(int64_t count, const Pass& pass) {
+  switch (count) {
+    case 4: pass(std::integral_constant<int, 4>{}); break;
+    case 3: pass(std::integral_constant<int, 3>{}); break;
+    case 2: pass(std::integral_constant<int, 2>{}); break;
+    default: pass(std::integral_constant<int, 1>{});
+  }
+}
+static_assert(kRowsPerPass == 4, "with_row_count names each count up to kRowsPerPass");
 
 // One whole panel of the expand for kRows rows: out_t[64] += coef_t[:rank] @ panel [rank, 64], the
 // rows' 64 output columns each held in four vector registers while the panel streams past once.
@@ -87,8 +104,7 @@ void expand_tail_panel(const W* panel, int64_t rank, int64_t width, const float*
   for (int64_t j = 0; j < width; ++j) out[j] += acc[j];
 }
 
-// One panel for every row of a block: whole panels four rows per pass (each weight loaded once
-// for the four), the tail panel row by row.
+// One panel for every row of a block: whole panels kRowsPerPass rows per pass, the tail panel row by row.
 template <typename W>
 void expand_panel(const W* panel, int64_t rank, int64_t width, const float* shrunk, int64_t shrunk_stride,
                   float* const* outs, int64_t n_rows) {
@@ -96,16 +112,11 @@ void expand_panel(const W* panel, int64_t rank, int64_t width, const float* shru
     for (int64_t t = 0; t < n_rows; ++t) expand_tail_panel(panel, rank, width, shrunk + t * shrunk_stride, outs[t]);
     return;
   }
-  for (int64_t t = 0; t < n_rows; t += 4) {
-    const float* coefs[4];
-    const int64_t count = std::min<int64_t>(4, n_rows - t);
+  for (int64_t t = 0; t < n_rows; t += kRowsPerPass) {
+    const float* coefs[kRowsPerPass];
+    const int64_t count = std::min(kRowsPerPass, n_rows - t);
     for (int64_t r = 0; r < count; ++r) coefs[r] = shrunk + (t + r) * shrunk_stride;
-    switch (count) {
-      case 4: expand_whole_panel<4>(panel, rank, coefs, outs + t); break;
-      case 3: expand_whole_panel<3>(panel, rank, coefs, outs + t); break;
-      case 2: expand_whole_panel<2>(panel, rank, coefs, outs + t); break;
-      default: expand_whole_panel<1>(panel, rank, coefs, outs + t);
-    }
+    with_row_count(count, [&](auto rows_now) { expand_whole_panel<decltype(rows_now)::value>(panel, rank, coefs, outs + t); });
   }
 }
 
@@ -119,18 +130,13 @@ void row_block(const float* x, int64_t x_stride, const int64_t* rows, int64_t n_
   std::vector<float> shrunk(static_cast<size_t>(n_rows * total), 0.f);
   for (int64_t k = 0; k < total; ++k) {
     const W* a_row = a_slot + k * in_features;
-    // The block's rows four at a time against A's row k.
-    for (int64_t t = 0; t < n_rows; t += 4) {
-      const int64_t count = std::min<int64_t>(4, n_rows - t);
-      const float* xs[4];
-      float dots[4];
+    // The block's rows kRowsPerPass at a time against A's row k.
+    for (int64_t t = 0; t < n_rows; t += kRowsPerPass) {
+      const int64_t count = std::min(kRowsPerPass, n_rows - t);
+      const float* xs[kRowsPerPass];
+      float dots[kRowsPerPass];
       for (int64_t r = 0; r < count; ++r) xs[r] = x + rows[t + r] * x_stride;
-      switch (count) {
-        case 4: loraloom::dot_rows<4>(a_row, xs, in_features, dots); break;
-        case 3: loraloom::dot_rows<3>(a_row, xs, in_features, dots); break;
-        case 2: loraloom::dot_rows<2>(a_row, xs, in_features, dots); break;
-        default: loraloom::dot_rows<1>(a_row, xs, in_features, dots);
-      }
+      with_row_count(count, [&](auto rows_now) { loraloom::dot_rows<decltype(rows_now)::value>(a_row, xs, in_features, dots); });
       for (int64_t r = 0; r < count; ++r) shrunk[(t + r) * total + k] = dots[r];
     }
   }
