@@ -70,6 +70,7 @@ test-slow: setup
 
 bench: setup
 	$(PY) benchmarks/served_throughput.py
+	$(PY) benchmarks/served_throughput.py --adapters-saved-as bfloat16 --skip-peer
 	$(PY) benchmarks/cpu_throughput.py
 
 clean:

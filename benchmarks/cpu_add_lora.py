@@ -1,6 +1,7 @@
 """The CPU add_lora op alone over every wrapped linear of the bundled model: one step's LoRA work.
 
     python benchmarks/cpu_add_lora.py [--adapters 32] [--rows 1 8 16 40] [--lora-dtype auto|bfloat16|float16]
+                                      [--adapters-saved-as bfloat16]
 
 The served benchmark's adapters (ranks 4-64, mixed module subsets) are loaded into the engine's slot
 pool as serving loads them; each figure is the median time of one step's add_lora calls (4 linears
@@ -21,7 +22,7 @@ sys.path[:0] = [str(HERE), str(HERE.parent / "tests")]
 
 import torch  # noqa: E402
 from served.peers import local_adapter  # noqa: E402
-from served.workload import adapter_specs, write_adapters  # noqa: E402
+from served.workload import SAVED_DTYPES, adapter_specs, write_adapters  # noqa: E402
 
 from loraloom.engine.config import LORA_DTYPES, EngineConfig  # noqa: E402
 from loraloom.engine.llm_engine import LLMEngine  # noqa: E402
@@ -29,6 +30,7 @@ from loraloom.engine.lora.layers import build_sgmv_metadata  # noqa: E402
 from loraloom.engine.model.bundled import import_bundled  # noqa: E402
 from loraloom.engine.request import SamplingParams  # noqa: E402
 from loraloom.kernels import packed_lora  # noqa: E402
+from loraloom.kernels.lora_stacks import WEIGHT_TYPE_CODES  # noqa: E402
 
 
 def median_seconds(run, repeats: int = 15) -> float:
@@ -47,11 +49,12 @@ def main() -> None:
     parser.add_argument("--adapters", type=int, default=32)
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 8, 16, 40])
     parser.add_argument("--lora-dtype", choices=LORA_DTYPES, default="auto", help="the slot pool's dtype")
+    parser.add_argument("--adapters-saved-as", choices=SAVED_DTYPES, default="float32")
     args = parser.parse_args()
     model_dir = import_bundled()
     specs = adapter_specs(args.adapters)
     with tempfile.TemporaryDirectory() as tmp, torch.inference_mode():
-        write_adapters(model_dir, Path(tmp), specs)
+        write_adapters(model_dir, Path(tmp), specs, args.adapters_saved_as)
         engine = LLMEngine(model_dir, EngineConfig(max_loras=len(specs), max_lora_rank=max(s.rank for s in specs),
                                                 lora_dtype=args.lora_dtype))
         # One one-token request per adapter puts every adapter into a slot, as serving does.
@@ -69,7 +72,8 @@ def main() -> None:
             in_features, out_features = stack.lora_a.shape[2], stack.out_features
             for slot in slots:
                 ranks = stack.ranks[slot].tolist()
-                lora_bytes += stack.lora_a.element_size() * sum(r * (in_features + out) for r, out in zip(ranks, out_features))
+                slot_bytes = 4 if stack.slot_types[slot] == WEIGHT_TYPE_CODES[torch.float32] else 2
+                lora_bytes += slot_bytes * sum(r * (in_features + out) for r, out in zip(ranks, out_features))
         big = torch.randn(128 * 1024 * 1024)
         bandwidth = big.nbytes / median_seconds(big.sum, 5)
         print(f"{len(slots)} adapters in slots, {lora_bytes / 1e6:.1f} MB of LoRA weights read per step; "

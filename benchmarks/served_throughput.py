@@ -9,6 +9,7 @@ Prints:
 3. the machine's ceiling: a plain HF forward decoding at each batch size.
 
     python benchmarks/served_throughput.py [--quick] [--skip-peer] [--rounds 2] [--lora-dtype bfloat16]
+                                           [--adapters-saved-as bfloat16]
 
 Not a test: figures go to BENCHMARKS.md with the machine's load.
 """
@@ -26,7 +27,7 @@ sys.path[:0] = [str(HERE), str(HERE.parent / "tests")]
 
 from served.peers import engine_direct, hf_peft_static_batch, plain_forward_ceiling  # noqa: E402
 from served.server import running_server, send_batch  # noqa: E402
-from served.workload import adapter_specs, mixed_requests, uniform_requests, write_adapters  # noqa: E402
+from served.workload import SAVED_DTYPES, adapter_specs, mixed_requests, uniform_requests, write_adapters  # noqa: E402
 
 from loraloom.engine.model.bundled import import_bundled  # noqa: E402
 from loraloom.engine.config import LORA_DTYPES, EngineConfig  # noqa: E402
@@ -62,6 +63,8 @@ def main() -> None:
     parser.add_argument("--skip-peer", action="store_true", help="leave out HF+PEFT and the plain-forward ceiling")
     parser.add_argument("--lora-dtype", choices=LORA_DTYPES, default="auto",
                         help="the server's (and the direct engine's) adapter slot dtype")
+    parser.add_argument("--adapters-saved-as", choices=SAVED_DTYPES, default="float32",
+                        help="the dtype the adapters' weights are saved in (their scaling alpha / r is 2)")
     parser.add_argument("--adapter-cache", type=Path, default=None,
                         help="directory to keep the generated adapters in between runs")
     args = parser.parse_args()
@@ -71,10 +74,11 @@ def main() -> None:
     specs = adapter_specs(max(batches))
     print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f} at start")
     print("adapters: " + ", ".join(f"{s.name} r{s.rank} {'+'.join(m.removesuffix('_proj') for m in s.modules)}"
-                                   for s in specs[:MIXED_ADAPTERS]) + f", ... ({len(specs)} in all)")
+                                   for s in specs[:MIXED_ADAPTERS])
+          + f", ... ({len(specs)} in all), saved in {args.adapters_saved_as}")
     with tempfile.TemporaryDirectory() as tmp:
         adapter_root = args.adapter_cache or Path(tmp) / "adapters"
-        write_adapters(model_dir, adapter_root, specs)
+        write_adapters(model_dir, adapter_root, specs, args.adapters_saved_as)
         names = [spec.name for spec in specs]
         config = EngineConfig(max_loras=len(specs), max_lora_rank=max(spec.rank for spec in specs),
                               lora_dtype=args.lora_dtype)

@@ -196,9 +196,10 @@ class EngineConfig:
     # bytes of bf16, so twice the tokens fit), from the checkpoint or calibrated at start (engine/model/kv_scales.py).
     kv_cache_dtype: str = "auto"
     # The adapter slot pool's dtype. "auto": `dtype`, so adapters are applied exactly as PEFT applies
-    # them to this model. On the CPU a 16-bit pool halves the bytes a decode step reads for its
-    # adapters (the LoRA cost at large batches, where each request has its own adapter) and computes
-    # in float32 still; the weights (PEFT's scale folded in) are rounded to it once, at load.
+    # them to this model; on the CPU a slot keeps an adapter whose weights (PEFT's scale folded in) a
+    # 16-bit dtype holds exactly, such as one saved in bfloat16 with alpha = 2r, in that dtype: the same
+    # outputs, half the bytes a decode step reads for it. A 16-bit pool on the CPU halves those bytes
+    # for every adapter and computes in float32 still; the weights are rounded to it once, at load.
     # The Triton kernels compute LoRA in `dtype`, so on CUDA it must be "auto" or `dtype`.
     lora_dtype: str = "auto"
     # On CUDA, decode steps replay CUDA graphs (engine/cuda_graphs.py); True runs every step eagerly

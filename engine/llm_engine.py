@@ -123,6 +123,7 @@ class LLMEngine:
             dtype=getattr(torch, config.resolved_lora_dtype),
             device=device,
             backend=kernels,
+            narrow_exact_adapters=config.lora_dtype == "auto",
         )
         attach_lora(model, lora_pool)
         # Before the memory plan, whose profiling step would otherwise be the first to use the scales,

@@ -14,10 +14,16 @@ so the forward pass never copies or re-lays out weights. Two layouts, one per ba
 
 Both keep everything past a slot's ranks zero (a slot is cleared before a load), so a smaller
 adapter loaded over a larger one leaves no stale columns even for code that reads the padding.
+
+A PackedStack slot may also hold its adapter in a narrower dtype than the stack's (PackedStack.load's
+`dtype`): the slot's region is then read as that dtype, so a bfloat16 adapter in a float32 stack
+takes half its region and half the bytes a step reads. The compiled op reads each slot's dtype from
+`slot_types` (WEIGHT_TYPE_CODES).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import torch
 
@@ -25,6 +31,15 @@ from loraloom.kernels.metadata import SliceRanks
 
 # Per slice: (A [r, in], B [out_i, r]) with the LoRA scaling folded into B, or None (not targeted).
 SliceWeights = list[tuple[torch.Tensor, torch.Tensor] | None]
+
+# The weight dtypes a PackedStack slot may hold, as the codes kernels/csrc/packed_lora.cpp reads (WeightType);
+# a stack of another dtype (float64, for checks) is read by kernels/reference.py only, and its slots say so.
+WEIGHT_TYPE_CODES = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+REFERENCE_ONLY_TYPE = -1
+
+
+def weight_type_code(dtype: torch.dtype) -> int:
+    return WEIGHT_TYPE_CODES.get(dtype, REFERENCE_ONLY_TYPE)
 
 
 def _check_slices(weights: SliceWeights, num_slices: int, max_rank: int) -> None:
@@ -39,6 +54,7 @@ def _check_slices(weights: SliceWeights, num_slices: int, max_rank: int) -> None
 class SliceStack:
     """Per slice A [S, R, in] and B [S, out_i, R]; ranks[slice, slot] on the device and the host."""
 
+    holds_narrower_slots: ClassVar[bool] = False  # the Triton kernels read every slot as the stack's dtype
     lora_a: list[torch.Tensor]
     lora_b: list[torch.Tensor]
     ranks: SliceRanks
@@ -56,8 +72,11 @@ class SliceStack:
     def tensors(self) -> list[torch.Tensor]:
         return [*self.lora_a, *self.lora_b]
 
-    def load(self, slot: int, weights: SliceWeights) -> None:
+    def load(self, slot: int, weights: SliceWeights, dtype: torch.dtype | None = None) -> None:
+        """Copy one adapter's slices into `slot`; the Triton kernels read one dtype, so `dtype` must be the stack's."""
         _check_slices(weights, len(self.lora_a), self.lora_a[0].shape[1])
+        if dtype not in (None, self.lora_a[0].dtype):
+            raise ValueError(f"lora stack: a SliceStack slot holds {self.lora_a[0].dtype}, not {dtype}")
         self.clear(slot)
         for i, pair in enumerate(weights):
             if pair is None:
@@ -139,9 +158,11 @@ class SlotViews:
 class PackedStack:
     """Per slot: A rows of its targeted slices packed at their own ranks; B per slice in panels."""
 
+    holds_narrower_slots: ClassVar[bool] = True  # a slot may be read as a narrower dtype (load's `dtype`)
     lora_a: torch.Tensor  # [S, num_slices * R, in]
     lora_b_panels: list[torch.Tensor]  # per slice [S, R * out_i]: the slot's B as BPanels at its rank, then zeros
     ranks: torch.Tensor  # [S, slices] int32: each slot's rank per slice (0: untargeted), in packing order
+    slot_types: torch.Tensor  # [S] int8: the dtype each slot's region is read as (WEIGHT_TYPE_CODES)
     slots: list[SlotViews | None] = field(default_factory=list)  # None: nothing to add (empty or untargeted)
 
     @classmethod
@@ -151,6 +172,7 @@ class PackedStack:
             lora_a=torch.zeros(num_slots, len(out_features) * max_rank, in_features, dtype=dtype, device=device),
             lora_b_panels=[torch.zeros(num_slots, max_rank * out, dtype=dtype, device=device) for out in out_features],
             ranks=torch.zeros(num_slots, len(out_features), dtype=torch.int32),
+            slot_types=torch.full((num_slots,), weight_type_code(dtype), dtype=torch.int8),
             slots=[None] * num_slots,
         )
 
@@ -165,28 +187,38 @@ class PackedStack:
     def out_features(self) -> list[int]:
         return [panels.shape[1] // self.max_rank for panels in self.lora_b_panels]
 
-    def load(self, slot: int, weights: SliceWeights) -> None:
+    def load(self, slot: int, weights: SliceWeights, dtype: torch.dtype | None = None) -> None:
+        """Copy one adapter's slices into `slot`, stored as `dtype` (default: the stack's; no wider than it)."""
         _check_slices(weights, len(self.lora_b_panels), self.max_rank)
+        dtype = dtype or self.lora_a.dtype
+        narrower = dtype in WEIGHT_TYPE_CODES and dtype.itemsize <= self.lora_a.dtype.itemsize
+        if dtype != self.lora_a.dtype and not narrower:
+            raise ValueError(f"lora stack: a slot of a {self.lora_a.dtype} stack cannot hold {dtype}; use one of "
+                             f"{[str(t) for t in WEIGHT_TYPE_CODES if t.itemsize <= self.lora_a.dtype.itemsize]}")
         self.clear(slot)
+        # The slot's regions read as `dtype`: a narrower dtype uses the front of each region.
+        a_region = self.lora_a[slot].view(-1).view(dtype)[:self.lora_a[slot].numel()].view(self.lora_a.shape[1:])
         row, split, expands = 0, [], []
         for i, pair in enumerate(weights):
             if pair is None:
                 continue
             a, b = pair
             rank = a.shape[0]
-            self.lora_a[slot, row:row + rank].copy_(a)
-            panels = BPanels.write(self.lora_b_panels[i][slot], b)
+            a_region[row:row + rank].copy_(a)
+            panels = BPanels.write(self.lora_b_panels[i][slot].view(dtype), b)
             self.ranks[slot, i] = rank
             split.append(rank)
             expands.append((i, panels))
             row += rank
-        self.slots[slot] = SlotViews(self.lora_a[slot, :row].T, split, expands) if row else None
+        self.slot_types[slot] = weight_type_code(dtype)
+        self.slots[slot] = SlotViews(a_region[:row].T, split, expands) if row else None
 
     def clear(self, slot: int) -> None:
         self.lora_a[slot].zero_()
         for stack in self.lora_b_panels:
             stack[slot].zero_()
         self.ranks[slot] = 0
+        self.slot_types[slot] = weight_type_code(self.lora_a.dtype)
         self.slots[slot] = None
 
 

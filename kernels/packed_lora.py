@@ -1,5 +1,5 @@
 """add_lora for the CPU backend: the compiled op (kernels/csrc/packed_lora.cpp) when it is built
-and the tensors are what it handles (float32 activations; float32, bfloat16 or float16 weights),
+and the tensors are what it handles (float32 activations; float32, bfloat16 or float16 weights, per slot),
 kernels/reference.py's add_lora otherwise.
 
 Both compute the same thing over the same PackedStack; the compiled op only removes the per
@@ -23,6 +23,6 @@ def add_lora(x: torch.Tensor, stack: PackedStack, meta: SGMVMetadata, out: torch
         return
     if x.stride(-1) != 1:
         x = x.contiguous()
-    compiled.packed_add_lora(x, stack.lora_a, stack.lora_b_panels, PANEL_WIDTH, stack.ranks, out, slice_offsets,
+    compiled.packed_add_lora(x, stack.lora_a, stack.lora_b_panels, PANEL_WIDTH, stack.ranks, stack.slot_types, out, slice_offsets,
                              meta.segment_starts_host, meta.segment_lens_host, meta.active_slots_host,
                              meta.segment_rows_host, meta.sorted_token_ids)

@@ -46,7 +46,11 @@ class LoRASlotPool:
         dtype: torch.dtype,
         device: torch.device | str,
         backend: KernelBackend = REFERENCE_BACKEND,
+        narrow_exact_adapters: bool = False,
     ) -> None:
+        """narrow_exact_adapters: a slot keeps an adapter in its exact dtype (AdapterWeights.exact_dtype) when
+        that is narrower than `dtype` and the backend's stacks can (the CPU's); outputs stay exactly those of
+        `dtype`, and a decode step reads half the bytes for the adapter. EngineConfig.lora_dtype "auto"."""
         if num_slots < 1 or max_rank < 1:
             raise ValueError(f"lora pool: num_slots ({num_slots}) and max_rank ({max_rank}) must be >= 1; "
                              "set EngineConfig.max_loras and max_lora_rank")
@@ -54,6 +58,8 @@ class LoRASlotPool:
         self.max_rank = max_rank
         self.num_layers = model_config.num_layers
         self.backend = backend
+        self.dtype = dtype
+        self.narrow_exact_adapters = narrow_exact_adapters and backend.lora_stack.holds_narrower_slots
         shapes = lora_module_shapes(model_config)
         self.stacks: list[dict[str, LoRAStack]] = [
             {path: backend.lora_stack.allocate(num_slots, max_rank, shapes[modules[0]].in_features,
@@ -76,14 +82,21 @@ class LoRASlotPool:
         self._check_slot(slot)
         if weights.rank > self.max_rank:
             raise ValueError(f"lora pool: adapter rank {weights.rank} exceeds the pool's max_rank {self.max_rank}")
+        storage = self.storage_dtype(weights)
         for layer, stacks in enumerate(self.stacks):
             for path, stack in stacks.items():
                 slices = []
                 for name in PACKED_MODULES[path]:
                     module = weights.modules.get((layer, name))
                     slices.append(None if module is None else (module.lora_a, module.lora_b))  # [r, in], [out, r]
-                stack.load(slot, slices)
+                stack.load(slot, slices, storage)
         self.slot_ranks_host[slot] = weights.rank
+
+    def storage_dtype(self, weights: AdapterWeights) -> torch.dtype:
+        """The dtype a slot stores `weights` in."""
+        if self.narrow_exact_adapters and weights.exact_dtype.itemsize < self.dtype.itemsize:
+            return weights.exact_dtype
+        return self.dtype
 
     def clear(self, slot: int) -> None:
         """Empty a slot: zero weights and rank 0 everywhere."""

@@ -12,6 +12,7 @@ shared GPU slot (issue 12).
 """
 from __future__ import annotations
 
+import functools
 import math
 import re
 from dataclasses import dataclass
@@ -31,6 +32,9 @@ from loraloom.engine.lora.peft_config import MAX_CONFIG_BYTES, ModuleLoRA, PeftL
 # would run whatever code it holds.
 PICKLE_WEIGHTS_FILES = ("adapter_model.bin", "adapter_model.pt", "adapter_model.pth")
 ACCEPTED_DTYPES = {"F16": torch.float16, "BF16": torch.bfloat16, "F32": torch.float32}
+# The 16-bit dtypes an adapter's weights may fit exactly (AdapterWeights.exact_dtype), bfloat16 first: it
+# also holds float32's exponent range.
+HALF_DTYPES = (torch.bfloat16, torch.float16)
 
 # PEFT's tensor names: base_model.model.<HF module name>.lora_{A|B}[.<adapter name>].weight
 _TENSOR_NAME = re.compile(r"base_model\.model\.(model\.layers\.(\d+)\.(\w+)\.(\w+))\.lora_([AB])(?:\.\w+)?\.weight")
@@ -74,6 +78,18 @@ class AdapterWeights:
     @property
     def target_modules(self) -> frozenset[str]:
         return frozenset(name for _, name in self.modules)
+
+    @functools.cached_property
+    def exact_dtype(self) -> torch.dtype:
+        """The narrowest dtype that holds every weight (PEFT's scaling folded in) exactly: bfloat16 or float16
+        for an adapter saved in it whose scaling is a power of two (alpha = 2r, alpha = r, ...), float32
+        otherwise. A slot may store the adapter in it and compute exactly what float32 would (the CPU pool does,
+        engine/lora/layers.py): half the bytes a decode step reads for it, and the same outputs."""
+        tensors = [t for module in self.modules.values() for t in (module.lora_a, module.lora_b)]
+        for dtype in HALF_DTYPES:
+            if all(torch.equal(t.to(dtype).to(t.dtype), t) for t in tensors):
+                return dtype
+        return torch.float32
 
     @property
     def nbytes(self) -> int:

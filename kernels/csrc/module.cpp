@@ -6,7 +6,8 @@
 
 void packed_add_lora(const at::Tensor& x, const at::Tensor& lora_a, const std::vector<at::Tensor>& b_panels,
                      int64_t panel_width,
-                     const at::Tensor& slot_ranks, const at::Tensor& out, const std::vector<int64_t>& offsets,
+                     const at::Tensor& slot_ranks, const at::Tensor& slot_types, const at::Tensor& out,
+                     const std::vector<int64_t>& offsets,
                      const std::vector<int64_t>& seg_starts, const std::vector<int64_t>& seg_lens,
                      const std::vector<int64_t>& seg_slots, const std::vector<int64_t>& seg_rows,
                      const at::Tensor& sorted_token_ids);

@@ -20,8 +20,9 @@
 //
 // Same contract as the reference: rows outside every segment are never written, a slot reads
 // only its own ranks in the slices it targets, and out is updated in place. x and out are float32;
-// the weights are float32, bfloat16 or float16 (EngineConfig.lora_dtype), widened to float32 as
-// they are read, so every sum is a float32 sum over the stored weights.
+// each slot's weights are float32, bfloat16 or float16 (slot_types: a slot may hold its adapter
+// narrower than the stack, kernels/lora_stacks.py), widened to float32 as they are read, so every
+// sum is a float32 sum over the stored weights.
 #include <ATen/ATen.h>
 
 #include <algorithm>
@@ -47,9 +48,14 @@ constexpr int64_t kBlockRows = 8;
 constexpr int64_t kPanelWidth = 64;
 
 struct Slices {
-  std::vector<const void*> b_base;  // per slice: lora_b_panels[i].data_ptr(), of the weights' type
-  std::vector<int64_t> b_slot_stride, out_width, out_offset;
+  std::vector<const char*> b_base;  // per slice: lora_b_panels[i].data_ptr()
+  std::vector<int64_t> b_slot_bytes, out_width, out_offset;
 };
+
+// kernels/lora_stacks.py WEIGHT_TYPE_CODES: the type a slot's weights are read as.
+enum WeightType : int8_t { kFloat32 = 0, kBFloat16 = 1, kFloat16 = 2 };
+
+int64_t weight_type_size(int8_t type) { return type == kFloat32 ? 4 : 2; }
 
 // Rows taken in one pass over a weight row or panel: each weight loaded serves all of them.
 constexpr int64_t kRowsPerPass = 4;
@@ -145,7 +151,7 @@ void row_block(const float* x, int64_t x_stride, const int64_t* rows, int64_t n_
   for (size_t i = 0; i < slices.b_base.size(); ++i) {
     const int64_t rank = ranks[i];
     if (rank == 0) continue;
-    const W* b = static_cast<const W*>(slices.b_base[i]) + slot * slices.b_slot_stride[i];
+    const W* b = reinterpret_cast<const W*>(slices.b_base[i] + slot * slices.b_slot_bytes[i]);
     const int64_t width = slices.out_width[i];
     for (int64_t start = 0; start < width; start += kPanelWidth) {
       for (int64_t t = 0; t < n_rows; ++t) outs[t] = out + rows[t] * out_stride + slices.out_offset[i] + start;
@@ -168,6 +174,18 @@ void check_weights_cpu(const at::Tensor& t, at::ScalarType type, const char* nam
               "packed_add_lora: ", name, " must be a CPU tensor of lora_a's type (float32, bfloat16 or float16)");
 }
 
+// f(typed pointer) with the slot's weights as their own type.
+template <typename F>
+void with_weight_type(int8_t type, const char* p, const F& f) {
+  if (type == kFloat32) {
+    f(reinterpret_cast<const float*>(p));
+  } else if (type == kBFloat16) {
+    f(reinterpret_cast<const Bf16*>(p));
+  } else {
+    f(reinterpret_cast<const Fp16*>(p));
+  }
+}
+
 }  // namespace
 
 void packed_add_lora(const at::Tensor& x,                   // [T, in]
@@ -175,6 +193,7 @@ void packed_add_lora(const at::Tensor& x,                   // [T, in]
                      const std::vector<at::Tensor>& b_panels,  // per slice [S, R * out_i]: B^T in column panels
                      int64_t panel_width,                   // kernels/lora_stacks.py PANEL_WIDTH
                      const at::Tensor& slot_ranks,          // [S, slices] int32: rank per slot and slice (0: none)
+                     const at::Tensor& slot_types,          // [S] int8: each slot's WeightType, no wider than lora_a's
                      const at::Tensor& out,                 // [T, sum out_i], updated in place
                      const std::vector<int64_t>& offsets,   // [slices + 1] column offsets of the slices in out
                      const std::vector<int64_t>& seg_starts, const std::vector<int64_t>& seg_lens,
@@ -193,8 +212,8 @@ void packed_add_lora(const at::Tensor& x,                   // [T, in]
   for (size_t i = 0; i < b_panels.size(); ++i) {
     check_weights_cpu(b_panels[i], weight_type, "lora_b_panels");
     TORCH_CHECK(b_panels[i].is_contiguous(), "packed_add_lora: lora_b_panels must be contiguous");
-    slices.b_base.push_back(b_panels[i].data_ptr());
-    slices.b_slot_stride.push_back(b_panels[i].stride(0));
+    slices.b_base.push_back(static_cast<const char*>(b_panels[i].data_ptr()));
+    slices.b_slot_bytes.push_back(b_panels[i].stride(0) * b_panels[i].element_size());
     slices.out_width.push_back(offsets[i + 1] - offsets[i]);
     slices.out_offset.push_back(offsets[i]);
   }
@@ -219,11 +238,20 @@ void packed_add_lora(const at::Tensor& x,                   // [T, in]
                     b_panels[i].size(1) >= max_rank * (offsets[i + 1] - offsets[i]),
                 "packed_add_lora: lora_b_panels[", i, "] shape disagrees with the offsets");
   }
-  for (int64_t slot = 0; slot < num_slots; ++slot)
+  TORCH_CHECK(slot_types.scalar_type() == at::kChar && slot_types.is_contiguous() &&
+                  slot_types.numel() == num_slots,
+              "packed_add_lora: slot_types must be int8 with one entry per slot");
+  const int8_t* types = slot_types.data_ptr<int8_t>();
+  for (int64_t slot = 0; slot < num_slots; ++slot) {
+    // A narrower type fits its ranks in the front of the slot's regions, so the bounds below hold for it too.
+    TORCH_CHECK(types[slot] >= kFloat32 && types[slot] <= kFloat16 &&
+                    weight_type_size(types[slot]) <= lora_a.element_size(),
+                "packed_add_lora: slot type out of range or wider than lora_a's");
     for (int64_t i = 0; i < num_slices; ++i) {
       const int32_t rank = all_ranks[slot * num_slices + i];
       TORCH_CHECK(rank >= 0 && rank <= max_rank, "packed_add_lora: rank out of range");
     }
+  }
   for (size_t s = 0; s < seg_slots.size(); ++s) {
     if (seg_slots[s] < 0 || seg_lens[s] == 0) continue;
     TORCH_CHECK(seg_slots[s] < num_slots && seg_lens[s] > 0, "packed_add_lora: segment slot or length out of range");
@@ -250,7 +278,7 @@ void packed_add_lora(const at::Tensor& x,                   // [T, in]
     int64_t segment, first, count;  // rows [first, first + count) of the segment
     int64_t work;
   };
-  // A unit's work: reading the slot's weights once per block (a weight read costs about what 8
+  // A unit's work: reading the slot's weights once per block (a byte read costs about what two
   // multiply-adds do here) plus a multiply-add per weight and row.
   auto segment_weights = [&](int64_t slot) {
     int64_t weights = total_rank(slot) * in_features;
@@ -258,7 +286,8 @@ void packed_add_lora(const at::Tensor& x,                   // [T, in]
     return weights;
   };
   auto work = [&](int64_t slot, int64_t n_rows) {
-    return segment_weights(slot) * (kBlockRows * ((n_rows + kBlockRows - 1) / kBlockRows) + n_rows);
+    const int64_t blocks = (n_rows + kBlockRows - 1) / kBlockRows;
+    return segment_weights(slot) * (2 * weight_type_size(types[slot]) * blocks + n_rows);
   };
   int64_t total_work = 0;
   for (size_t s = 0; s < seg_slots.size(); ++s)
@@ -290,22 +319,15 @@ void packed_add_lora(const at::Tensor& x,                   // [T, in]
       const Unit& unit = units[k];
       const size_t s = static_cast<size_t>(unit.segment);
       const int64_t slot = seg_slots[s];
-      const void* a_slot = a_bytes + slot * a_slot_bytes;
+      const char* a_slot = a_bytes + slot * a_slot_bytes;
       for (int64_t first = unit.first; first < unit.first + unit.count; first += kBlockRows) {
         const int64_t count = std::min(kBlockRows, unit.first + unit.count - first);
         for (int64_t t = 0; t < count; ++t)
           rows[t] = seg_rows[s] >= 0 ? seg_rows[s] + first + t : ids[seg_starts[s] + first + t];
-        auto run = [&](auto* typed_a_slot) {
+        with_weight_type(types[slot], a_slot, [&](auto* typed_a_slot) {
           row_block(x_data, x.stride(0), rows, count, typed_a_slot, in_features, all_ranks + slot * num_slices,
                     total_rank(slot), slices, slot, out_data, out.stride(0));
-        };
-        if (weight_type == at::kFloat) {
-          run(static_cast<const float*>(a_slot));
-        } else if (weight_type == at::kBFloat16) {
-          run(static_cast<const Bf16*>(a_slot));
-        } else {
-          run(static_cast<const Fp16*>(a_slot));
-        }
+        });
       }
     }
   });

@@ -67,7 +67,8 @@ def test_compiled_ops_keep_the_calling_threads_count(serving_process) -> None:
     def one_add_lora() -> int:
         x, out = torch.ones(2, 8), torch.zeros(2, 8)
         lora_a, panels = torch.ones(1, 1, 8), [torch.ones(1, 8)]  # one slot, one slice of rank 1, 8 outputs
-        compiled.packed_add_lora(x, lora_a, panels, PANEL_WIDTH, torch.ones(1, 1, dtype=torch.int32), out, [0, 8],
+        compiled.packed_add_lora(x, lora_a, panels, PANEL_WIDTH, torch.ones(1, 1, dtype=torch.int32),
+                                 torch.zeros(1, dtype=torch.int8), out, [0, 8],
                                  [0], [2], [0], [0], torch.zeros(2, dtype=torch.int32))
         assert torch.equal(out, torch.full((2, 8), 8.0))  # the op ran: each output is the sum of 8 ones
         return torch.get_num_threads()

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from loraloom.kernels import cpu_extension, packed_lora, reference, sgmv
-from loraloom.kernels.lora_stacks import PANEL_WIDTH, PackedStack, SliceStack
+from loraloom.kernels.lora_stacks import PANEL_WIDTH, WEIGHT_TYPE_CODES, PackedStack, SliceStack
 from loraloom.kernels.metadata import SliceRanks
 from sgmv_cases import sgmv_metadata
 
@@ -50,29 +50,36 @@ def stack_type(implementation: str):
     return SliceStack if implementation == "triton" else PackedStack
 
 
-def load_slots(stack, host: list[list[int]], lora_a, lora_b) -> None:
-    """Load every slot at its per-slice ranks, as the slot pool does (rank 0: the slice is not targeted)."""
+def load_slots(stack, host: list[list[int]], lora_a, lora_b, slot_dtypes: list[torch.dtype] | None = None) -> None:
+    """Load every slot at its per-slice ranks, as the slot pool does (rank 0: the slice is not targeted),
+    slot s stored as slot_dtypes[s] (default: the stack's dtype)."""
     for slot in range(len(host[0])):
         stack.load(slot, [(a[slot, :ranks[slot]], b[slot, :, :ranks[slot]]) if ranks[slot] else None
-                          for a, b, ranks in zip(lora_a, lora_b, host)])
+                          for a, b, ranks in zip(lora_a, lora_b, host)], slot_dtypes[slot] if slot_dtypes else None)
 
 
-def poison_unowned(stack, host: list[list[int]]) -> None:
-    """NaN in every element no slot owns (rank padding, untargeted slices), found by loading a twin
-    stack with all-ones weights at the same ranks."""
+def poison_unowned(stack, host: list[list[int]], slot_dtypes: list[torch.dtype] | None = None) -> None:
+    """NaN in every element no slot owns (rank padding, untargeted slices, the back of a region a narrower
+    slot leaves unused), found by loading a twin stack with all-ones weights at the same ranks and dtypes."""
     ones_a = [torch.ones(len(host[0]), MAX_RANK, IN_FEATURES) for _ in host]
     ones_b = [torch.ones(len(host[0]), out_features, MAX_RANK) for out_features in OUT_FEATURES[:len(host)]]
-    twin = type(stack).allocate(len(host[0]), MAX_RANK, IN_FEATURES, OUT_FEATURES[:len(host)], torch.float32, "cpu")
-    load_slots(twin, host, ones_a, ones_b)
+    dtype = stack.tensors()[0].dtype
+    twin = type(stack).allocate(len(host[0]), MAX_RANK, IN_FEATURES, OUT_FEATURES[:len(host)], dtype, "cpu")
+    load_slots(twin, host, ones_a, ones_b, slot_dtypes)
     for tensor, owned in zip(stack.tensors(), twin.tensors()):
-        tensor.masked_fill_(owned == 0, float("nan"))
+        for slot in range(len(host[0])):
+            # Each slot's region as the dtype the op reads it as.
+            slot_dtype = slot_dtypes[slot] if slot_dtypes else dtype
+            region, owned_region = tensor[slot].view(-1).view(slot_dtype), owned[slot].view(-1).view(slot_dtype)
+            region.masked_fill_(owned_region == 0, float("nan"))
 
 
-def loaded_stack(implementation: str, host: list[list[int]], lora_a, lora_b):
+def loaded_stack(implementation: str, host: list[list[int]], lora_a, lora_b,
+                 slot_dtypes: list[torch.dtype] | None = None):
     stack = stack_type(implementation).allocate(len(host[0]), MAX_RANK, IN_FEATURES, OUT_FEATURES[:len(host)],
                                                 lora_a[0].dtype, "cpu")
-    load_slots(stack, host, lora_a, lora_b)
-    poison_unowned(stack, host)
+    load_slots(stack, host, lora_a, lora_b, slot_dtypes)
+    poison_unowned(stack, host, slot_dtypes)
     return stack
 
 
@@ -169,6 +176,81 @@ def test_cpu_add_lora_with_16_bit_weights(step: str, implementation: str, weight
     assert torch.equal(base_out[untouched].double(), expected[untouched])
 
 
+# A float32 stack whose slots hold their adapters in their own dtypes (AdapterWeights.exact_dtype):
+# bfloat16 and float16 slots next to float32 ones, the rank-64 slot among the narrow ones.
+SLOT_DTYPES = [torch.float32, torch.bfloat16, torch.float16, torch.bfloat16, torch.float32, torch.float16,
+               torch.float32]
+
+
+def weights_exact_in(lora_a, lora_b, slot_dtypes: list[torch.dtype]):
+    """float32 weights whose slot s holds values slot_dtypes[s] represents exactly."""
+    def exact(stack):
+        return torch.stack([w.to(dtype).float() for w, dtype in zip(stack, slot_dtypes)])
+    return [exact(a) for a in lora_a], [exact(b) for b in lora_b]
+
+
+@pytest.mark.parametrize("implementation", ["reference", "compiled"])
+@pytest.mark.parametrize("step", list(STEPS))
+def test_cpu_add_lora_with_slots_of_their_own_dtype(step: str, implementation: str) -> None:
+    """A slot stored narrower than its stack computes exactly what a float32 slot of the same values
+    does: the definition within float32 tolerance, on every step shape, reading nothing it does not own."""
+    generator = torch.Generator().manual_seed(9)
+    token_slots = STEPS[step]
+    meta = sgmv_metadata(token_slots, [max(column) or 1 for column in zip(*ALL_SLICES)])
+    lora_a, lora_b = weights_exact_in(*make_weights(ALL_SLICES, torch.float32, generator), SLOT_DTYPES)
+    x = torch.randn(len(token_slots), IN_FEATURES, generator=generator)
+    base_out = torch.randn(len(token_slots), OFFSETS[-1], generator=generator)
+    expected = expected_output(x, lora_a, lora_b, ALL_SLICES, token_slots, base_out)
+    stack = loaded_stack(implementation, ALL_SLICES, lora_a, lora_b, SLOT_DTYPES)
+    assert stack.slot_types.tolist() == [WEIGHT_TYPE_CODES[dtype] for dtype in SLOT_DTYPES]
+    wide_out = base_out.clone()
+    IMPLEMENTATIONS[implementation](x, loaded_stack(implementation, ALL_SLICES, lora_a, lora_b), meta, wide_out,
+                                    OFFSETS)
+
+    IMPLEMENTATIONS[implementation](x, stack, meta, base_out, OFFSETS)
+
+    torch.testing.assert_close(base_out.double(), expected, **TOLERANCES[torch.float32])
+    assert torch.equal(base_out, wide_out)  # the same sums over the same values, bit for bit
+
+
+@pytest.mark.parametrize("implementation", ["reference", "compiled"])
+def test_slot_reloaded_in_another_dtype_keeps_nothing_of_the_old_adapter(implementation: str) -> None:
+    """A bfloat16 slot reloaded with a float32 adapter of another rank, and a float32 slot reloaded with
+    a bfloat16 one: each reads only its new adapter, as its new dtype."""
+    generator = torch.Generator().manual_seed(10)
+    old, new = [[64, 5]] * 3, [[3, 48], [0, 48], [0, 48]]
+    old_dtypes, new_dtypes = [torch.bfloat16, torch.float32], [torch.float32, torch.bfloat16]
+    old_a, old_b = weights_exact_in(*make_weights(old, torch.float32, generator), old_dtypes)
+    new_a, new_b = weights_exact_in(*make_weights(new, torch.float32, generator), new_dtypes)
+    stack = PackedStack.allocate(2, MAX_RANK, IN_FEATURES, OUT_FEATURES, torch.float32, "cpu")
+    load_slots(stack, old, old_a, old_b, old_dtypes)
+    load_slots(stack, new, new_a, new_b, new_dtypes)
+    poison_unowned(stack, new, new_dtypes)
+    token_slots = [0, 1, 1, 0, -1]
+    meta = sgmv_metadata(token_slots, [3, 48])
+    x = torch.randn(len(token_slots), IN_FEATURES, generator=generator)
+    base_out = torch.randn(len(token_slots), OFFSETS[-1], generator=generator)
+    expected = expected_output(x, new_a, new_b, new, token_slots, base_out)
+
+    IMPLEMENTATIONS[implementation](x, stack, meta, base_out, OFFSETS)
+
+    torch.testing.assert_close(base_out.double(), expected, **TOLERANCES[torch.float32])
+
+
+def test_a_slot_is_never_wider_than_its_stack() -> None:
+    stack = PackedStack.allocate(1, 4, IN_FEATURES, OUT_FEATURES[:1], torch.bfloat16, "cpu")
+    pair = (torch.ones(2, IN_FEATURES), torch.ones(OUT_FEATURES[0], 2))
+    with pytest.raises(ValueError, match=r"a slot of a torch.bfloat16 stack cannot hold torch.float32; use one of "
+                                         r"\['torch.bfloat16', 'torch.float16'\]"):
+        stack.load(0, [pair], torch.float32)
+    with pytest.raises(RuntimeError, match="slot type out of range or wider than lora_a's"):
+        stack.slot_types[0] = WEIGHT_TYPE_CODES[torch.float32]
+        x, out = torch.randn(1, IN_FEATURES), torch.zeros(1, OUT_FEATURES[0])
+        cpu_extension.load().packed_add_lora(x, stack.lora_a, stack.lora_b_panels, PANEL_WIDTH, stack.ranks,
+                                             stack.slot_types, out, OFFSETS[:2], [0], [1], [0], [0],
+                                             torch.zeros(1, dtype=torch.int32))
+
+
 def test_compiled_op_refuses_weights_of_mixed_types() -> None:
     generator = torch.Generator().manual_seed(8)
     lora_a, lora_b = make_weights(ALL_SLICES, torch.bfloat16, generator)
@@ -176,7 +258,8 @@ def test_compiled_op_refuses_weights_of_mixed_types() -> None:
     x, out = torch.randn(2, IN_FEATURES), torch.zeros(2, OFFSETS[-1])
     lora_b_panels = [stack.lora_b_panels[0].half(), *stack.lora_b_panels[1:]]
     with pytest.raises(RuntimeError, match="lora_b_panels must be a CPU tensor of lora_a's type"):
-        cpu_extension.load().packed_add_lora(x, stack.lora_a, lora_b_panels, PANEL_WIDTH, stack.ranks, out, OFFSETS,
+        cpu_extension.load().packed_add_lora(x, stack.lora_a, lora_b_panels, PANEL_WIDTH, stack.ranks, stack.slot_types,
+                                             out, OFFSETS,
                                              [0], [2], [0], [0], torch.arange(2, dtype=torch.int32))
 
 
@@ -249,5 +332,5 @@ def test_compiled_op_refuses_segments_it_would_read_past() -> None:
     compiled = cpu_extension.load()
     for slot, first_row in ((len(ALL_SLICES[0]), 0), (0, 2)):  # a slot past the stack; two rows from row 2 of 3
         with pytest.raises(RuntimeError, match="packed_add_lora"):
-            compiled.packed_add_lora(x, stack.lora_a, stack.lora_b_panels, PANEL_WIDTH, stack.ranks, out, OFFSETS,
-                                     [0], [2], [slot], [first_row], torch.arange(3, dtype=torch.int32))
+            compiled.packed_add_lora(x, stack.lora_a, stack.lora_b_panels, PANEL_WIDTH, stack.ranks, stack.slot_types,
+                                     out, OFFSETS, [0], [2], [slot], [first_row], torch.arange(3, dtype=torch.int32))
