@@ -213,30 +213,6 @@ def test_cpu_add_lora_with_slots_of_their_own_dtype(step: str, implementation: s
     assert torch.equal(base_out, wide_out)  # the same sums over the same values, bit for bit
 
 
-@pytest.mark.parametrize("implementation", ["reference", "compiled"])
-def test_slot_reloaded_in_another_dtype_keeps_nothing_of_the_old_adapter(implementation: str) -> None:
-    """A bfloat16 slot reloaded with a float32 adapter of another rank, and a float32 slot reloaded with
-    a bfloat16 one: each reads only its new adapter, as its new dtype."""
-    generator = torch.Generator().manual_seed(10)
-    old, new = [[64, 5]] * 3, [[3, 48], [0, 48], [0, 48]]
-    old_dtypes, new_dtypes = [torch.bfloat16, torch.float32], [torch.float32, torch.bfloat16]
-    old_a, old_b = weights_exact_in(*make_weights(old, torch.float32, generator), old_dtypes)
-    new_a, new_b = weights_exact_in(*make_weights(new, torch.float32, generator), new_dtypes)
-    stack = PackedStack.allocate(2, MAX_RANK, IN_FEATURES, OUT_FEATURES, torch.float32, "cpu")
-    load_slots(stack, old, old_a, old_b, old_dtypes)
-    load_slots(stack, new, new_a, new_b, new_dtypes)
-    poison_unowned(stack, new, new_dtypes)
-    token_slots = [0, 1, 1, 0, -1]
-    meta = sgmv_metadata(token_slots, [3, 48])
-    x = torch.randn(len(token_slots), IN_FEATURES, generator=generator)
-    base_out = torch.randn(len(token_slots), OFFSETS[-1], generator=generator)
-    expected = expected_output(x, new_a, new_b, new, token_slots, base_out)
-
-    IMPLEMENTATIONS[implementation](x, stack, meta, base_out, OFFSETS)
-
-    torch.testing.assert_close(base_out.double(), expected, **TOLERANCES[torch.float32])
-
-
 def test_a_slot_is_never_wider_than_its_stack() -> None:
     stack = PackedStack.allocate(1, 4, IN_FEATURES, OUT_FEATURES[:1], torch.bfloat16, "cpu")
     pair = (torch.ones(2, IN_FEATURES), torch.ones(OUT_FEATURES[0], 2))
@@ -280,18 +256,34 @@ def test_compiled_op_under_inference_mode(step: str) -> None:
     torch.testing.assert_close(base_out.double(), expected, **TOLERANCES[torch.float32])
 
 
-@pytest.mark.parametrize("implementation", list(IMPLEMENTATIONS))
-def test_reloaded_slot_uses_its_new_rank_only(implementation: str) -> None:
+# Per slot, the dtype of the adapter loaded first and of the one loaded over it: the stack's own, or a
+# bfloat16 slot reloaded as float32 next to a float32 one reloaded as bfloat16 (AdapterWeights.exact_dtype).
+RELOAD_DTYPES = {"stack": (None, None),
+                 "swapped": ([torch.bfloat16, torch.float32], [torch.float32, torch.bfloat16])}
+
+
+# A SliceStack (Triton) reads every slot as its own dtype.
+RELOADS = [(implementation, "stack") for implementation in IMPLEMENTATIONS] + [("reference", "swapped"),
+                                                                            ("compiled", "swapped")]
+
+
+@pytest.mark.parametrize(("implementation", "dtypes"), RELOADS)
+def test_reloaded_slot_uses_its_new_rank_only(implementation: str, dtypes: str) -> None:
     """Slot 0 held a rank-64 adapter on all slices and is reloaded with a rank-3 one on the first
-    slice only: nothing of the old adapter may remain (no stale columns, no stale slices)."""
+    slice only: nothing of the old adapter may remain (no stale columns, no stale slices), also when
+    the reload changes the dtype a slot is read as."""
+    old_dtypes, new_dtypes = RELOAD_DTYPES[dtypes]
     generator = torch.Generator().manual_seed(2)
     old, new = [[64, 8]] * 3, [[3, 8], [0, 8], [0, 8]]
     old_a, old_b = make_weights(old, torch.float32, generator)
     new_a, new_b = make_weights(new, torch.float32, generator)
+    if new_dtypes:
+        old_a, old_b = weights_exact_in(old_a, old_b, old_dtypes)
+        new_a, new_b = weights_exact_in(new_a, new_b, new_dtypes)
     stack = stack_type(implementation).allocate(2, MAX_RANK, IN_FEATURES, OUT_FEATURES, torch.float32, "cpu")
-    load_slots(stack, old, old_a, old_b)
-    load_slots(stack, new, new_a, new_b)
-    poison_unowned(stack, new)
+    load_slots(stack, old, old_a, old_b, old_dtypes)
+    load_slots(stack, new, new_a, new_b, new_dtypes)
+    poison_unowned(stack, new, new_dtypes)
     token_slots = [0, 0, 1, 0, -1]
     meta = sgmv_metadata(token_slots, [3, 8])
     x = torch.randn(len(token_slots), IN_FEATURES, generator=generator)
