@@ -30,7 +30,6 @@ from loraloom.engine.lora.layers import build_sgmv_metadata  # noqa: E402
 from loraloom.engine.model.bundled import import_bundled  # noqa: E402
 from loraloom.engine.request import SamplingParams  # noqa: E402
 from loraloom.kernels import packed_lora  # noqa: E402
-from loraloom.kernels.lora_stacks import WEIGHT_TYPE_CODES  # noqa: E402
 
 
 def median_seconds(run, repeats: int = 15) -> float:
@@ -71,9 +70,11 @@ def main() -> None:
         for stack in stacks:
             in_features, out_features = stack.lora_a.shape[2], stack.out_features
             for slot in slots:
-                ranks = stack.ranks[slot].tolist()
-                slot_bytes = 4 if stack.slot_types[slot] == WEIGHT_TYPE_CODES[torch.float32] else 2
-                lora_bytes += slot_bytes * sum(r * (in_features + out) for r, out in zip(ranks, out_features))
+                views = stack.slots[slot]  # None: the adapter targets none of this linear's modules
+                if views is not None:
+                    ranks = stack.ranks[slot].tolist()
+                    lora_bytes += views.a_t.element_size() * sum(r * (in_features + out)
+                                                                 for r, out in zip(ranks, out_features))
         big = torch.randn(128 * 1024 * 1024)
         bandwidth = big.nbytes / median_seconds(big.sum, 5)
         print(f"{len(slots)} adapters in slots, {lora_bytes / 1e6:.1f} MB of LoRA weights read per step; "

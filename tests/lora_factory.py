@@ -39,11 +39,14 @@ def make_peft_adapter(
     alpha_pattern: dict[str, float] | None = None,
     modules_to_save: list[str] | None = None,
     safe_serialization: bool = True,
+    saved_as: torch.dtype | None = None,
 ) -> Path:
     """Save a PEFT LoRA adapter for the model in `model_dir` to `out_dir`; return out_dir (absolute).
 
     Every LoRA weight (and every modules_to_save copy) is drawn from N(0, init_scale^2)
     with a generator seeded by `seed`, so the same arguments give the same adapter.
+    `saved_as`: the dtype its safetensors file stores (default: PEFT's, float32), as an adapter
+    trained or published in bfloat16 or float16 is saved.
     """
     from peft import LoraConfig, get_peft_model
 
@@ -68,4 +71,9 @@ def make_peft_adapter(
                 parameter.copy_(torch.randn(parameter.shape, generator=generator) * init_scale)
     out_dir = Path(out_dir).resolve()
     peft_model.save_pretrained(out_dir, safe_serialization=safe_serialization)
+    if saved_as is not None:
+        from safetensors.torch import load_file, save_file
+
+        weights = out_dir / "adapter_model.safetensors"
+        save_file({name: tensor.to(saved_as) for name, tensor in load_file(weights).items()}, weights)
     return out_dir

@@ -77,15 +77,12 @@ def write_adapters(model_dir: Path, root: Path, specs: list[AdapterSpec], saved_
     """Real PEFT adapters (tests/lora_factory.py) in root/<name>/, as `serve --adapter-dir` reads them."""
     import torch
     from lora_factory import make_peft_adapter
-    from safetensors.torch import load_file, save_file
 
     for i, spec in enumerate(specs):
         if not (root / spec.name / "adapter_config.json").exists():
-            path = make_peft_adapter(model_dir, root / spec.name, rank=spec.rank, alpha=2 * spec.rank,
-                                     target_modules=list(spec.modules), seed=500 + i, init_scale=0.02)
-            if saved_as != "float32":
-                weights = path / "adapter_model.safetensors"
-                save_file({name: t.to(getattr(torch, saved_as)) for name, t in load_file(weights).items()}, weights)
+            make_peft_adapter(model_dir, root / spec.name, rank=spec.rank, alpha=2 * spec.rank,
+                              target_modules=list(spec.modules), seed=500 + i, init_scale=0.02,
+                              saved_as=getattr(torch, saved_as))
 
 
 def question(rng: random.Random) -> str:

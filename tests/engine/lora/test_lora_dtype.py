@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
 
 from lora_factory import make_peft_adapter
 from loraloom.engine.config import EngineConfig, ModelConfig
@@ -25,13 +24,13 @@ GREEDY = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True)
 QUESTIONS = ["What is the capital of Italy?", "Name a fruit that is yellow.", "Why is the sea salty?"]
 
 
-def bf16_adapter(model_dir: Path, out_dir: Path, seed: int, target_modules: list[str],
-                 saved_as: torch.dtype = torch.bfloat16, rank: int = 8, alpha: float = 16) -> AdapterHandle:
+def saved_adapter(model_dir: Path, out_dir: Path, seed: int, target_modules: list[str],
+                  saved_as: torch.dtype = torch.bfloat16, rank: int = 8, alpha: float = 16,
+                  use_rslora: bool = False) -> AdapterHandle:
     """A PEFT adapter saved in `saved_as`; with the default scale alpha / r = 2, a slot of that dtype holds it
     exactly."""
-    path = make_peft_adapter(model_dir, out_dir, rank=rank, alpha=alpha, target_modules=target_modules, seed=seed)
-    weights_file = path / "adapter_model.safetensors"
-    save_file({name: tensor.to(saved_as) for name, tensor in load_file(weights_file).items()}, weights_file)
+    path = make_peft_adapter(model_dir, out_dir, rank=rank, alpha=alpha, target_modules=target_modules, seed=seed,
+                             use_rslora=use_rslora, saved_as=saved_as)
     return AdapterHandle(key=f"{out_dir.name}@test", name=out_dir.name, uri=path.as_uri())
 
 
@@ -48,8 +47,8 @@ def generate(engine: LLMEngine, adapters: list[AdapterHandle | None]) -> list[li
 
 
 def test_bfloat16_slots_generate_what_float32_slots_do_for_a_bfloat16_adapter(model_dir, tmp_path) -> None:
-    adapters = [bf16_adapter(model_dir, tmp_path / "attention", 11, ["q_proj", "v_proj", "o_proj"]),
-                bf16_adapter(model_dir, tmp_path / "mlp", 12, ["gate_proj", "down_proj"]), None]
+    adapters = [saved_adapter(model_dir, tmp_path / "attention", 11, ["q_proj", "v_proj", "o_proj"]),
+                saved_adapter(model_dir, tmp_path / "mlp", 12, ["gate_proj", "down_proj"]), None]
     runs, pools = {}, {}
     for lora_dtype in ("auto", "bfloat16"):
         engine = LLMEngine(model_dir, EngineConfig(max_loras=2, max_lora_rank=8, lora_dtype=lora_dtype))
@@ -65,10 +64,10 @@ def test_bfloat16_slots_generate_what_float32_slots_do_for_a_bfloat16_adapter(mo
 def test_auto_keeps_each_adapter_in_the_narrowest_dtype_that_holds_it_exactly(model_dir, tmp_path) -> None:
     """bfloat16 and float16 adapters in 16-bit slots of the float32 pool, a float32 one in a float32 slot,
     all in one batch: the tokens of a pool that stores every adapter in float32."""
-    adapters = [bf16_adapter(model_dir, tmp_path / "bf16", 13, ["q_proj", "k_proj", "v_proj", "o_proj"]),
-                bf16_adapter(model_dir, tmp_path / "fp16", 14, ["gate_proj", "up_proj", "down_proj"],
+    adapters = [saved_adapter(model_dir, tmp_path / "bf16", 13, ["q_proj", "k_proj", "v_proj", "o_proj"]),
+                saved_adapter(model_dir, tmp_path / "fp16", 14, ["gate_proj", "up_proj", "down_proj"],
                              saved_as=torch.float16, rank=16, alpha=16),
-                bf16_adapter(model_dir, tmp_path / "fp32", 15, ["q_proj", "down_proj"], saved_as=torch.float32)]
+                saved_adapter(model_dir, tmp_path / "fp32", 15, ["q_proj", "down_proj"], saved_as=torch.float32)]
     runs, pools = {}, {}
     for lora_dtype in ("auto", "float32"):
         engine = LLMEngine(model_dir, EngineConfig(max_loras=3, max_lora_rank=16, lora_dtype=lora_dtype))
@@ -89,13 +88,10 @@ def test_exact_dtype_is_float32_when_the_scaling_rounds(model_dir, tmp_path) -> 
     """alpha / r = 1.5 times bfloat16 weights needs more than bfloat16's 8 bits of mantissa; rsLoRA's
     alpha / sqrt(r) times them needs more than either 16-bit type holds."""
     config = ModelConfig.from_dir(model_dir)
-    bf16_adapter(model_dir, tmp_path / "odd", 16, ["v_proj"], alpha=12)
+    saved_adapter(model_dir, tmp_path / "odd", 16, ["v_proj"], alpha=12)
     assert load_adapter_weights(tmp_path / "odd", config, max_rank=8).exact_dtype != torch.bfloat16
-    path = make_peft_adapter(model_dir, tmp_path / "rslora", rank=8, alpha=16, target_modules=["v_proj"], seed=17,
-                             use_rslora=True)
-    weights_file = path / "adapter_model.safetensors"
-    save_file({name: tensor.to(torch.bfloat16) for name, tensor in load_file(weights_file).items()}, weights_file)
-    assert load_adapter_weights(path, config, max_rank=8).exact_dtype == torch.float32
+    saved_adapter(model_dir, tmp_path / "rslora", 17, ["v_proj"], use_rslora=True)
+    assert load_adapter_weights(tmp_path / "rslora", config, max_rank=8).exact_dtype == torch.float32
 
 
 def test_lora_dtype_is_checked_by_name() -> None:
