@@ -14,9 +14,10 @@
 // by panel (kernels/lora_stacks.py BPanels). Measured on a 2-core EPYC, reading two to four rows
 // side by side (the earlier loops, which shared x loads that way) got a core 10-15 GB/s where one
 // stream gets 22-25; a 32-adapter decode step's op went from 20 to 15 ms. Each stream is also
-// prefetched a few KiB ahead (vector_ops.h prefetch_ahead), and a whole B panel is expanded four
-// rows per pass with the rows' outputs in vector registers: on a 2-core Xeon that took the
-// 32-adapter decode step's op from 23 to 20 ms and a 5-rows-per-adapter step's from 36 to 26 ms.
+// prefetched a few KiB ahead, on into the stream read after it (vector_ops.h prefetch_ahead, Stream),
+// and a whole B panel is expanded four rows per pass with the rows' outputs in vector registers: on a
+// 2-core Xeon that took the 32-adapter decode step's op from 23 to 20 ms and a 5-rows-per-adapter
+// step's from 36 to 26 ms.
 //
 // Same contract as the reference: rows outside every segment are never written, a slot reads
 // only its own ranks in the slices it targets, and out is updated in place. x and out are float32;
@@ -76,20 +77,21 @@ static_assert(kRowsPerPass == 4, "with_row_count names each count up to kRowsPer
 // One whole panel of the expand for kRows rows: out_t[64] += coef_t[:rank] @ panel [rank, 64], the
 // rows' 64 output columns each held in four vector registers while the panel streams past once.
 template <int kRows, typename W>
-inline void expand_whole_panel(const W* panel, int64_t rank, const float* const* coefs, float* const* outs) {
+inline void expand_whole_panel(const W* panel, int64_t rank, const float* const* coefs, float* const* outs,
+                               const loraloom::Stream& stream) {
   using loraloom::Float16x;
   Float16x acc[kRows][4] = {};
   for (int64_t k = 0; k < rank; ++k) {
     const W* row = panel + k * kPanelWidth;
-    loraloom::prefetch_ahead(row, kPanelWidth * sizeof(W));
+    loraloom::prefetch_ahead(row, kPanelWidth * sizeof(W), stream);
     const Float16x w0 = loraloom::load16(row), w1 = loraloom::load16(row + 16), w2 = loraloom::load16(row + 32),
                    w3 = loraloom::load16(row + 48);
     for (int r = 0; r < kRows; ++r) {
-      const float c = coefs[r][k];
-      acc[r][0] += c * w0;
-      acc[r][1] += c * w1;
-      acc[r][2] += c * w2;
-      acc[r][3] += c * w3;
+      const Float16x cs = Float16x{} + coefs[r][k];  // the row's coefficient in every lane
+      acc[r][0] = loraloom::fma16(cs, w0, acc[r][0]);
+      acc[r][1] = loraloom::fma16(cs, w1, acc[r][1]);
+      acc[r][2] = loraloom::fma16(cs, w2, acc[r][2]);
+      acc[r][3] = loraloom::fma16(cs, w3, acc[r][3]);
     }
   }
   for (int r = 0; r < kRows; ++r)
@@ -104,7 +106,7 @@ void expand_tail_panel(const W* panel, int64_t rank, int64_t width, const float*
     const float c = coef[k];
     const W* row = panel + k * width;
 #pragma omp simd
-    for (int64_t j = 0; j < width; ++j) acc[j] += c * loraloom::widen1(row[j]);
+    for (int64_t j = 0; j < width; ++j) acc[j] = loraloom::fma1(c, loraloom::widen1(row[j]), acc[j]);
   }
 #pragma omp simd
   for (int64_t j = 0; j < width; ++j) out[j] += acc[j];
@@ -113,7 +115,7 @@ void expand_tail_panel(const W* panel, int64_t rank, int64_t width, const float*
 // One panel for every row of a block: whole panels kRowsPerPass rows per pass, the tail panel row by row.
 template <typename W>
 void expand_panel(const W* panel, int64_t rank, int64_t width, const float* shrunk, int64_t shrunk_stride,
-                  float* const* outs, int64_t n_rows) {
+                  float* const* outs, int64_t n_rows, const loraloom::Stream& stream) {
   if (width < kPanelWidth) {
     for (int64_t t = 0; t < n_rows; ++t) expand_tail_panel(panel, rank, width, shrunk + t * shrunk_stride, outs[t]);
     return;
@@ -122,7 +124,7 @@ void expand_panel(const W* panel, int64_t rank, int64_t width, const float* shru
     const float* coefs[kRowsPerPass];
     const int64_t count = std::min(kRowsPerPass, n_rows - t);
     for (int64_t r = 0; r < count; ++r) coefs[r] = shrunk + (t + r) * shrunk_stride;
-    with_row_count(count, [&](auto rows_now) { expand_whole_panel<decltype(rows_now)::value>(panel, rank, coefs, outs + t); });
+    with_row_count(count, [&](auto rows_now) { expand_whole_panel<decltype(rows_now)::value>(panel, rank, coefs, outs + t, stream); });
   }
 }
 
@@ -134,6 +136,18 @@ void row_block(const float* x, int64_t x_stride, const int64_t* rows, int64_t n_
                int64_t in_features, const int32_t* ranks, int64_t total, const Slices& slices, int64_t slot,
                float* out, int64_t out_stride) {
   std::vector<float> shrunk(static_cast<size_t>(n_rows * total), 0.f);
+  // The slot's runs in reading order: its A rows, then each targeted slice's B panels.
+  std::vector<const W*> b_starts;
+  std::vector<loraloom::Stream> b_streams;
+  for (size_t i = 0; i < slices.b_base.size(); ++i) {
+    if (ranks[i] == 0) continue;
+    const W* b = reinterpret_cast<const W*>(slices.b_base[i] + slot * slices.b_slot_bytes[i]);
+    b_starts.push_back(b);
+    b_streams.push_back({reinterpret_cast<const char*>(b + ranks[i] * slices.out_width[i])});
+  }
+  for (size_t j = 0; j + 1 < b_streams.size(); ++j) b_streams[j].next = reinterpret_cast<const char*>(b_starts[j + 1]);
+  const loraloom::Stream a_stream{reinterpret_cast<const char*>(a_slot + total * in_features),
+                                  b_starts.empty() ? nullptr : reinterpret_cast<const char*>(b_starts[0])};
   for (int64_t k = 0; k < total; ++k) {
     const W* a_row = a_slot + k * in_features;
     // The block's rows kRowsPerPass at a time against A's row k.
@@ -142,22 +156,24 @@ void row_block(const float* x, int64_t x_stride, const int64_t* rows, int64_t n_
       const float* xs[kRowsPerPass];
       float dots[kRowsPerPass];
       for (int64_t r = 0; r < count; ++r) xs[r] = x + rows[t + r] * x_stride;
-      with_row_count(count, [&](auto rows_now) { loraloom::dot_rows<decltype(rows_now)::value>(a_row, xs, in_features, dots); });
+      with_row_count(count, [&](auto rows_now) { loraloom::dot_rows<decltype(rows_now)::value>(a_row, xs, in_features, dots, a_stream); });
       for (int64_t r = 0; r < count; ++r) shrunk[(t + r) * total + k] = dots[r];
     }
   }
   float* outs[kBlockRows];
   int64_t first = 0;  // this slice's first column of shrunk
+  size_t targeted = 0;
   for (size_t i = 0; i < slices.b_base.size(); ++i) {
     const int64_t rank = ranks[i];
     if (rank == 0) continue;
-    const W* b = reinterpret_cast<const W*>(slices.b_base[i] + slot * slices.b_slot_bytes[i]);
+    const W* b = b_starts[targeted];
+    const loraloom::Stream& stream = b_streams[targeted++];
     const int64_t width = slices.out_width[i];
     for (int64_t start = 0; start < width; start += kPanelWidth) {
       for (int64_t t = 0; t < n_rows; ++t) outs[t] = out + rows[t] * out_stride + slices.out_offset[i] + start;
       // The panels before this one hold rank * kPanelWidth weights each.
       const W* panel = b + rank * start;
-      expand_panel(panel, rank, std::min(kPanelWidth, width - start), shrunk.data() + first, total, outs, n_rows);
+      expand_panel(panel, rank, std::min(kPanelWidth, width - start), shrunk.data() + first, total, outs, n_rows, stream);
     }
     first += rank;
   }
