@@ -27,6 +27,7 @@ from typing import ClassVar
 
 import torch
 
+from loraloom.kernels import huge_pages
 from loraloom.kernels.metadata import SliceRanks
 
 # Per slice: (A [r, in], B [out_i, r]) with the LoRA scaling folded into B, or None (not targeted).
@@ -168,9 +169,14 @@ class PackedStack:
     @classmethod
     def allocate(cls, num_slots: int, max_rank: int, in_features: int, out_features: list[int],
                  dtype: torch.dtype, device: torch.device | str) -> "PackedStack":
+        def zeros(*shape: int) -> torch.Tensor:
+            # A decode step reads short runs all over these: on the CPU, keep them on huge pages.
+            on_cpu = torch.device(device).type == "cpu"
+            return huge_pages.zeros(shape, dtype) if on_cpu else torch.zeros(shape, dtype=dtype, device=device)
+
         return cls(
-            lora_a=torch.zeros(num_slots, len(out_features) * max_rank, in_features, dtype=dtype, device=device),
-            lora_b_panels=[torch.zeros(num_slots, max_rank * out, dtype=dtype, device=device) for out in out_features],
+            lora_a=zeros(num_slots, len(out_features) * max_rank, in_features),
+            lora_b_panels=[zeros(num_slots, max_rank * out) for out in out_features],
             ranks=torch.zeros(num_slots, len(out_features), dtype=torch.int32),
             slot_types=torch.full((num_slots,), weight_type_code(dtype), dtype=torch.int8),
             slots=[None] * num_slots,
