@@ -119,8 +119,8 @@ inline void prefetch_ahead(const void* p, int64_t bytes, const Stream& stream) {
 
 // acc + a * b, rounded once where the machine has FMA. Written out rather than left to the compiler:
 // GCC contracts a * b + acc into an FMA or not per template instance, and on a Cooper Lake build the
-// float32 and bfloat16 instances of the loops below came out differently, so a bfloat16 slot no longer
-// summed exactly what a float32 slot of the same values does (tests/kernels/test_add_lora.py).
+// float32 and 16-bit instances of the loops below came out differently, so a bfloat16 or float16 slot
+// no longer summed exactly what a float32 slot of the same values does (tests/kernels/test_add_lora.py).
 inline Float16x fma16(Float16x a, Float16x b, Float16x acc) {
 #if defined(__AVX512F__)
   __m512 va, vb, vc;
