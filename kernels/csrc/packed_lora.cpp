@@ -136,18 +136,17 @@ void row_block(const float* x, int64_t x_stride, const int64_t* rows, int64_t n_
                int64_t in_features, const int32_t* ranks, int64_t total, const Slices& slices, int64_t slot,
                float* out, int64_t out_stride) {
   std::vector<float> shrunk(static_cast<size_t>(n_rows * total), 0.f);
-  // The slot's runs in reading order: its A rows, then each targeted slice's B panels.
-  std::vector<const W*> b_starts;
-  std::vector<loraloom::Stream> b_streams;
-  for (size_t i = 0; i < slices.b_base.size(); ++i) {
-    if (ranks[i] == 0) continue;
-    const W* b = reinterpret_cast<const W*>(slices.b_base[i] + slot * slices.b_slot_bytes[i]);
-    b_starts.push_back(b);
-    b_streams.push_back({reinterpret_cast<const char*>(b + ranks[i] * slices.out_width[i])});
-  }
-  for (size_t j = 0; j + 1 < b_streams.size(); ++j) b_streams[j].next = reinterpret_cast<const char*>(b_starts[j + 1]);
+  // The slot's runs are read in order: its A rows, then each targeted slice's B panels. Each run's
+  // Stream names the next one, where its prefetching goes on.
+  const size_t num_slices = slices.b_base.size();
+  auto b_of = [&](size_t i) { return reinterpret_cast<const W*>(slices.b_base[i] + slot * slices.b_slot_bytes[i]); };
+  auto next_targeted = [&](size_t i) {  // the first slice from i on that the adapter targets, num_slices if none
+    while (i < num_slices && ranks[i] == 0) ++i;
+    return i;
+  };
+  auto run_start = [&](size_t i) { return i < num_slices ? reinterpret_cast<const char*>(b_of(i)) : nullptr; };
   const loraloom::Stream a_stream{reinterpret_cast<const char*>(a_slot + total * in_features),
-                                  b_starts.empty() ? nullptr : reinterpret_cast<const char*>(b_starts[0])};
+                                  run_start(next_targeted(0))};
   for (int64_t k = 0; k < total; ++k) {
     const W* a_row = a_slot + k * in_features;
     // The block's rows kRowsPerPass at a time against A's row k.
@@ -162,13 +161,11 @@ void row_block(const float* x, int64_t x_stride, const int64_t* rows, int64_t n_
   }
   float* outs[kBlockRows];
   int64_t first = 0;  // this slice's first column of shrunk
-  size_t targeted = 0;
-  for (size_t i = 0; i < slices.b_base.size(); ++i) {
+  for (size_t i = next_targeted(0); i < num_slices; i = next_targeted(i + 1)) {
     const int64_t rank = ranks[i];
-    if (rank == 0) continue;
-    const W* b = b_starts[targeted];
-    const loraloom::Stream& stream = b_streams[targeted++];
+    const W* b = b_of(i);
     const int64_t width = slices.out_width[i];
+    const loraloom::Stream stream{reinterpret_cast<const char*>(b + rank * width), run_start(next_targeted(i + 1))};
     for (int64_t start = 0; start < width; start += kPanelWidth) {
       for (int64_t t = 0; t < n_rows; ++t) outs[t] = out + rows[t] * out_stride + slices.out_offset[i] + start;
       // The panels before this one hold rank * kPanelWidth weights each.
