@@ -130,11 +130,9 @@ class LoRALinear(nn.Module):
         return self.base.slice_sizes
 
     def forward(self, x: torch.Tensor, lora: SGMVMetadata | None) -> torch.Tensor:  # [T, in] -> [T, out]
-        out = self.base(x, None)  # [T, out]
         if lora is None or lora.num_segments == 0:
-            return out  # a base-only step: no LoRA work at all
-        self.backend.add_lora(x, self.stack, lora, out, self.slice_offsets)
-        return out
+            return self.base(x, None)  # a base-only step: no LoRA work at all
+        return self.base.forward_with_lora(x, self.stack, lora, self.slice_offsets, self.backend)
 
 
 def attach_lora(model: nn.Module, pool: LoRASlotPool) -> None:

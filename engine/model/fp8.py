@@ -27,6 +27,7 @@ from loraloom.engine.lora.layers import PACKED_MODULES
 from loraloom.kernels.backend import REFERENCE_BACKEND, KernelBackend
 from loraloom.kernels.dtypes import FP8_DTYPE
 from loraloom.kernels.fp8 import quantize_weight_per_channel
+from loraloom.kernels.lora_stacks import LoRAStack
 from loraloom.kernels.metadata import SGMVMetadata
 
 
@@ -44,8 +45,7 @@ class Fp8Linear(Linear):
         self, in_features: int, slice_sizes: tuple[int, ...], static_input_scale: bool, device: torch.device | str,
         two_term_activations: bool = False, backend: KernelBackend = REFERENCE_BACKEND,
     ):
-        super().__init__(in_features, slice_sizes, FP8_DTYPE, device)
-        self.backend = backend
+        super().__init__(in_features, slice_sizes, FP8_DTYPE, device, backend)
         if two_term_activations and static_input_scale:
             raise ValueError("Fp8Linear: two-term activations are quantized per token; they exclude a static "
                              "input_scale")
@@ -70,6 +70,13 @@ class Fp8Linear(Linear):
 
     def forward(self, x: torch.Tensor, lora: SGMVMetadata | None) -> torch.Tensor:  # [T, in] -> [T, out]
         return self.backend.fp8_linear(x, self.weight, self.weight_scale, self.input_scale, self.two_term_activations)
+
+    def forward_with_lora(self, x: torch.Tensor, stack: LoRAStack, lora: SGMVMetadata, slice_offsets: list[int],
+                          lora_backend: KernelBackend) -> torch.Tensor:
+        """The FP8 product, then the LoRA added on top in the activation dtype."""
+        out = self(x, lora)
+        lora_backend.add_lora(x, stack, lora, out, slice_offsets)
+        return out
 
     def extra_repr(self) -> str:
         activations = "static per-tensor" if self.input_scale is not None else "dynamic per-token"

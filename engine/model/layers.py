@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from loraloom.kernels.backend import REFERENCE_BACKEND, KernelBackend
+from loraloom.kernels.lora_stacks import LoRAStack
 from loraloom.kernels.metadata import SGMVMetadata
 
 
@@ -22,11 +23,13 @@ class Linear(nn.Module):
     Fused projections keep their parts apart by `slice_sizes`: (q, k, v) for
     qkv_proj, (intermediate, intermediate) for gate_up_proj, (out,) otherwise.
     The LoRA wrapper (engine/lora/layers.py) replaces these modules and uses the slices
-    and `lora`; the base layer ignores `lora`.
+    and `lora`; the base layer ignores `lora`. The product runs in the backend's linear.
     """
 
-    def __init__(self, in_features: int, slice_sizes: tuple[int, ...], dtype: torch.dtype, device: torch.device | str):
+    def __init__(self, in_features: int, slice_sizes: tuple[int, ...], dtype: torch.dtype, device: torch.device | str,
+                 backend: KernelBackend = REFERENCE_BACKEND):
         super().__init__()
+        self.backend = backend
         self.in_features = in_features
         self.slice_sizes = tuple(slice_sizes)
         self.out_features = sum(self.slice_sizes)
@@ -35,7 +38,13 @@ class Linear(nn.Module):
         )
 
     def forward(self, x: torch.Tensor, lora: SGMVMetadata | None) -> torch.Tensor:
-        return F.linear(x, self.weight)  # [T, in] -> [T, out]
+        return self.backend.linear(x, self.weight)  # [T, in] -> [T, out]
+
+    def forward_with_lora(self, x: torch.Tensor, stack: LoRAStack, lora: SGMVMetadata, slice_offsets: list[int],
+                          lora_backend: KernelBackend) -> torch.Tensor:
+        """forward(x) plus the LoRA of lora's adapter tokens from `stack`, in one call of the LoRA pool's
+        backend (on the CPU, the adapters' weights stream beside the base matmul: kernels/cpu_linear.py)."""
+        return lora_backend.linear_add_lora(x, self.weight, stack, lora, slice_offsets)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, slice_sizes={self.slice_sizes}"

@@ -32,8 +32,8 @@ class LlamaAttention(nn.Module):
         self.backend = backend
         q_size = config.num_heads * config.head_dim
         kv_size = config.num_kv_heads * config.head_dim
-        self.qkv_proj = Linear(config.hidden_size, (q_size, kv_size, kv_size), dtype, device)
-        self.o_proj = Linear(q_size, (config.hidden_size,), dtype, device)
+        self.qkv_proj = Linear(config.hidden_size, (q_size, kv_size, kv_size), dtype, device, backend)
+        self.o_proj = Linear(q_size, (config.hidden_size,), dtype, device, backend)
         # An FP8 KV cache stores K / k_scale and V / v_scale (kernels/kv_quant.py); set by
         # engine/model/kv_scales.py (checkpoint or calibration) and read by the kernels on the device.
         # Not in the state dict: a checkpoint without them loads as before.
@@ -63,11 +63,11 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaMLP(nn.Module):
-    def __init__(self, config: ModelConfig, dtype: torch.dtype, device: torch.device | str):
+    def __init__(self, config: ModelConfig, backend: KernelBackend, dtype: torch.dtype, device: torch.device | str):
         super().__init__()
         inter = config.intermediate_size
-        self.gate_up_proj = Linear(config.hidden_size, (inter, inter), dtype, device)
-        self.down_proj = Linear(inter, (config.hidden_size,), dtype, device)
+        self.gate_up_proj = Linear(config.hidden_size, (inter, inter), dtype, device, backend)
+        self.down_proj = Linear(inter, (config.hidden_size,), dtype, device, backend)
 
     def forward(self, hidden: torch.Tensor, lora: SGMVMetadata | None) -> torch.Tensor:  # [T, hidden]
         gate, up = self.gate_up_proj(hidden, lora).chunk(2, dim=-1)  # each [T, inter]
@@ -80,7 +80,7 @@ class LlamaDecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, device, backend)
         self.self_attn = LlamaAttention(config, backend, dtype, device)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, device, backend)
-        self.mlp = LlamaMLP(config, dtype, device)
+        self.mlp = LlamaMLP(config, backend, dtype, device)
 
     def forward(
         self,
@@ -122,7 +122,7 @@ class LlamaModel(nn.Module):
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype, device, attention)
         # Tied checkpoints reuse the embedding matrix as the output projection.
-        self.lm_head = None if config.tie_word_embeddings else Linear(config.hidden_size, (config.vocab_size,), dtype, device)
+        self.lm_head = None if config.tie_word_embeddings else Linear(config.hidden_size, (config.vocab_size,), dtype, device, attention)
         # True once engine/model/loader.py has set every layer's k_scale / v_scale from the checkpoint;
         # otherwise an FP8 KV cache calibrates them at start (engine/model/kv_scales.py).
         self.kv_scales_from_checkpoint = False
@@ -151,7 +151,7 @@ class LlamaModel(nn.Module):
 
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:  # [N, hidden] -> [N, vocab] float32
         weight = self.embed_tokens.weight if self.lm_head is None else self.lm_head.weight
-        return F.linear(hidden, weight).float()
+        return self.backend.linear(hidden, weight).float()
 
 
 def allocate_kv_cache(

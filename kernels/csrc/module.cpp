@@ -12,6 +12,15 @@ void packed_add_lora(const at::Tensor& x, const at::Tensor& lora_a, const std::v
                      const std::vector<int64_t>& seg_slots, const std::vector<int64_t>& seg_rows,
                      const at::Tensor& sorted_token_ids);
 
+void chunked_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& out, int64_t chunk_columns);
+
+void linear_add_lora(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& out, int64_t chunk_columns,
+                     const at::Tensor& lora_a, const std::vector<at::Tensor>& b_panels, int64_t panel_width,
+                     const at::Tensor& slot_ranks, const at::Tensor& slot_types, const std::vector<int64_t>& offsets,
+                     const std::vector<int64_t>& seg_starts, const std::vector<int64_t>& seg_lens,
+                     const std::vector<int64_t>& seg_slots, const std::vector<int64_t>& seg_rows,
+                     const at::Tensor& sorted_token_ids);
+
 void paged_decode_attention(const at::Tensor& query, const at::Tensor& k_cache, const at::Tensor& v_cache,
                             const at::Tensor& block_tables, const std::vector<int64_t>& requests,
                             const std::vector<int64_t>& query_rows, const std::vector<int64_t>& seq_lens,
@@ -19,6 +28,9 @@ void paged_decode_attention(const at::Tensor& query, const at::Tensor& k_cache, 
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("packed_add_lora", &packed_add_lora, "LoRA of every adapter segment added to out (PackedStack layout)");
+  m.def("chunked_linear", &chunked_linear, "x @ weight.T, the threads sharing it as single-threaded column chunks");
+  m.def("linear_add_lora", &linear_add_lora,
+        "x @ weight.T plus every adapter segment's LoRA, the LoRA streamed beside the base matmul");
   m.def("paged_decode_attention", &paged_decode_attention,
         "Attention of one-token requests over their paged K/V, read in place");
 }

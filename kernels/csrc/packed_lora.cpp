@@ -32,11 +32,13 @@
 #include <type_traits>
 #include <vector>
 
+#include "packed_lora.h"
 #include "torch_threads.h"
 #include "vector_ops.h"
 
 namespace {
 
+using loraloom::Slices;
 using loraloom::Bf16;
 using loraloom::Fp16;
 
@@ -47,11 +49,6 @@ constexpr int64_t kBlockRows = 8;
 // kernels/lora_stacks.py PANEL_WIDTH: a slot's B^T for one slice is stored as column panels of this
 // many columns, each an [r, width] row-major block, one after another (BPanels).
 constexpr int64_t kPanelWidth = 64;
-
-struct Slices {
-  std::vector<const char*> b_base;  // per slice: lora_b_panels[i].data_ptr()
-  std::vector<int64_t> b_slot_bytes, out_width, out_offset;
-};
 
 // kernels/lora_stacks.py WEIGHT_TYPE_CODES: the type a slot's weights are read as.
 enum WeightType : int8_t { kFloat32 = 0, kBFloat16 = 1, kFloat16 = 2 };
@@ -201,6 +198,145 @@ void with_weight_type(int8_t type, const char* p, const F& f) {
 
 }  // namespace
 
+namespace loraloom {
+
+PackedLoRA::PackedLoRA(const at::Tensor& x, const at::Tensor& lora_a, const std::vector<at::Tensor>& b_panels,
+                       int64_t panel_width, const at::Tensor& slot_ranks, const at::Tensor& slot_types,
+                       const at::Tensor& out, const std::vector<int64_t>& offsets,
+                       const std::vector<int64_t>& seg_starts, const std::vector<int64_t>& seg_lens,
+                       const std::vector<int64_t>& seg_slots, const std::vector<int64_t>& seg_rows,
+                       const at::Tensor& sorted_token_ids, int64_t threads)
+    : seg_starts_(seg_starts), seg_slots_(seg_slots), seg_rows_(seg_rows) {
+  check_float_cpu(x, "x");
+  const at::ScalarType weight_type = lora_a.scalar_type();
+  check_weights_cpu(lora_a, weight_type, "lora_a");
+  check_float_cpu(out, "out");
+  TORCH_CHECK(x.stride(1) == 1 && out.stride(1) == 1 && lora_a.is_contiguous(), "packed_add_lora: rows must be contiguous");
+  TORCH_CHECK(slot_ranks.scalar_type() == at::kInt && slot_ranks.is_contiguous(), "packed_add_lora: slot_ranks int32");
+  TORCH_CHECK(offsets.size() == b_panels.size() + 1 && slot_ranks.size(1) == static_cast<int64_t>(b_panels.size()),
+              "packed_add_lora: one offset pair and one rank column per slice");
+  TORCH_CHECK(panel_width == kPanelWidth, "packed_add_lora: panel_width must be ", kPanelWidth,
+              " (kernels/lora_stacks.py PANEL_WIDTH)");
+  in_features_ = x.size(1);
+  num_slices_ = slot_ranks.size(1);
+  for (size_t i = 0; i < b_panels.size(); ++i) {
+    check_weights_cpu(b_panels[i], weight_type, "lora_b_panels");
+    TORCH_CHECK(b_panels[i].is_contiguous(), "packed_add_lora: lora_b_panels must be contiguous");
+    slices_.b_base.push_back(static_cast<const char*>(b_panels[i].data_ptr()));
+    slices_.b_slot_bytes.push_back(b_panels[i].stride(0) * b_panels[i].element_size());
+    slices_.out_width.push_back(offsets[i + 1] - offsets[i]);
+    slices_.out_offset.push_back(offsets[i]);
+  }
+  token_ids_ = sorted_token_ids.to(at::kLong).contiguous();
+  ids_ = token_ids_.data_ptr<int64_t>();
+  ranks_ = slot_ranks.data_ptr<int32_t>();
+  x_data_ = x.data_ptr<float>();
+  x_stride_ = x.stride(0);
+  a_bytes_ = static_cast<const char*>(lora_a.data_ptr());
+  a_slot_bytes_ = lora_a.stride(0) * lora_a.element_size();
+
+  // Every index the loops follow is checked here, before any thread reads memory through it.
+  const int64_t num_slots = lora_a.size(0), rows = x.size(0), max_rank = lora_a.size(1) / std::max<int64_t>(num_slices_, 1);
+  TORCH_CHECK(slot_ranks.size(0) == num_slots && lora_a.size(2) == in_features_ && out.size(0) == rows &&
+                  offsets.back() <= out.size(1),
+              "packed_add_lora: shapes of x, lora_a, slot_ranks and out disagree");
+  TORCH_CHECK(seg_starts.size() == seg_slots.size() && seg_lens.size() == seg_slots.size() &&
+                  seg_rows.size() == seg_slots.size(),
+              "packed_add_lora: one start, length, slot and first row per segment");
+  for (int64_t i = 0; i < num_slices_; ++i) {
+    TORCH_CHECK(b_panels[i].dim() == 2 && b_panels[i].size(0) == num_slots &&
+                    b_panels[i].size(1) >= max_rank * (offsets[i + 1] - offsets[i]),
+                "packed_add_lora: lora_b_panels[", i, "] shape disagrees with the offsets");
+  }
+  TORCH_CHECK(slot_types.scalar_type() == at::kChar && slot_types.is_contiguous() &&
+                  slot_types.numel() == num_slots,
+              "packed_add_lora: slot_types must be int8 with one entry per slot");
+  types_ = slot_types.data_ptr<int8_t>();
+  for (int64_t slot = 0; slot < num_slots; ++slot) {
+    // A narrower type fits its ranks in the front of the slot's regions, so the bounds below hold for it too.
+    TORCH_CHECK(types_[slot] >= kFloat32 && types_[slot] <= kFloat16 &&
+                    weight_type_size(types_[slot]) <= lora_a.element_size(),
+                "packed_add_lora: slot type out of range or wider than lora_a's");
+    for (int64_t i = 0; i < num_slices_; ++i) {
+      const int32_t rank = ranks_[slot * num_slices_ + i];
+      TORCH_CHECK(rank >= 0 && rank <= max_rank, "packed_add_lora: rank out of range");
+    }
+  }
+  for (size_t s = 0; s < seg_slots.size(); ++s) {
+    if (seg_slots[s] < 0 || seg_lens[s] == 0) continue;
+    TORCH_CHECK(seg_slots[s] < num_slots && seg_lens[s] > 0, "packed_add_lora: segment slot or length out of range");
+    if (seg_rows[s] >= 0) {
+      TORCH_CHECK(seg_rows[s] + seg_lens[s] <= rows, "packed_add_lora: segment rows past the batch");
+    } else {
+      TORCH_CHECK(seg_starts[s] >= 0 && seg_starts[s] + seg_lens[s] <= token_ids_.numel(),
+                  "packed_add_lora: segment past sorted_token_ids");
+      for (int64_t t = seg_starts[s]; t < seg_starts[s] + seg_lens[s]; ++t)
+        TORCH_CHECK(ids_[t] >= 0 && ids_[t] < rows, "packed_add_lora: token id past the batch");
+    }
+  }
+  // The threads share the work as units of a segment's rows: a whole segment, or, for a segment
+  // larger than one thread's share of the call (a long prefill), runs of its rows, so that every
+  // thread takes part in it. A unit runs kBlockRows rows at a time on one thread: its later blocks
+  // find the slot's weights in that core's cache (two threads taking turns at one segment's blocks
+  // both read them from memory, and ran 30% slower).
+  // A unit's work: reading the slot's weights once per block (a byte read costs about what two
+  // multiply-adds do here) plus a multiply-add per weight and row.
+  auto segment_weights = [&](int64_t slot) {
+    int64_t weights = total_rank(slot) * in_features_;
+    for (int64_t i = 0; i < num_slices_; ++i) weights += ranks_[slot * num_slices_ + i] * (offsets[i + 1] - offsets[i]);
+    return weights;
+  };
+  auto work = [&](int64_t slot, int64_t n_rows) {
+    const int64_t blocks = (n_rows + kBlockRows - 1) / kBlockRows;
+    return segment_weights(slot) * (2 * weight_type_size(types_[slot]) * blocks + n_rows);
+  };
+  int64_t total_work = 0;
+  for (size_t s = 0; s < seg_slots.size(); ++s)
+    if (seg_slots[s] >= 0 && seg_lens[s] > 0) total_work += work(seg_slots[s], seg_lens[s]);
+  const int64_t share = std::max<int64_t>(1, total_work / std::max<int64_t>(1, threads));
+  for (size_t s = 0; s < seg_slots.size(); ++s) {
+    const int64_t slot = seg_slots[s], n_rows = seg_lens[s];
+    if (slot < 0 || n_rows == 0 || total_rank(slot) == 0) continue;  // rank 0: targets none of this linear's modules
+    const int64_t segment_work = work(slot, n_rows);
+    // Runs of about half a thread's share, in whole blocks; a segment within one share stays whole.
+    const int64_t runs = segment_work <= share ? 1 : (2 * segment_work + share - 1) / share;
+    const int64_t run_rows = kBlockRows * ((n_rows + runs * kBlockRows - 1) / (runs * kBlockRows));
+    for (int64_t first = 0; first < n_rows; first += run_rows) {
+      const int64_t count = std::min(run_rows, n_rows - first);
+      units_.push_back({static_cast<int64_t>(s), first, count, work(slot, count)});
+    }
+  }
+  // Units differ in work (ranks 1 to 64, one to all slices, 1 to hundreds of rows), so the threads
+  // take them one at a time from a shared counter rather than in fixed halves, largest first: the
+  // last units taken are then small, and no thread is left alone with a big one at the end.
+  std::stable_sort(units_.begin(), units_.end(), [](const Unit& a, const Unit& b) { return a.work > b.work; });
+}
+
+int64_t PackedLoRA::total_rank(int64_t slot) const {
+  int64_t total = 0;
+  for (int64_t i = 0; i < num_slices_; ++i) total += ranks_[slot * num_slices_ + i];
+  return total;
+}
+
+void PackedLoRA::run_unit(int64_t k, float* out, int64_t out_stride) const {
+  int64_t rows[kBlockRows];
+  const Unit& unit = units_[k];
+  const size_t s = static_cast<size_t>(unit.segment);
+  const int64_t slot = seg_slots_[s];
+  const char* a_slot = a_bytes_ + slot * a_slot_bytes_;
+  for (int64_t first = unit.first; first < unit.first + unit.count; first += kBlockRows) {
+    const int64_t count = std::min(kBlockRows, unit.first + unit.count - first);
+    for (int64_t t = 0; t < count; ++t)
+      rows[t] = seg_rows_[s] >= 0 ? seg_rows_[s] + first + t : ids_[seg_starts_[s] + first + t];
+    with_weight_type(types_[slot], a_slot, [&](auto* typed_a_slot) {
+      row_block(x_data_, x_stride_, rows, count, typed_a_slot, in_features_, ranks_ + slot * num_slices_,
+                total_rank(slot), slices_, slot, out, out_stride);
+    });
+  }
+}
+
+}  // namespace loraloom
+
 void packed_add_lora(const at::Tensor& x,                   // [T, in]
                      const at::Tensor& lora_a,              // [S, slices * R, in]: per slot, packed targeted A rows
                      const std::vector<at::Tensor>& b_panels,  // per slice [S, R * out_i]: B^T in column panels
@@ -212,136 +348,12 @@ void packed_add_lora(const at::Tensor& x,                   // [T, in]
                      const std::vector<int64_t>& seg_starts, const std::vector<int64_t>& seg_lens,
                      const std::vector<int64_t>& seg_slots, const std::vector<int64_t>& seg_rows,
                      const at::Tensor& sorted_token_ids) {  // [>= T_lora] int32
-  check_float_cpu(x, "x");
-  const at::ScalarType weight_type = lora_a.scalar_type();
-  check_weights_cpu(lora_a, weight_type, "lora_a");
-  check_float_cpu(out, "out");
-  TORCH_CHECK(x.stride(1) == 1 && out.stride(1) == 1 && lora_a.is_contiguous(), "packed_add_lora: rows must be contiguous");
-  TORCH_CHECK(slot_ranks.scalar_type() == at::kInt && slot_ranks.is_contiguous(), "packed_add_lora: slot_ranks int32");
-  TORCH_CHECK(offsets.size() == b_panels.size() + 1 && slot_ranks.size(1) == static_cast<int64_t>(b_panels.size()),
-              "packed_add_lora: one offset pair and one rank column per slice");
-  const int64_t in_features = x.size(1), num_slices = slot_ranks.size(1);
-  Slices slices;
-  for (size_t i = 0; i < b_panels.size(); ++i) {
-    check_weights_cpu(b_panels[i], weight_type, "lora_b_panels");
-    TORCH_CHECK(b_panels[i].is_contiguous(), "packed_add_lora: lora_b_panels must be contiguous");
-    slices.b_base.push_back(static_cast<const char*>(b_panels[i].data_ptr()));
-    slices.b_slot_bytes.push_back(b_panels[i].stride(0) * b_panels[i].element_size());
-    slices.out_width.push_back(offsets[i + 1] - offsets[i]);
-    slices.out_offset.push_back(offsets[i]);
-  }
-  const at::Tensor token_ids = sorted_token_ids.to(at::kLong).contiguous();
-  const int64_t* ids = token_ids.data_ptr<int64_t>();
-  const int32_t* all_ranks = slot_ranks.data_ptr<int32_t>();
-  const float* x_data = x.data_ptr<float>();
-  const char* a_bytes = static_cast<const char*>(lora_a.data_ptr());
-  const int64_t a_slot_bytes = lora_a.stride(0) * lora_a.element_size();
-  float* out_data = out.data_ptr<float>();
-
-  // Every index the loops follow is checked here, before any thread reads memory through it.
-  const int64_t num_slots = lora_a.size(0), rows = x.size(0), max_rank = lora_a.size(1) / std::max<int64_t>(num_slices, 1);
-  TORCH_CHECK(slot_ranks.size(0) == num_slots && lora_a.size(2) == in_features && out.size(0) == rows &&
-                  offsets.back() <= out.size(1),
-              "packed_add_lora: shapes of x, lora_a, slot_ranks and out disagree");
-  TORCH_CHECK(seg_starts.size() == seg_slots.size() && seg_lens.size() == seg_slots.size() &&
-                  seg_rows.size() == seg_slots.size(),
-              "packed_add_lora: one start, length, slot and first row per segment");
-  for (int64_t i = 0; i < num_slices; ++i) {
-    TORCH_CHECK(b_panels[i].dim() == 2 && b_panels[i].size(0) == num_slots &&
-                    b_panels[i].size(1) >= max_rank * (offsets[i + 1] - offsets[i]),
-                "packed_add_lora: lora_b_panels[", i, "] shape disagrees with the offsets");
-  }
-  TORCH_CHECK(slot_types.scalar_type() == at::kChar && slot_types.is_contiguous() &&
-                  slot_types.numel() == num_slots,
-              "packed_add_lora: slot_types must be int8 with one entry per slot");
-  const int8_t* types = slot_types.data_ptr<int8_t>();
-  for (int64_t slot = 0; slot < num_slots; ++slot) {
-    // A narrower type fits its ranks in the front of the slot's regions, so the bounds below hold for it too.
-    TORCH_CHECK(types[slot] >= kFloat32 && types[slot] <= kFloat16 &&
-                    weight_type_size(types[slot]) <= lora_a.element_size(),
-                "packed_add_lora: slot type out of range or wider than lora_a's");
-    for (int64_t i = 0; i < num_slices; ++i) {
-      const int32_t rank = all_ranks[slot * num_slices + i];
-      TORCH_CHECK(rank >= 0 && rank <= max_rank, "packed_add_lora: rank out of range");
-    }
-  }
-  for (size_t s = 0; s < seg_slots.size(); ++s) {
-    if (seg_slots[s] < 0 || seg_lens[s] == 0) continue;
-    TORCH_CHECK(seg_slots[s] < num_slots && seg_lens[s] > 0, "packed_add_lora: segment slot or length out of range");
-    if (seg_rows[s] >= 0) {
-      TORCH_CHECK(seg_rows[s] + seg_lens[s] <= rows, "packed_add_lora: segment rows past the batch");
-    } else {
-      TORCH_CHECK(seg_starts[s] >= 0 && seg_starts[s] + seg_lens[s] <= token_ids.numel(),
-                  "packed_add_lora: segment past sorted_token_ids");
-      for (int64_t t = seg_starts[s]; t < seg_starts[s] + seg_lens[s]; ++t)
-        TORCH_CHECK(ids[t] >= 0 && ids[t] < rows, "packed_add_lora: token id past the batch");
-    }
-  }
-  auto total_rank = [&](int64_t slot) {
-    int64_t total = 0;
-    for (int64_t i = 0; i < num_slices; ++i) total += all_ranks[slot * num_slices + i];
-    return total;
-  };
-  // The threads share the work as units of a segment's rows: a whole segment, or, for a segment
-  // larger than one thread's share of the call (a long prefill), runs of its rows, so that every
-  // thread takes part in it. A unit runs kBlockRows rows at a time on one thread: its later blocks
-  // find the slot's weights in that core's cache (two threads taking turns at one segment's blocks
-  // both read them from memory, and ran 30% slower).
-  struct Unit {
-    int64_t segment, first, count;  // rows [first, first + count) of the segment
-    int64_t work;
-  };
-  // A unit's work: reading the slot's weights once per block (a byte read costs about what two
-  // multiply-adds do here) plus a multiply-add per weight and row.
-  auto segment_weights = [&](int64_t slot) {
-    int64_t weights = total_rank(slot) * in_features;
-    for (int64_t i = 0; i < num_slices; ++i) weights += all_ranks[slot * num_slices + i] * (offsets[i + 1] - offsets[i]);
-    return weights;
-  };
-  auto work = [&](int64_t slot, int64_t n_rows) {
-    const int64_t blocks = (n_rows + kBlockRows - 1) / kBlockRows;
-    return segment_weights(slot) * (2 * weight_type_size(types[slot]) * blocks + n_rows);
-  };
-  int64_t total_work = 0;
-  for (size_t s = 0; s < seg_slots.size(); ++s)
-    if (seg_slots[s] >= 0 && seg_lens[s] > 0) total_work += work(seg_slots[s], seg_lens[s]);
-  const int64_t threads = std::max<int64_t>(1, at::get_num_threads());
-  const int64_t share = std::max<int64_t>(1, total_work / threads);
-  std::vector<Unit> units;
-  for (size_t s = 0; s < seg_slots.size(); ++s) {
-    const int64_t slot = seg_slots[s], n_rows = seg_lens[s];
-    if (slot < 0 || n_rows == 0 || total_rank(slot) == 0) continue;  // rank 0: targets none of this linear's modules
-    const int64_t segment_work = work(slot, n_rows);
-    // Runs of about half a thread's share, in whole blocks; a segment within one share stays whole.
-    const int64_t runs = segment_work <= share ? 1 : (2 * segment_work + share - 1) / share;
-    const int64_t run_rows = kBlockRows * ((n_rows + runs * kBlockRows - 1) / (runs * kBlockRows));
-    for (int64_t first = 0; first < n_rows; first += run_rows) {
-      const int64_t count = std::min(run_rows, n_rows - first);
-      units.push_back({static_cast<int64_t>(s), first, count, work(slot, count)});
-    }
-  }
-  // Units differ in work (ranks 1 to 64, one to all slices, 1 to hundreds of rows), so the threads
-  // take them one at a time from a shared counter rather than in fixed halves, largest first: the
-  // last units taken are then small, and no thread is left alone with a big one at the end.
-  std::stable_sort(units.begin(), units.end(), [](const Unit& a, const Unit& b) { return a.work > b.work; });
+  const loraloom::PackedLoRA lora(x, lora_a, b_panels, panel_width, slot_ranks, slot_types, out, offsets, seg_starts,
+                                  seg_lens, seg_slots, seg_rows, sorted_token_ids, at::get_num_threads());
   std::atomic<int64_t> next_unit{0};
-  const int64_t num_units = static_cast<int64_t>(units.size());
+  const int64_t num_units = lora.num_units();
+  float* out_data = out.data_ptr<float>();
   loraloom::run_on_torch_threads(num_units, [&] {
-    int64_t rows[kBlockRows];
-    for (int64_t k = next_unit++; k < num_units; k = next_unit++) {
-      const Unit& unit = units[k];
-      const size_t s = static_cast<size_t>(unit.segment);
-      const int64_t slot = seg_slots[s];
-      const char* a_slot = a_bytes + slot * a_slot_bytes;
-      for (int64_t first = unit.first; first < unit.first + unit.count; first += kBlockRows) {
-        const int64_t count = std::min(kBlockRows, unit.first + unit.count - first);
-        for (int64_t t = 0; t < count; ++t)
-          rows[t] = seg_rows[s] >= 0 ? seg_rows[s] + first + t : ids[seg_starts[s] + first + t];
-        with_weight_type(types[slot], a_slot, [&](auto* typed_a_slot) {
-          row_block(x_data, x.stride(0), rows, count, typed_a_slot, in_features, all_ranks + slot * num_slices,
-                    total_rank(slot), slices, slot, out_data, out.stride(0));
-        });
-      }
-    }
+    for (int64_t k = next_unit++; k < num_units; k = next_unit++) lora.run_unit(k, out_data, out.stride(0));
   });
 }
