@@ -34,8 +34,9 @@ MIN_CHUNK_COLUMNS, MAX_CHUNK_COLUMNS = 64, 512
 
 
 def chunk_columns(out_features: int) -> int:
-    per_chunk = -(-out_features // (CHUNKS_PER_THREAD * max(1, torch.get_num_threads())))
-    return min(MAX_CHUNK_COLUMNS, max(MIN_CHUNK_COLUMNS, -(-per_chunk // 64) * 64))
+    """Columns per chunk: CHUNKS_PER_THREAD or more chunks a thread, in multiples of 64 columns."""
+    per_chunk = out_features // (CHUNKS_PER_THREAD * max(1, torch.get_num_threads()))
+    return min(MAX_CHUNK_COLUMNS, max(MIN_CHUNK_COLUMNS, per_chunk // 64 * 64))
 
 
 def _chunked_module(x: torch.Tensor, weight: torch.Tensor):

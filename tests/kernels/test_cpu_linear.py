@@ -1,0 +1,106 @@
+"""The CPU backend's linears (kernels/cpu_linear.py): the chunked matmul against F.linear, and the
+LoRA-wrapped linear, whose LoRA runs beside the matmul, against the fp64 definition and against
+the same matmul followed by the compiled add_lora (which it must equal bit for bit: one base dot
+product and one LoRA sum per element, added once). The adapter mixes are test_add_lora.py's: ranks
+1, 3, 48 and 64 side by side, slots on a subset of the slices or none of them, NaN in every weight
+a slot does not own."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from loraloom.kernels import cpu_extension, cpu_linear, packed_lora
+from sgmv_cases import sgmv_metadata
+from test_add_lora import ALL_SLICES, IN_FEATURES, OFFSETS, STEPS, expected_output, loaded_stack, make_weights
+
+# A loaded slot has a rank in some slice; slot 4 targets none of these slices, and is loaded at rank 1.
+SLOT_RANKS = [max(column) or 1 for column in zip(*ALL_SLICES)]
+
+TOLERANCE = dict(atol=1e-4, rtol=1e-4)
+
+
+@pytest.fixture(params=[1, 2], ids=["1-thread", "2-threads"])
+def torch_threads(request):
+    """The ops share their work among the calling thread's torch threads; one thread runs it all in turn."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(request.param)
+    yield request.param
+    torch.set_num_threads(before)
+
+
+@pytest.fixture(autouse=True)
+def compiled_ops() -> None:
+    assert cpu_extension.load() is not None, "the CPU extension did not build (see kernels/cpu_extension.py)"
+
+
+@pytest.mark.parametrize("rows", [1, 5, 32, cpu_linear.MAX_CHUNKED_ROWS, cpu_linear.MAX_CHUNKED_ROWS + 1])
+@pytest.mark.parametrize("out_features", [24, 200, 1100])  # under one chunk, a partial last chunk, many chunks
+def test_linear_matches_f_linear(rows: int, out_features: int, torch_threads: int) -> None:
+    generator = torch.Generator().manual_seed(rows * out_features)
+    x = torch.randn(rows, IN_FEATURES, generator=generator)
+    weight = torch.randn(out_features, IN_FEATURES, generator=generator)
+    torch.testing.assert_close(cpu_linear.linear(x, weight), F.linear(x, weight), atol=1e-5, rtol=1e-6)
+
+
+def test_chunks_give_every_thread_several(torch_threads: int) -> None:
+    threads = torch_threads
+    for out_features in (24, 576, 960, 3072, 49152):
+        columns = cpu_linear.chunk_columns(out_features)
+        assert columns % 64 == 0 and cpu_linear.MIN_CHUNK_COLUMNS <= columns <= cpu_linear.MAX_CHUNK_COLUMNS
+        chunks = -(-out_features // columns)
+        assert chunks >= cpu_linear.CHUNKS_PER_THREAD * threads or columns == cpu_linear.MIN_CHUNK_COLUMNS
+
+
+@pytest.mark.parametrize("step", list(STEPS))
+def test_linear_add_lora_matches_definition_and_the_two_calls(step: str, torch_threads: int) -> None:
+    token_slots = STEPS[step]
+    generator = torch.Generator().manual_seed(len(token_slots))
+    lora_a, lora_b = make_weights(ALL_SLICES, torch.float32, generator)
+    stack = loaded_stack("compiled", ALL_SLICES, lora_a, lora_b)
+    meta = sgmv_metadata(token_slots, SLOT_RANKS)
+    x = torch.randn(len(token_slots), IN_FEATURES, generator=generator)
+    weight = torch.randn(OFFSETS[-1], IN_FEATURES, generator=generator)
+
+    out = cpu_linear.linear_add_lora(x, weight, stack, meta, OFFSETS)
+
+    expected = expected_output(x, lora_a, lora_b, ALL_SLICES, token_slots, F.linear(x, weight))
+    torch.testing.assert_close(out.double(), expected, **TOLERANCE)
+    two_calls = cpu_linear.linear(x, weight)
+    packed_lora.add_lora(x, stack, meta, two_calls, OFFSETS)
+    assert torch.equal(out, two_calls)
+
+
+@pytest.mark.parametrize("step", ["decode", "scrambled"])
+def test_linear_add_lora_under_inference_mode(step: str) -> None:
+    """The engine steps under inference mode; the matmul's chunks run torch ops on the op's own threads,
+    which must take the caller's mode (an inference tensor written outside it is an error)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        token_slots = STEPS[step]
+        generator = torch.Generator().manual_seed(9)
+        lora_a, lora_b = make_weights(ALL_SLICES, torch.float32, generator)
+        stack = loaded_stack("compiled", ALL_SLICES, lora_a, lora_b)
+        with torch.inference_mode():
+            meta = sgmv_metadata(token_slots, SLOT_RANKS)
+            x = torch.randn(len(token_slots), IN_FEATURES, generator=generator)
+            weight = torch.randn(OFFSETS[-1], IN_FEATURES, generator=generator)
+            out = cpu_linear.linear_add_lora(x, weight, stack, meta, OFFSETS)
+            base = cpu_linear.linear(x, weight)
+        expected = expected_output(x, lora_a, lora_b, ALL_SLICES, token_slots, F.linear(x, weight))
+        torch.testing.assert_close(out.double(), expected, **TOLERANCE)
+        torch.testing.assert_close(base, F.linear(x, weight), atol=1e-5, rtol=1e-6)
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_compiled_linear_refuses_mismatched_shapes() -> None:
+    compiled = cpu_extension.load()
+    x, weight = torch.randn(3, 8), torch.randn(5, 8)
+    with pytest.raises(RuntimeError, match="disagree"):
+        compiled.chunked_linear(x, weight, torch.empty(3, 4), 64)
+    with pytest.raises(RuntimeError, match="chunk_columns"):
+        compiled.chunked_linear(x, weight, torch.empty(3, 5), 0)
+    with pytest.raises(RuntimeError, match="float32"):
+        compiled.chunked_linear(x.double(), weight, torch.empty(3, 5), 64)
