@@ -58,24 +58,44 @@ def test_reserving_leaves_other_threads_one_torch_thread(serving_process) -> Non
         step_thread.stop()
 
 
-def test_compiled_ops_keep_the_calling_threads_count(serving_process) -> None:
+def one_add_lora(compiled) -> None:
+    x, out = torch.ones(2, 8), torch.zeros(2, 8)
+    lora_a, panels = torch.ones(1, 1, 8), [torch.ones(1, 8)]  # one slot, one slice of rank 1, 8 outputs
+    compiled.packed_add_lora(x, lora_a, panels, PANEL_WIDTH, torch.ones(1, 1, dtype=torch.int32),
+                             torch.zeros(1, dtype=torch.int8), out, [0, 8],
+                             [0], [2], [0], [0], torch.zeros(2, dtype=torch.int32))
+    assert torch.equal(out, torch.full((2, 8), 8.0))  # the op ran: each output is the sum of 8 ones
+
+
+def one_chunked_linear(compiled) -> None:
+    out = torch.zeros(2, 200)
+    compiled.chunked_linear(torch.ones(2, 8), torch.ones(200, 8), out, 64)
+    assert torch.equal(out, torch.full((2, 200), 8.0))
+
+
+def one_linear_add_lora(compiled) -> None:
+    out = torch.zeros(2, 8)
+    compiled.linear_add_lora(torch.ones(2, 8), torch.ones(8, 8), out, 64, torch.ones(1, 1, 8), [torch.ones(1, 8)],
+                             PANEL_WIDTH, torch.ones(1, 1, dtype=torch.int32), torch.zeros(1, dtype=torch.int8),
+                             [0, 8], [0], [2], [0], [0], torch.zeros(2, dtype=torch.int32))
+    assert torch.equal(out, torch.full((2, 8), 16.0))  # 8 from the base matmul, 8 from the LoRA
+
+
+@pytest.mark.parametrize("op", [one_add_lora, one_chunked_linear, one_linear_add_lora])
+def test_compiled_ops_keep_the_calling_threads_count(serving_process, op) -> None:
     """A compiled op's first use on a thread must not reset that thread's count to the process default
-    (at::parallel_for's inlined setup did: kernels/csrc/torch_threads.h)."""
+    (at::parallel_for's inlined setup did: kernels/csrc/torch_threads.h); the linears also run torch's
+    matmul on the op's threads."""
     compiled = cpu_extension.load()
     assert compiled is not None, "the CPU extension did not build (see kernels/cpu_extension.py)"
 
-    def one_add_lora() -> int:
-        x, out = torch.ones(2, 8), torch.zeros(2, 8)
-        lora_a, panels = torch.ones(1, 1, 8), [torch.ones(1, 8)]  # one slot, one slice of rank 1, 8 outputs
-        compiled.packed_add_lora(x, lora_a, panels, PANEL_WIDTH, torch.ones(1, 1, dtype=torch.int32),
-                                 torch.zeros(1, dtype=torch.int8), out, [0, 8],
-                                 [0], [2], [0], [0], torch.zeros(2, dtype=torch.int32))
-        assert torch.equal(out, torch.full((2, 8), 8.0))  # the op ran: each output is the sum of 8 ones
+    def run_op() -> int:
+        op(compiled)
         return torch.get_num_threads()
 
     step_thread = torch_threads.StepThread("test-step")
     try:
-        assert step_thread.submit(one_add_lora).result() == STEP_THREADS
+        assert step_thread.submit(run_op).result() == STEP_THREADS
     finally:
         step_thread.stop()
 
