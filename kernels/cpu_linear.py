@@ -10,11 +10,13 @@ at 32, even at 128, and 7% slower at 512, so prefill-sized inputs keep torch's m
 
 Why overlapped: a decode step's LoRA reads each adapter's weights once for a row or two, so it is
 bound by memory, and one core alone draws most of the bandwidth; the base matmul is bound by
-arithmetic. Run one after the other, the second core idles through the LoRA; side by side, the LoRA
-costs about half.
+arithmetic. Run one after the other, the second core gains the LoRA little; side by side, 8 adapters'
+LoRA cost 5.2 ms a decode step instead of 9.1 (csrc/overlapped_linear.cpp).
 
-Both return exactly what F.linear (and F.linear followed by kernels/packed_lora.py add_lora) return:
-every output element is the same single-threaded dot product, and its LoRA is added to it once.
+linear_add_lora returns the same bits as linear followed by kernels/packed_lora.py add_lora (each
+element's LoRA sum is added to its base dot product once). The chunks are the same matmul kernel
+on fewer columns: on the machines measured they matched F.linear bit for bit, and the engine's
+greedy parity with HF+PEFT holds (tests/engine/test_parity.py).
 """
 from __future__ import annotations
 

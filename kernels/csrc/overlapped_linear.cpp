@@ -8,10 +8,13 @@
 // the memory bandwidth, the second core adds little to the LoRA and sits stalled. Here one thread
 // starts on the LoRA units and the others on the matmul, cut into column chunks; whoever finishes
 // first takes the other kind of work, so the cores stay balanced whatever the mix of adapters.
+// Measured on a 2-core EPYC, engine-direct decode steps of 8 distinct adapters, same process: the
+// LoRA cost 9.1 ms a step after the chunked matmul and 5.2 ms beside it. At 32 adapters both cost
+// ~17 ms: the LoRA thread's stream then slows the matmul's own weight reads as much as it saves.
 //
 // The LoRA is summed into a zeroed buffer and added to the matmul's output at the end: each output
 // element gets one base dot product and one LoRA sum, added once, as packed_add_lora adds them, so
-// the result is the same bits as F.linear followed by packed_add_lora.
+// the result is the same bits as chunked_linear followed by packed_add_lora.
 #include <ATen/ATen.h>
 #include <ATen/ThreadLocalState.h>
 #include <omp.h>
