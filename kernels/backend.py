@@ -76,7 +76,7 @@ REFERENCE_BACKEND = KernelBackend(
     fp8_linear=fp8.fp8_linear,
 )
 
-# What the CPU runs: the references, with the compiled LoRA and decode-attention ops where they are built.
+# What the CPU runs: the references, with the compiled linears, LoRA and decode-attention ops where they are built.
 CPU_BACKEND = replace(REFERENCE_BACKEND, name="cpu", add_lora=packed_lora.add_lora, linear=cpu_linear.linear,
                       linear_add_lora=cpu_linear.linear_add_lora, paged_attention=cpu_attention.paged_attention)
 
