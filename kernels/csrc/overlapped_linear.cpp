@@ -94,24 +94,23 @@ void linear_add_lora(const at::Tensor& x,        // [T, in] float32
                      const at::Tensor& sorted_token_ids) {
   check_linear(x, weight, out, chunk_columns);
   const int64_t threads = at::get_num_threads();
-  const at::Tensor lora_out = at::zeros_like(out);
-  const loraloom::PackedLoRA lora(x, lora_a, b_panels, panel_width, slot_ranks, slot_types, lora_out, offsets,
-                                  seg_starts, seg_lens, seg_slots, seg_rows, sorted_token_ids, threads);
-  const int64_t num_units = lora.num_units();
-  float* lora_data = lora_out.data_ptr<float>();
-  std::atomic<int64_t> next_unit{0};
-  auto run_lora = [&] {
-    for (int64_t k = next_unit++; k < num_units; k = next_unit++) lora.run_unit(k, lora_data, lora_out.stride(0));
-  };
+  const at::Tensor lora_out = at::empty_like(out);
+  loraloom::PackedLoRA lora(x, lora_a, b_panels, panel_width, slot_ranks, slot_types, lora_out, offsets,
+                            seg_starts, seg_lens, seg_slots, seg_rows, sorted_token_ids, threads);
   ColumnChunks matmul(x, weight, out, chunk_columns);
+  if (lora.num_units() == 0) {  // no segment's adapter targets this linear's modules
+    run_with_caller_state([&] { matmul.run(); });
+    return;
+  }
+  lora_out.zero_();
   const int64_t lora_thread = threads - 1;
   run_with_caller_state([&] {
     if (omp_get_thread_num() == lora_thread) {
-      run_lora();
+      lora.run();
       matmul.run();
     } else {
       matmul.run();
-      run_lora();
+      lora.run();
     }
   });
   out.add_(lora_out);

@@ -232,6 +232,8 @@ PackedLoRA::PackedLoRA(const at::Tensor& x, const at::Tensor& lora_a, const std:
   ranks_ = slot_ranks.data_ptr<int32_t>();
   x_data_ = x.data_ptr<float>();
   x_stride_ = x.stride(0);
+  out_data_ = out.data_ptr<float>();
+  out_stride_ = out.stride(0);
   a_bytes_ = static_cast<const char*>(lora_a.data_ptr());
   a_slot_bytes_ = lora_a.stride(0) * lora_a.element_size();
 
@@ -318,7 +320,11 @@ int64_t PackedLoRA::total_rank(int64_t slot) const {
   return total;
 }
 
-void PackedLoRA::run_unit(int64_t k, float* out, int64_t out_stride) const {
+void PackedLoRA::run() {
+  for (int64_t k = next_unit_++; k < num_units(); k = next_unit_++) run_unit(k);
+}
+
+void PackedLoRA::run_unit(int64_t k) const {
   int64_t rows[kBlockRows];
   const Unit& unit = units_[k];
   const size_t s = static_cast<size_t>(unit.segment);
@@ -330,7 +336,7 @@ void PackedLoRA::run_unit(int64_t k, float* out, int64_t out_stride) const {
       rows[t] = seg_rows_[s] >= 0 ? seg_rows_[s] + first + t : ids_[seg_starts_[s] + first + t];
     with_weight_type(types_[slot], a_slot, [&](auto* typed_a_slot) {
       row_block(x_data_, x_stride_, rows, count, typed_a_slot, in_features_, ranks_ + slot * num_slices_,
-                total_rank(slot), slices_, slot, out, out_stride);
+                total_rank(slot), slices_, slot, out_data_, out_stride_);
     });
   }
 }
@@ -348,12 +354,7 @@ void packed_add_lora(const at::Tensor& x,                   // [T, in]
                      const std::vector<int64_t>& seg_starts, const std::vector<int64_t>& seg_lens,
                      const std::vector<int64_t>& seg_slots, const std::vector<int64_t>& seg_rows,
                      const at::Tensor& sorted_token_ids) {  // [>= T_lora] int32
-  const loraloom::PackedLoRA lora(x, lora_a, b_panels, panel_width, slot_ranks, slot_types, out, offsets, seg_starts,
-                                  seg_lens, seg_slots, seg_rows, sorted_token_ids, at::get_num_threads());
-  std::atomic<int64_t> next_unit{0};
-  const int64_t num_units = lora.num_units();
-  float* out_data = out.data_ptr<float>();
-  loraloom::run_on_torch_threads(num_units, [&] {
-    for (int64_t k = next_unit++; k < num_units; k = next_unit++) lora.run_unit(k, out_data, out.stride(0));
-  });
+  loraloom::PackedLoRA lora(x, lora_a, b_panels, panel_width, slot_ranks, slot_types, out, offsets, seg_starts,
+                            seg_lens, seg_slots, seg_rows, sorted_token_ids, at::get_num_threads());
+  loraloom::run_on_torch_threads(lora.num_units(), [&] { lora.run(); });
 }

@@ -1,10 +1,11 @@
 // One add_lora call over a PackedStack (packed_lora.cpp), checked and cut into units of work that
-// threads take one at a time. packed_add_lora runs every unit on torch's threads; the overlapped
-// linear (overlapped_linear.cpp) runs them beside the base layer's matmul.
+// threads take one at a time from a shared counter. packed_add_lora runs every unit on torch's
+// threads; the overlapped linear (overlapped_linear.cpp) runs them beside the base layer's matmul.
 #pragma once
 
 #include <ATen/ATen.h>
 
+#include <atomic>
 #include <cstdint>
 #include <vector>
 
@@ -19,7 +20,7 @@ struct Slices {
 class PackedLoRA {
  public:
   // Checks every shape and index of the call (packed_add_lora's arguments) and plans its units for
-  // `threads` threads. The tensors and vectors must outlive this object.
+  // `threads` threads. The tensors and vectors must outlive this object; the LoRA is added into `out`.
   PackedLoRA(const at::Tensor& x, const at::Tensor& lora_a, const std::vector<at::Tensor>& b_panels,
              int64_t panel_width, const at::Tensor& slot_ranks, const at::Tensor& slot_types, const at::Tensor& out,
              const std::vector<int64_t>& offsets, const std::vector<int64_t>& seg_starts,
@@ -28,8 +29,9 @@ class PackedLoRA {
 
   int64_t num_units() const { return static_cast<int64_t>(units_.size()); }
 
-  // Adds the LoRA of unit k's rows into out (row stride out_stride; out's shape is the call's).
-  void run_unit(int64_t k, float* out, int64_t out_stride) const;
+  // Takes units until none is left and adds their rows' LoRA into out. Any number of threads may call
+  // it at once; each unit is run by exactly one of them.
+  void run();
 
  private:
   struct Unit {
@@ -37,19 +39,22 @@ class PackedLoRA {
     int64_t work;
   };
   int64_t total_rank(int64_t slot) const;
+  void run_unit(int64_t k) const;
 
   const std::vector<int64_t>& seg_starts_;
   const std::vector<int64_t>& seg_slots_;
   const std::vector<int64_t>& seg_rows_;
   Slices slices_;
   std::vector<Unit> units_;
+  std::atomic<int64_t> next_unit_{0};
   at::Tensor token_ids_;  // sorted_token_ids as int64
   const int64_t* ids_ = nullptr;
   const int32_t* ranks_ = nullptr;
   const int8_t* types_ = nullptr;
   const float* x_data_ = nullptr;
+  float* out_data_ = nullptr;
   const char* a_bytes_ = nullptr;
-  int64_t x_stride_ = 0, a_slot_bytes_ = 0, in_features_ = 0, num_slices_ = 0;
+  int64_t x_stride_ = 0, out_stride_ = 0, a_slot_bytes_ = 0, in_features_ = 0, num_slices_ = 0;
 };
 
 }  // namespace loraloom

@@ -16,6 +16,9 @@ from test_add_lora import ALL_SLICES, IN_FEATURES, OFFSETS, STEPS, expected_outp
 
 # A loaded slot has a rank in some slice; slot 4 targets none of these slices, and is loaded at rank 1.
 SLOT_RANKS = [max(column) or 1 for column in zip(*ALL_SLICES)]
+# test_add_lora's steps, and one whose only adapter targets none of this linear's slices (an MLP-only
+# adapter seen from qkv): the op then has no LoRA work beside the matmul.
+LINEAR_STEPS = {**STEPS, "untargeted_only": [4, -1, 4, 4]}
 
 TOLERANCE = dict(atol=1e-4, rtol=1e-4)
 
@@ -52,9 +55,9 @@ def test_chunks_give_every_thread_several(torch_threads: int) -> None:
         assert chunks >= cpu_linear.CHUNKS_PER_THREAD * threads or columns == cpu_linear.MIN_CHUNK_COLUMNS
 
 
-@pytest.mark.parametrize("step", list(STEPS))
+@pytest.mark.parametrize("step", list(LINEAR_STEPS))
 def test_linear_add_lora_matches_definition_and_the_two_calls(step: str, torch_threads: int) -> None:
-    token_slots = STEPS[step]
+    token_slots = LINEAR_STEPS[step]
     generator = torch.Generator().manual_seed(len(token_slots))
     lora_a, lora_b = make_weights(ALL_SLICES, torch.float32, generator)
     stack = loaded_stack("compiled", ALL_SLICES, lora_a, lora_b)
@@ -71,28 +74,24 @@ def test_linear_add_lora_matches_definition_and_the_two_calls(step: str, torch_t
     assert torch.equal(out, two_calls)
 
 
+@pytest.mark.parametrize("torch_threads", [2], indirect=True)
 @pytest.mark.parametrize("step", ["decode", "scrambled"])
-def test_linear_add_lora_under_inference_mode(step: str) -> None:
+def test_linear_add_lora_under_inference_mode(step: str, torch_threads: int) -> None:
     """The engine steps under inference mode; the matmul's chunks run torch ops on the op's own threads,
     which must take the caller's mode (an inference tensor written outside it is an error)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(2)
-    try:
-        token_slots = STEPS[step]
-        generator = torch.Generator().manual_seed(9)
-        lora_a, lora_b = make_weights(ALL_SLICES, torch.float32, generator)
-        stack = loaded_stack("compiled", ALL_SLICES, lora_a, lora_b)
-        with torch.inference_mode():
-            meta = sgmv_metadata(token_slots, SLOT_RANKS)
-            x = torch.randn(len(token_slots), IN_FEATURES, generator=generator)
-            weight = torch.randn(OFFSETS[-1], IN_FEATURES, generator=generator)
-            out = cpu_linear.linear_add_lora(x, weight, stack, meta, OFFSETS)
-            base = cpu_linear.linear(x, weight)
-        expected = expected_output(x, lora_a, lora_b, ALL_SLICES, token_slots, F.linear(x, weight))
-        torch.testing.assert_close(out.double(), expected, **TOLERANCE)
-        torch.testing.assert_close(base, F.linear(x, weight), atol=1e-5, rtol=1e-6)
-    finally:
-        torch.set_num_threads(before)
+    token_slots = STEPS[step]
+    generator = torch.Generator().manual_seed(9)
+    lora_a, lora_b = make_weights(ALL_SLICES, torch.float32, generator)
+    stack = loaded_stack("compiled", ALL_SLICES, lora_a, lora_b)
+    with torch.inference_mode():
+        meta = sgmv_metadata(token_slots, SLOT_RANKS)
+        x = torch.randn(len(token_slots), IN_FEATURES, generator=generator)
+        weight = torch.randn(OFFSETS[-1], IN_FEATURES, generator=generator)
+        out = cpu_linear.linear_add_lora(x, weight, stack, meta, OFFSETS)
+        base = cpu_linear.linear(x, weight)
+    expected = expected_output(x, lora_a, lora_b, ALL_SLICES, token_slots, F.linear(x, weight))
+    torch.testing.assert_close(out.double(), expected, **TOLERANCE)
+    torch.testing.assert_close(base, F.linear(x, weight), atol=1e-5, rtol=1e-6)
 
 
 def test_compiled_linear_refuses_mismatched_shapes() -> None:
