@@ -1,7 +1,7 @@
 """The CPU add_lora op alone over every wrapped linear of the bundled model: one step's LoRA work.
 
     python benchmarks/cpu_add_lora.py [--adapters 32] [--rows 1 8 16 40] [--lora-dtype auto|bfloat16|float16]
-                                      [--adapters-saved-as bfloat16]
+                                      [--adapters-saved-as bfloat16] [--ranks 2 40 64] [--modules k,up mlp]
 
 The served benchmark's adapters (ranks 4-64, mixed module subsets) are loaded into the engine's slot
 pool as serving loads them; each figure is the median time of one step's add_lora calls (4 linears
@@ -22,7 +22,7 @@ sys.path[:0] = [str(HERE), str(HERE.parent / "tests")]
 
 import torch  # noqa: E402
 from served.peers import local_adapter  # noqa: E402
-from served.workload import SAVED_DTYPES, adapter_specs, write_adapters  # noqa: E402
+from served.workload import SAVED_DTYPES, add_adapter_mix_arguments, specs_from_args, write_adapters  # noqa: E402
 
 from loraloom.engine.config import LORA_DTYPES, EngineConfig  # noqa: E402
 from loraloom.engine.llm_engine import LLMEngine  # noqa: E402
@@ -49,9 +49,10 @@ def main() -> None:
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 8, 16, 40])
     parser.add_argument("--lora-dtype", choices=LORA_DTYPES, default="auto", help="the slot pool's dtype")
     parser.add_argument("--adapters-saved-as", choices=SAVED_DTYPES, default="float32")
+    add_adapter_mix_arguments(parser)
     args = parser.parse_args()
     model_dir = import_bundled()
-    specs = adapter_specs(args.adapters)
+    specs = specs_from_args(args, args.adapters)
     with tempfile.TemporaryDirectory() as tmp, torch.inference_mode():
         write_adapters(model_dir, Path(tmp), specs, args.adapters_saved_as)
         engine = LLMEngine(model_dir, EngineConfig(max_loras=len(specs), max_lora_rank=max(s.rank for s in specs),

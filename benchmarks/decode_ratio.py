@@ -1,6 +1,7 @@
 """Decode steps with distinct adapters against the same decodes on the base model, engine direct.
 
     python benchmarks/decode_ratio.py [--batches 8 32] [--rounds 4] [--new-tokens 40] [--lora-dtype bfloat16]
+                                      [--ranks 2 40 64] [--modules k,up mlp]
 
 The served benchmark's ratio mixes prefill and decode and crosses HTTP; this one isolates the
 decode step, where a step of many distinct adapters reads every adapter's weights. One engine,
@@ -22,7 +23,7 @@ HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent / "tests")]
 
 from served.peers import chat_token_ids, local_adapter  # noqa: E402
-from served.workload import adapter_specs, uniform_requests, write_adapters  # noqa: E402
+from served.workload import add_adapter_mix_arguments, specs_from_args, uniform_requests, write_adapters  # noqa: E402
 
 from loraloom.engine.config import LORA_DTYPES, EngineConfig  # noqa: E402
 from loraloom.engine.llm_engine import LLMEngine  # noqa: E402
@@ -51,9 +52,10 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--new-tokens", type=int, default=40)
     parser.add_argument("--lora-dtype", choices=LORA_DTYPES, default="auto", help="the slot pool's dtype")
+    add_adapter_mix_arguments(parser)
     args = parser.parse_args()
     model_dir = import_bundled()
-    specs = adapter_specs(max(args.batches))
+    specs = specs_from_args(args, max(args.batches))
     print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f} at start")
     with tempfile.TemporaryDirectory() as tmp:
         write_adapters(model_dir, Path(tmp), specs)

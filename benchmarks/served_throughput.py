@@ -9,7 +9,9 @@ Prints:
 3. the machine's ceiling: a plain HF forward decoding at each batch size.
 
     python benchmarks/served_throughput.py [--quick] [--skip-peer] [--rounds 2] [--lora-dtype bfloat16]
-                                           [--adapters-saved-as bfloat16]
+                                           [--adapters-saved-as bfloat16] [--ranks 2 40 64] [--modules k,up mlp]
+
+--ranks and --modules replace the default adapter mix with one of your own (held-out adapters).
 
 Not a test: figures go to BENCHMARKS.md with the machine's load.
 """
@@ -27,7 +29,8 @@ sys.path[:0] = [str(HERE), str(HERE.parent / "tests")]
 
 from served.peers import engine_direct, hf_peft_static_batch, plain_forward_ceiling  # noqa: E402
 from served.server import running_server, send_batch  # noqa: E402
-from served.workload import SAVED_DTYPES, adapter_specs, mixed_requests, uniform_requests, write_adapters  # noqa: E402
+from served.workload import (SAVED_DTYPES, add_adapter_mix_arguments, mixed_requests, specs_from_args,  # noqa: E402
+                             uniform_requests, write_adapters)
 
 from loraloom.engine.model.bundled import import_bundled  # noqa: E402
 from loraloom.engine.config import LORA_DTYPES, EngineConfig  # noqa: E402
@@ -67,13 +70,14 @@ def main() -> None:
                         help="the dtype the adapters' weights are saved in (their scaling alpha / r is 2)")
     parser.add_argument("--adapter-cache", type=Path, default=None,
                         help="directory to keep the generated adapters in between runs")
+    add_adapter_mix_arguments(parser)
     args = parser.parse_args()
     batches = (1, 8) if args.quick else BATCHES
     rounds, new_tokens = (1, 16) if args.quick else (args.rounds, args.new_tokens)
     model_dir = import_bundled()
-    specs = adapter_specs(max(batches))
+    specs = specs_from_args(args, max(batches))
     print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f} at start")
-    print("adapters: " + ", ".join(f"{s.name} r{s.rank} {'+'.join(m.removesuffix('_proj') for m in s.modules)}"
+    print("adapters: " + ", ".join(f"{s.name} ({'+'.join(m.removesuffix('_proj') for m in s.modules)})"
                                    for s in specs[:MIXED_ADAPTERS])
           + f", ... ({len(specs)} in all), saved in {args.adapters_saved_as}")
     with tempfile.TemporaryDirectory() as tmp:

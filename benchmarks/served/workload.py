@@ -6,6 +6,7 @@ mixed output budgets, some of them behind one long shared system prompt.
 """
 from __future__ import annotations
 
+import argparse
 import random
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,10 +63,53 @@ class ChatRequest:
         return [{"role": role, "content": content} for role, content in self.messages]
 
 
-def adapter_specs(count: int) -> list[AdapterSpec]:
-    """`count` adapters cycling through the ranks and module subsets (co-prime cycle lengths mix them)."""
-    return [AdapterSpec(f"tenant{i}-lora", RANKS[i % len(RANKS)], tuple(MODULE_SUBSETS[i % len(MODULE_SUBSETS)]))
-            for i in range(count)]
+def adapter_specs(count: int, ranks: list[int] | None = None,
+                  subsets: list[list[str]] | None = None) -> list[AdapterSpec]:
+    """`count` adapters cycling through the ranks and module subsets (co-prime cycle lengths mix them).
+
+    The names say each adapter's rank and modules (initials: q k v o g u d), so a kept adapter
+    directory (--adapter-cache) is never reused for a different mix.
+    """
+    ranks, subsets = ranks or RANKS, subsets or MODULE_SUBSETS
+    specs = []
+    for i in range(count):
+        rank, modules = ranks[i % len(ranks)], tuple(subsets[i % len(subsets)])
+        initials = "".join(module[0] for module in modules)
+        specs.append(AdapterSpec(f"tenant{i}-r{rank}-{initials}", rank, modules))
+    return specs
+
+
+# --modules names a subset as projections joined by commas, or one of these words.
+SUBSET_WORDS = {"all": ATTENTION + MLP, "attention": ATTENTION, "mlp": MLP}
+
+
+def parse_subset(text: str) -> list[str]:
+    """`q,v`, `q_proj,v_proj`, `all`, `attention` or `mlp` as module names (argparse type)."""
+    if text in SUBSET_WORDS:
+        return SUBSET_WORDS[text]
+    modules = [name if name.endswith("_proj") else f"{name}_proj" for name in text.split(",") if name]
+    unknown = [name for name in modules if name not in ATTENTION + MLP]
+    if not modules or unknown:
+        raise argparse.ArgumentTypeError(
+            f"unknown module(s) {unknown or text!r}: use projections of {[m.removesuffix('_proj') for m in ATTENTION + MLP]} "
+            f"joined by commas, or one of {sorted(SUBSET_WORDS)}")
+    return modules
+
+
+def add_adapter_mix_arguments(parser) -> None:
+    """--ranks and --modules: a mix of your own in place of the default one (held-out adapters)."""
+    parser.add_argument("--ranks", type=int, nargs="+", default=None, metavar="R",
+                        help=f"ranks the adapters cycle through (default {RANKS})")
+    parser.add_argument("--modules", type=parse_subset, nargs="+", default=None, metavar="SUBSET",
+                        help="module subsets the adapters cycle through, e.g. all attention mlp q,v o,down "
+                             "(default: all, attention, mlp, q,v, o,down, q,k,v,gate)")
+
+
+def specs_from_args(args, count: int) -> list[AdapterSpec]:
+    """adapter_specs with the mix add_adapter_mix_arguments parsed."""
+    if args.ranks and min(args.ranks) < 1:
+        raise SystemExit(f"--ranks must be positive, got {args.ranks}")
+    return adapter_specs(count, args.ranks, args.modules)
 
 
 # How the adapters' weights are saved: "float32", as PEFT saves what it trains (its adapter weights stay
