@@ -96,19 +96,30 @@ def parse_subset(text: str) -> list[str]:
     return modules
 
 
+def subset_text(modules: list[str]) -> str:
+    """parse_subset's inverse: `all`, `attention`, `mlp` or projections joined by commas."""
+    words = [word for word, subset in SUBSET_WORDS.items() if subset == list(modules)]
+    return words[0] if words else ",".join(module.removesuffix("_proj") for module in modules)
+
+
+def positive_rank(text: str) -> int:
+    """A rank of at least 1 (argparse type)."""
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"a rank is a whole number of at least 1, got {text!r}")
+    return int(text)
+
+
 def add_adapter_mix_arguments(parser) -> None:
     """--ranks and --modules: a mix of your own in place of the default one (held-out adapters)."""
-    parser.add_argument("--ranks", type=int, nargs="+", default=None, metavar="R",
-                        help=f"ranks the adapters cycle through (default {RANKS})")
+    parser.add_argument("--ranks", type=positive_rank, nargs="+", default=None, metavar="R",
+                        help=f"ranks the adapters cycle through (default {' '.join(map(str, RANKS))})")
     parser.add_argument("--modules", type=parse_subset, nargs="+", default=None, metavar="SUBSET",
-                        help="module subsets the adapters cycle through, e.g. all attention mlp q,v o,down "
-                             "(default: all, attention, mlp, q,v, o,down, q,k,v,gate)")
+                        help="module subsets the adapters cycle through: projections joined by commas, or all, "
+                             f"attention, mlp (default {' '.join(subset_text(subset) for subset in MODULE_SUBSETS)})")
 
 
 def specs_from_args(args, count: int) -> list[AdapterSpec]:
     """adapter_specs with the mix add_adapter_mix_arguments parsed."""
-    if args.ranks and min(args.ranks) < 1:
-        raise SystemExit(f"--ranks must be positive, got {args.ranks}")
     return adapter_specs(count, args.ranks, args.modules)
 
 
