@@ -10,7 +10,9 @@
 // first takes the other kind of work, so the cores stay balanced whatever the mix of adapters.
 // Measured on a 2-core EPYC, engine-direct decode steps of 8 distinct adapters, same process: the
 // LoRA cost 9.1 ms a step after the chunked matmul and 5.2 ms beside it. At 32 adapters both cost
-// ~17 ms: the LoRA thread's stream then slows the matmul's own weight reads as much as it saves.
+// ~17 ms: the matmul then keeps both cores busy with arithmetic, so the LoRA thread's core time (~15 ms
+// a step, `perf`) comes out of the matmul's; the matmul itself is no slower beside the stream
+// (BENCHMARKS.md session 12).
 //
 // The LoRA is summed into a zeroed buffer and added to the matmul's output at the end: each output
 // element gets one base dot product and one LoRA sum, added once, as packed_add_lora adds them, so
