@@ -69,6 +69,5 @@ def linear_add_lora(x: torch.Tensor, weight: torch.Tensor, stack: PackedStack, m
     out = torch.empty(x.shape[0], weight.shape[0], dtype=x.dtype)
     compiled.linear_add_lora(x.contiguous(), weight, out, chunk_columns(weight.shape[0]), stack.lora_a,
                              stack.lora_b_panels, PANEL_WIDTH, stack.ranks, stack.slot_types, slice_offsets,
-                             meta.segment_starts_host, meta.segment_lens_host, meta.active_slots_host,
-                             meta.segment_rows_host, meta.sorted_token_ids)
+                             meta.segment_table_host, meta.sorted_token_ids)
     return out

@@ -24,5 +24,4 @@ def add_lora(x: torch.Tensor, stack: PackedStack, meta: SGMVMetadata, out: torch
     if x.stride(-1) != 1:
         x = x.contiguous()
     compiled.packed_add_lora(x, stack.lora_a, stack.lora_b_panels, PANEL_WIDTH, stack.ranks, stack.slot_types, out, slice_offsets,
-                             meta.segment_starts_host, meta.segment_lens_host, meta.active_slots_host,
-                             meta.segment_rows_host, meta.sorted_token_ids)
+                             meta.segment_table_host, meta.sorted_token_ids)

@@ -26,7 +26,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from loraloom.kernels.metadata import SGMVMetadata
+from loraloom.kernels.metadata import SGMVMetadata, segment_table
 
 # Rows per tile: the M of one m16n8k16 tensor-core MMA. A decode batch of one-token segments
 # wastes rows only inside its own 16-row tile. Must be a power of two >= 16 (tl.dot's minimum).
@@ -128,15 +128,18 @@ def metadata_views(buffer: torch.Tensor, plan: SGMVPlan) -> SGMVMetadata:
         raise ValueError(f"sgmv metadata buffer must be a contiguous 1-D int32 tensor of {layout.size} elements "
                          f"(SGMVLayout.size); got {buffer.dtype} of shape {tuple(buffer.shape)}")
     views = {name: buffer[part] for name, part in layout.field_slices.items()}
+    starts, lens = plan.field("segment_starts").tolist(), plan.field("segment_lens").tolist()
+    slots, rows = plan.field("active_slots").tolist(), plan.contiguous_segment_rows().tolist()
     return SGMVMetadata(
         **views,
         tile_rows=layout.tile_rows,
         num_segments=plan.num_segments,
-        segment_starts_host=plan.field("segment_starts").tolist(),
-        segment_lens_host=plan.field("segment_lens").tolist(),
-        active_slots_host=plan.field("active_slots").tolist(),
+        segment_starts_host=starts,
+        segment_lens_host=lens,
+        active_slots_host=slots,
         slot_ranks_host=plan.field("slot_ranks").tolist(),
-        segment_rows_host=plan.contiguous_segment_rows().tolist(),
+        segment_rows_host=rows,
+        segment_table_host=segment_table(starts, lens, slots, rows),
     )
 
 

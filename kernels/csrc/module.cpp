@@ -7,9 +7,7 @@
 void packed_add_lora(const at::Tensor& x, const at::Tensor& lora_a, const std::vector<at::Tensor>& b_panels,
                      int64_t panel_width,
                      const at::Tensor& slot_ranks, const at::Tensor& slot_types, const at::Tensor& out,
-                     const std::vector<int64_t>& offsets,
-                     const std::vector<int64_t>& seg_starts, const std::vector<int64_t>& seg_lens,
-                     const std::vector<int64_t>& seg_slots, const std::vector<int64_t>& seg_rows,
+                     const std::vector<int64_t>& offsets, const at::Tensor& segments,
                      const at::Tensor& sorted_token_ids);
 
 void chunked_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& out, int64_t chunk_columns);
@@ -17,9 +15,7 @@ void chunked_linear(const at::Tensor& x, const at::Tensor& weight, const at::Ten
 void linear_add_lora(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& out, int64_t chunk_columns,
                      const at::Tensor& lora_a, const std::vector<at::Tensor>& b_panels, int64_t panel_width,
                      const at::Tensor& slot_ranks, const at::Tensor& slot_types, const std::vector<int64_t>& offsets,
-                     const std::vector<int64_t>& seg_starts, const std::vector<int64_t>& seg_lens,
-                     const std::vector<int64_t>& seg_slots, const std::vector<int64_t>& seg_rows,
-                     const at::Tensor& sorted_token_ids);
+                     const at::Tensor& segments, const at::Tensor& sorted_token_ids);
 
 void paged_decode_attention(const at::Tensor& query, const at::Tensor& k_cache, const at::Tensor& v_cache,
                             const at::Tensor& block_tables, const std::vector<int64_t>& requests,

@@ -14,9 +14,9 @@
 // a step, `perf`) comes out of the matmul's; the matmul itself is no slower beside the stream
 // (BENCHMARKS.md session 12).
 //
-// The LoRA is summed into a zeroed buffer and added to the matmul's output at the end: each output
-// element gets one base dot product and one LoRA sum, added once, as packed_add_lora adds them, so
-// the result is the same bits as chunked_linear followed by packed_add_lora.
+// The LoRA is summed into a zeroed buffer and added to the matmul's output chunk by chunk (ChunkJoin):
+// each output element gets one base dot product and one LoRA sum, added once, as packed_add_lora adds
+// them, so the result is the same bits as chunked_linear followed by packed_add_lora.
 #include <ATen/ATen.h>
 #include <ATen/ThreadLocalState.h>
 #include <omp.h>
@@ -24,6 +24,9 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <cstring>
+#include <memory>
+#include <thread>
 #include <vector>
 
 #include "packed_lora.h"
@@ -44,26 +47,101 @@ void check_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tenso
 }
 
 // out = x @ weight.T in chunks of output columns, taken from a shared counter by whichever thread
-// calls run(); each chunk is one single-threaded matmul.
+// calls run(); each chunk is one single-threaded matmul, and done(chunk) is called after it.
 class ColumnChunks {
  public:
   ColumnChunks(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& out, int64_t chunk_columns)
       : x_(x), weight_(weight), out_(out), chunk_columns_(chunk_columns),
         num_chunks_((weight.size(0) + chunk_columns - 1) / chunk_columns) {}
 
-  void run() {
+  int64_t num_chunks() const { return num_chunks_; }
+
+  template <typename Done>
+  void run(const Done& done) {
     const int64_t columns = weight_.size(0);
     for (int64_t c = next_++; c < num_chunks_; c = next_++) {
       const int64_t first = c * chunk_columns_, width = std::min(chunk_columns_, columns - first);
       at::Tensor part = out_.narrow(1, first, width);
       at::mm_out(part, x_, weight_.narrow(0, first, width).t());
+      done(c);
     }
+  }
+
+  void run() {
+    run([](int64_t) {});
   }
 
  private:
   const at::Tensor &x_, &weight_, &out_;
   const int64_t chunk_columns_, num_chunks_;
   std::atomic<int64_t> next_{0};
+};
+
+// Adds the LoRA's buffer into the matmul's output a column chunk at a time, inside the parallel
+// region: a chunk is added once both its matmul and the whole LoRA are done, by whichever thread
+// finishes the second of the two. Added after the region instead, by the calling thread alone, the
+// sum kept the other threads waiting (0.5 ms of a 75 ms batch-32 step of the bundled model's linears,
+// measured on a 2-core EPYC, same process, alternated; BENCHMARKS.md session 13).
+class ChunkJoin {
+ public:
+  ChunkJoin(const at::Tensor& out, const at::Tensor& lora_out, int64_t chunk_columns, int64_t num_chunks)
+      : out_(out.data_ptr<float>()), lora_(lora_out.data_ptr<float>()), rows_(out.size(0)), columns_(out.size(1)),
+        chunk_columns_(chunk_columns), num_chunks_(num_chunks), waiting_(new std::atomic<int>[num_chunks]) {
+    for (int64_t c = 0; c < num_chunks_; ++c) waiting_[c].store(2, std::memory_order_relaxed);  // matmul, LoRA
+  }
+
+  void matmul_done(int64_t chunk) { arrive(chunk); }
+
+  // Called once, by the thread that finished the LoRA's last unit.
+  void lora_done() {
+    for (int64_t c = 0; c < num_chunks_; ++c) arrive(c);
+  }
+
+ private:
+  // acq_rel: the thread that arrives second sees what the first wrote (the chunk's matmul, or the LoRA).
+  void arrive(int64_t chunk) {
+    if (waiting_[chunk].fetch_sub(1, std::memory_order_acq_rel) == 1) add(chunk);
+  }
+
+  // out += lora_out over the chunk's columns: one add per element, as out.add_(lora_out) did.
+  void add(int64_t chunk) const {
+    const int64_t first = chunk * chunk_columns_, width = std::min(chunk_columns_, columns_ - first);
+    for (int64_t t = 0; t < rows_; ++t) {
+      float* __restrict o = out_ + t * columns_ + first;
+      const float* __restrict l = lora_ + t * columns_ + first;
+#pragma omp simd
+      for (int64_t j = 0; j < width; ++j) o[j] += l[j];
+    }
+  }
+
+  float* const out_;
+  const float* const lora_;
+  const int64_t rows_, columns_, chunk_columns_, num_chunks_;
+  const std::unique_ptr<std::atomic<int>[]> waiting_;
+};
+
+// The LoRA's buffer is zeroed inside the parallel region by the first thread to come to the LoRA, so
+// the matmul starts at once; a thread that comes later waits for the zeroing to end (it has ended long
+// before, unless both come at once).
+class ZeroOnce {
+ public:
+  explicit ZeroOnce(const at::Tensor& buffer) : data_(buffer.data_ptr<float>()), count_(buffer.numel()) {}
+
+  void ensure() {
+    int expected = kUntouched;
+    if (state_.compare_exchange_strong(expected, kZeroing, std::memory_order_acquire)) {
+      std::memset(data_, 0, static_cast<size_t>(count_) * sizeof(float));
+      state_.store(kZeroed, std::memory_order_release);
+      return;
+    }
+    while (state_.load(std::memory_order_acquire) != kZeroed) std::this_thread::yield();
+  }
+
+ private:
+  enum : int { kUntouched, kZeroing, kZeroed };
+  float* const data_;
+  const int64_t count_;
+  std::atomic<int> state_{kUntouched};
 };
 
 // worker() on torch's threads, each with the caller's thread-local state (inference mode, dispatch
@@ -91,29 +169,34 @@ void linear_add_lora(const at::Tensor& x,        // [T, in] float32
                      int64_t chunk_columns,      // the matmul's unit of work, in output columns
                      const at::Tensor& lora_a, const std::vector<at::Tensor>& b_panels, int64_t panel_width,
                      const at::Tensor& slot_ranks, const at::Tensor& slot_types, const std::vector<int64_t>& offsets,
-                     const std::vector<int64_t>& seg_starts, const std::vector<int64_t>& seg_lens,
-                     const std::vector<int64_t>& seg_slots, const std::vector<int64_t>& seg_rows,
-                     const at::Tensor& sorted_token_ids) {
+                     const at::Tensor& segments, const at::Tensor& sorted_token_ids) {
   check_linear(x, weight, out, chunk_columns);
   const int64_t threads = at::get_num_threads();
   const at::Tensor lora_out = at::empty_like(out);
-  loraloom::PackedLoRA lora(x, lora_a, b_panels, panel_width, slot_ranks, slot_types, lora_out, offsets,
-                            seg_starts, seg_lens, seg_slots, seg_rows, sorted_token_ids, threads);
+  loraloom::PackedLoRA lora(x, lora_a, b_panels, panel_width, slot_ranks, slot_types, lora_out, offsets, segments,
+                            sorted_token_ids, threads);
   ColumnChunks matmul(x, weight, out, chunk_columns);
   if (lora.num_units() == 0) {  // no segment's adapter targets this linear's modules
     run_with_caller_state([&] { matmul.run(); });
     return;
   }
-  lora_out.zero_();
+  ChunkJoin join(out, lora_out, chunk_columns, matmul.num_chunks());
+  ZeroOnce zero(lora_out);
+  auto run_lora = [&] {
+    zero.ensure();
+    if (lora.run()) join.lora_done();
+  };
+  auto chunk_done = [&](int64_t chunk) { join.matmul_done(chunk); };
+  // Any thread may end up on either kind of work, and none waits on a particular thread, so the
+  // call completes whatever number of threads OpenMP gives the region.
   const int64_t lora_thread = threads - 1;
   run_with_caller_state([&] {
     if (omp_get_thread_num() == lora_thread) {
-      lora.run();
-      matmul.run();
+      run_lora();
+      matmul.run(chunk_done);
     } else {
-      matmul.run();
-      lora.run();
+      matmul.run(chunk_done);
+      run_lora();
     }
   });
-  out.add_(lora_out);
 }

@@ -202,11 +202,8 @@ namespace loraloom {
 
 PackedLoRA::PackedLoRA(const at::Tensor& x, const at::Tensor& lora_a, const std::vector<at::Tensor>& b_panels,
                        int64_t panel_width, const at::Tensor& slot_ranks, const at::Tensor& slot_types,
-                       const at::Tensor& out, const std::vector<int64_t>& offsets,
-                       const std::vector<int64_t>& seg_starts, const std::vector<int64_t>& seg_lens,
-                       const std::vector<int64_t>& seg_slots, const std::vector<int64_t>& seg_rows,
-                       const at::Tensor& sorted_token_ids, int64_t threads)
-    : seg_starts_(seg_starts), seg_slots_(seg_slots), seg_rows_(seg_rows) {
+                       const at::Tensor& out, const std::vector<int64_t>& offsets, const at::Tensor& segments,
+                       const at::Tensor& sorted_token_ids, int64_t threads) {
   check_float_cpu(x, "x");
   const at::ScalarType weight_type = lora_a.scalar_type();
   check_weights_cpu(lora_a, weight_type, "lora_a");
@@ -242,9 +239,16 @@ PackedLoRA::PackedLoRA(const at::Tensor& x, const at::Tensor& lora_a, const std:
   TORCH_CHECK(slot_ranks.size(0) == num_slots && lora_a.size(2) == in_features_ && out.size(0) == rows &&
                   offsets.back() <= out.size(1),
               "packed_add_lora: shapes of x, lora_a, slot_ranks and out disagree");
-  TORCH_CHECK(seg_starts.size() == seg_slots.size() && seg_lens.size() == seg_slots.size() &&
-                  seg_rows.size() == seg_slots.size(),
-              "packed_add_lora: one start, length, slot and first row per segment");
+  TORCH_CHECK(segments.device().is_cpu() && segments.scalar_type() == at::kLong && segments.dim() == 2 &&
+                  segments.size(0) == 4 && segments.is_contiguous(),
+              "packed_add_lora: segments must be a contiguous int64 CPU tensor [4, segments]: each segment's start, "
+              "length, slot and first row");
+  num_segments_ = segments.size(1);
+  seg_starts_ = segments.data_ptr<int64_t>();
+  seg_lens_ = seg_starts_ + num_segments_;
+  seg_slots_ = seg_lens_ + num_segments_;
+  seg_rows_ = seg_slots_ + num_segments_;
+  const int64_t *seg_starts = seg_starts_, *seg_lens = seg_lens_, *seg_slots = seg_slots_, *seg_rows = seg_rows_;
   for (int64_t i = 0; i < num_slices_; ++i) {
     TORCH_CHECK(b_panels[i].dim() == 2 && b_panels[i].size(0) == num_slots &&
                     b_panels[i].size(1) >= max_rank * (offsets[i + 1] - offsets[i]),
@@ -264,7 +268,7 @@ PackedLoRA::PackedLoRA(const at::Tensor& x, const at::Tensor& lora_a, const std:
       TORCH_CHECK(rank >= 0 && rank <= max_rank, "packed_add_lora: rank out of range");
     }
   }
-  for (size_t s = 0; s < seg_slots.size(); ++s) {
+  for (int64_t s = 0; s < num_segments_; ++s) {
     if (seg_slots[s] < 0 || seg_lens[s] == 0) continue;
     TORCH_CHECK(seg_slots[s] < num_slots && seg_lens[s] > 0, "packed_add_lora: segment slot or length out of range");
     if (seg_rows[s] >= 0) {
@@ -293,10 +297,10 @@ PackedLoRA::PackedLoRA(const at::Tensor& x, const at::Tensor& lora_a, const std:
     return segment_weights(slot) * (2 * weight_type_size(types_[slot]) * blocks + n_rows);
   };
   int64_t total_work = 0;
-  for (size_t s = 0; s < seg_slots.size(); ++s)
+  for (int64_t s = 0; s < num_segments_; ++s)
     if (seg_slots[s] >= 0 && seg_lens[s] > 0) total_work += work(seg_slots[s], seg_lens[s]);
   const int64_t share = std::max<int64_t>(1, total_work / std::max<int64_t>(1, threads));
-  for (size_t s = 0; s < seg_slots.size(); ++s) {
+  for (int64_t s = 0; s < num_segments_; ++s) {
     const int64_t slot = seg_slots[s], n_rows = seg_lens[s];
     if (slot < 0 || n_rows == 0 || total_rank(slot) == 0) continue;  // rank 0: targets none of this linear's modules
     const int64_t segment_work = work(slot, n_rows);
@@ -305,7 +309,7 @@ PackedLoRA::PackedLoRA(const at::Tensor& x, const at::Tensor& lora_a, const std:
     const int64_t run_rows = kBlockRows * ((n_rows + runs * kBlockRows - 1) / (runs * kBlockRows));
     for (int64_t first = 0; first < n_rows; first += run_rows) {
       const int64_t count = std::min(run_rows, n_rows - first);
-      units_.push_back({static_cast<int64_t>(s), first, count, work(slot, count)});
+      units_.push_back({s, first, count, work(slot, count)});
     }
   }
   // Units differ in work (ranks 1 to 64, one to all slices, 1 to hundreds of rows), so the threads
@@ -320,14 +324,20 @@ int64_t PackedLoRA::total_rank(int64_t slot) const {
   return total;
 }
 
-void PackedLoRA::run() {
-  for (int64_t k = next_unit_++; k < num_units(); k = next_unit_++) run_unit(k);
+bool PackedLoRA::run() {
+  bool finished_last = false;
+  for (int64_t k = next_unit_++; k < num_units(); k = next_unit_++) {
+    run_unit(k);
+    // acq_rel: the thread that counts the last unit sees what every other unit wrote.
+    finished_last = units_done_.fetch_add(1, std::memory_order_acq_rel) + 1 == num_units();
+  }
+  return finished_last;
 }
 
 void PackedLoRA::run_unit(int64_t k) const {
   int64_t rows[kBlockRows];
   const Unit& unit = units_[k];
-  const size_t s = static_cast<size_t>(unit.segment);
+  const int64_t s = unit.segment;
   const int64_t slot = seg_slots_[s];
   const char* a_slot = a_bytes_ + slot * a_slot_bytes_;
   for (int64_t first = unit.first; first < unit.first + unit.count; first += kBlockRows) {
@@ -351,10 +361,9 @@ void packed_add_lora(const at::Tensor& x,                   // [T, in]
                      const at::Tensor& slot_types,          // [S] int8: each slot's WeightType, no wider than lora_a's
                      const at::Tensor& out,                 // [T, sum out_i], updated in place
                      const std::vector<int64_t>& offsets,   // [slices + 1] column offsets of the slices in out
-                     const std::vector<int64_t>& seg_starts, const std::vector<int64_t>& seg_lens,
-                     const std::vector<int64_t>& seg_slots, const std::vector<int64_t>& seg_rows,
+                     const at::Tensor& segments,            // [4, A] int64: start, length, slot, first row
                      const at::Tensor& sorted_token_ids) {  // [>= T_lora] int32
-  loraloom::PackedLoRA lora(x, lora_a, b_panels, panel_width, slot_ranks, slot_types, out, offsets, seg_starts,
-                            seg_lens, seg_slots, seg_rows, sorted_token_ids, at::get_num_threads());
+  loraloom::PackedLoRA lora(x, lora_a, b_panels, panel_width, slot_ranks, slot_types, out, offsets, segments,
+                            sorted_token_ids, at::get_num_threads());
   loraloom::run_on_torch_threads(lora.num_units(), [&] { lora.run(); });
 }

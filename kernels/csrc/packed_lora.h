@@ -23,15 +23,15 @@ class PackedLoRA {
   // `threads` threads. The tensors and vectors must outlive this object; the LoRA is added into `out`.
   PackedLoRA(const at::Tensor& x, const at::Tensor& lora_a, const std::vector<at::Tensor>& b_panels,
              int64_t panel_width, const at::Tensor& slot_ranks, const at::Tensor& slot_types, const at::Tensor& out,
-             const std::vector<int64_t>& offsets, const std::vector<int64_t>& seg_starts,
-             const std::vector<int64_t>& seg_lens, const std::vector<int64_t>& seg_slots,
-             const std::vector<int64_t>& seg_rows, const at::Tensor& sorted_token_ids, int64_t threads);
+             const std::vector<int64_t>& offsets, const at::Tensor& segments, const at::Tensor& sorted_token_ids,
+             int64_t threads);
 
   int64_t num_units() const { return static_cast<int64_t>(units_.size()); }
 
   // Takes units until none is left and adds their rows' LoRA into out. Any number of threads may call
-  // it at once; each unit is run by exactly one of them.
-  void run();
+  // it at once; each unit is run by exactly one of them. Returns true in the one call that finished
+  // the last unit, which then sees every unit's writes to out.
+  bool run();
 
  private:
   struct Unit {
@@ -41,12 +41,13 @@ class PackedLoRA {
   int64_t total_rank(int64_t slot) const;
   void run_unit(int64_t k) const;
 
-  const std::vector<int64_t>& seg_starts_;
-  const std::vector<int64_t>& seg_slots_;
-  const std::vector<int64_t>& seg_rows_;
+  // The segment table's rows (kernels/metadata.py SGMVMetadata.segment_table_host).
+  const int64_t *seg_starts_ = nullptr, *seg_lens_ = nullptr, *seg_slots_ = nullptr, *seg_rows_ = nullptr;
+  int64_t num_segments_ = 0;
   Slices slices_;
   std::vector<Unit> units_;
   std::atomic<int64_t> next_unit_{0};
+  std::atomic<int64_t> units_done_{0};
   at::Tensor token_ids_;  // sorted_token_ids as int64
   const int64_t* ids_ = nullptr;
   const int32_t* ranks_ = nullptr;

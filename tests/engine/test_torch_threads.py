@@ -22,6 +22,7 @@ from loraloom.engine.llm_engine import LLMEngine
 from loraloom.engine.request import SamplingParams
 from loraloom.kernels import cpu_extension
 from loraloom.kernels.lora_stacks import PANEL_WIDTH
+from loraloom.kernels.metadata import segment_table
 
 STEP_THREADS = 3  # not the count of any thread before the test, so that each count seen names its source
 
@@ -63,7 +64,7 @@ def one_add_lora(compiled) -> None:
     lora_a, panels = torch.ones(1, 1, 8), [torch.ones(1, 8)]  # one slot, one slice of rank 1, 8 outputs
     compiled.packed_add_lora(x, lora_a, panels, PANEL_WIDTH, torch.ones(1, 1, dtype=torch.int32),
                              torch.zeros(1, dtype=torch.int8), out, [0, 8],
-                             [0], [2], [0], [0], torch.zeros(2, dtype=torch.int32))
+                             segment_table([0], [2], [0], [0]), torch.zeros(2, dtype=torch.int32))
     assert torch.equal(out, torch.full((2, 8), 8.0))  # the op ran: each output is the sum of 8 ones
 
 
@@ -77,7 +78,7 @@ def one_linear_add_lora(compiled) -> None:
     out = torch.zeros(2, 8)
     compiled.linear_add_lora(torch.ones(2, 8), torch.ones(8, 8), out, 64, torch.ones(1, 1, 8), [torch.ones(1, 8)],
                              PANEL_WIDTH, torch.ones(1, 1, dtype=torch.int32), torch.zeros(1, dtype=torch.int8),
-                             [0, 8], [0], [2], [0], [0], torch.zeros(2, dtype=torch.int32))
+                             [0, 8], segment_table([0], [2], [0], [0]), torch.zeros(2, dtype=torch.int32))
     assert torch.equal(out, torch.full((2, 8), 16.0))  # 8 from the base matmul, 8 from the LoRA
 
 

@@ -15,7 +15,7 @@ import torch
 
 from loraloom.kernels import cpu_extension, packed_lora, reference, sgmv
 from loraloom.kernels.lora_stacks import PANEL_WIDTH, WEIGHT_TYPE_CODES, PackedStack, SliceStack
-from loraloom.kernels.metadata import SliceRanks
+from loraloom.kernels.metadata import SliceRanks, segment_table
 from sgmv_cases import sgmv_metadata
 
 IN_FEATURES = 200
@@ -223,7 +223,7 @@ def test_a_slot_is_never_wider_than_its_stack() -> None:
         stack.slot_types[0] = WEIGHT_TYPE_CODES[torch.float32]
         x, out = torch.randn(1, IN_FEATURES), torch.zeros(1, OUT_FEATURES[0])
         cpu_extension.load().packed_add_lora(x, stack.lora_a, stack.lora_b_panels, PANEL_WIDTH, stack.ranks,
-                                             stack.slot_types, out, OFFSETS[:2], [0], [1], [0], [0],
+                                             stack.slot_types, out, OFFSETS[:2], segment_table([0], [1], [0], [0]),
                                              torch.zeros(1, dtype=torch.int32))
 
 
@@ -236,7 +236,7 @@ def test_compiled_op_refuses_weights_of_mixed_types() -> None:
     with pytest.raises(RuntimeError, match="lora_b_panels must be a CPU tensor of lora_a's type"):
         cpu_extension.load().packed_add_lora(x, stack.lora_a, lora_b_panels, PANEL_WIDTH, stack.ranks, stack.slot_types,
                                              out, OFFSETS,
-                                             [0], [2], [0], [0], torch.arange(2, dtype=torch.int32))
+                                             segment_table([0], [2], [0], [0]), torch.arange(2, dtype=torch.int32))
 
 
 @pytest.mark.parametrize("step", ["scrambled_prefill", "long_prefill"])
@@ -325,4 +325,9 @@ def test_compiled_op_refuses_segments_it_would_read_past() -> None:
     for slot, first_row in ((len(ALL_SLICES[0]), 0), (0, 2)):  # a slot past the stack; two rows from row 2 of 3
         with pytest.raises(RuntimeError, match="packed_add_lora"):
             compiled.packed_add_lora(x, stack.lora_a, stack.lora_b_panels, PANEL_WIDTH, stack.ranks, stack.slot_types,
-                                     out, OFFSETS, [0], [2], [slot], [first_row], torch.arange(3, dtype=torch.int32))
+                                     out, OFFSETS, segment_table([0], [2], [slot], [first_row]),
+                                     torch.arange(3, dtype=torch.int32))
+    for table in (segment_table([0], [2], [0], [0]).int(), torch.zeros(3, 1, dtype=torch.long)):  # int32; 3 rows
+        with pytest.raises(RuntimeError, match=r"segments must be a contiguous int64 CPU tensor \[4, segments\]"):
+            compiled.packed_add_lora(x, stack.lora_a, stack.lora_b_panels, PANEL_WIDTH, stack.ranks, stack.slot_types,
+                                     out, OFFSETS, table, torch.arange(3, dtype=torch.int32))
