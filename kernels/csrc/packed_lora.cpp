@@ -243,12 +243,13 @@ PackedLoRA::PackedLoRA(const at::Tensor& x, const at::Tensor& lora_a, const std:
                   segments.size(0) == 4 && segments.is_contiguous(),
               "packed_add_lora: segments must be a contiguous int64 CPU tensor [4, segments]: each segment's start, "
               "length, slot and first row");
-  num_segments_ = segments.size(1);
-  seg_starts_ = segments.data_ptr<int64_t>();
-  seg_lens_ = seg_starts_ + num_segments_;
-  seg_slots_ = seg_lens_ + num_segments_;
-  seg_rows_ = seg_slots_ + num_segments_;
-  const int64_t *seg_starts = seg_starts_, *seg_lens = seg_lens_, *seg_slots = seg_slots_, *seg_rows = seg_rows_;
+  const int64_t num_segments = segments.size(1);
+  const int64_t* seg_starts = segments.data_ptr<int64_t>();
+  const int64_t *seg_lens = seg_starts + num_segments, *seg_slots = seg_lens + num_segments,
+                *seg_rows = seg_slots + num_segments;
+  seg_starts_ = seg_starts;
+  seg_slots_ = seg_slots;
+  seg_rows_ = seg_rows;
   for (int64_t i = 0; i < num_slices_; ++i) {
     TORCH_CHECK(b_panels[i].dim() == 2 && b_panels[i].size(0) == num_slots &&
                     b_panels[i].size(1) >= max_rank * (offsets[i + 1] - offsets[i]),
@@ -268,7 +269,7 @@ PackedLoRA::PackedLoRA(const at::Tensor& x, const at::Tensor& lora_a, const std:
       TORCH_CHECK(rank >= 0 && rank <= max_rank, "packed_add_lora: rank out of range");
     }
   }
-  for (int64_t s = 0; s < num_segments_; ++s) {
+  for (int64_t s = 0; s < num_segments; ++s) {
     if (seg_slots[s] < 0 || seg_lens[s] == 0) continue;
     TORCH_CHECK(seg_slots[s] < num_slots && seg_lens[s] > 0, "packed_add_lora: segment slot or length out of range");
     if (seg_rows[s] >= 0) {
@@ -297,10 +298,10 @@ PackedLoRA::PackedLoRA(const at::Tensor& x, const at::Tensor& lora_a, const std:
     return segment_weights(slot) * (2 * weight_type_size(types_[slot]) * blocks + n_rows);
   };
   int64_t total_work = 0;
-  for (int64_t s = 0; s < num_segments_; ++s)
+  for (int64_t s = 0; s < num_segments; ++s)
     if (seg_slots[s] >= 0 && seg_lens[s] > 0) total_work += work(seg_slots[s], seg_lens[s]);
   const int64_t share = std::max<int64_t>(1, total_work / std::max<int64_t>(1, threads));
-  for (int64_t s = 0; s < num_segments_; ++s) {
+  for (int64_t s = 0; s < num_segments; ++s) {
     const int64_t slot = seg_slots[s], n_rows = seg_lens[s];
     if (slot < 0 || n_rows == 0 || total_rank(slot) == 0) continue;  // rank 0: targets none of this linear's modules
     const int64_t segment_work = work(slot, n_rows);

@@ -41,9 +41,8 @@ class PackedLoRA {
   int64_t total_rank(int64_t slot) const;
   void run_unit(int64_t k) const;
 
-  // The segment table's rows (kernels/metadata.py SGMVMetadata.segment_table_host).
-  const int64_t *seg_starts_ = nullptr, *seg_lens_ = nullptr, *seg_slots_ = nullptr, *seg_rows_ = nullptr;
-  int64_t num_segments_ = 0;
+  // The segment table's rows that the units read (kernels/metadata.py SGMVMetadata.segment_table_host).
+  const int64_t *seg_starts_ = nullptr, *seg_slots_ = nullptr, *seg_rows_ = nullptr;
   Slices slices_;
   std::vector<Unit> units_;
   std::atomic<int64_t> next_unit_{0};
