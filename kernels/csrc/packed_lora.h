@@ -47,7 +47,7 @@ class PackedLoRA {
   std::vector<Unit> units_;
   std::atomic<int64_t> next_unit_{0};
   std::atomic<int64_t> units_done_{0};
-  at::Tensor token_ids_;  // sorted_token_ids as int64
+  at::Tensor token_ids_;  // sorted_token_ids as int64, when a segment gathers its rows through it
   const int64_t* ids_ = nullptr;
   const int32_t* ranks_ = nullptr;
   const int8_t* types_ = nullptr;

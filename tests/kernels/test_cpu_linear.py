@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 
 from loraloom.kernels import cpu_extension, cpu_linear, packed_lora
+from loraloom.kernels.lora_stacks import PackedStack
 from sgmv_cases import sgmv_metadata
 from test_add_lora import ALL_SLICES, IN_FEATURES, OFFSETS, STEPS, expected_output, loaded_stack, make_weights
 
@@ -71,6 +72,35 @@ def test_linear_add_lora_matches_definition_and_the_two_calls(step: str, torch_t
     torch.testing.assert_close(out.double(), expected, **TOLERANCE)
     two_calls = cpu_linear.linear(x, weight)
     packed_lora.add_lora(x, stack, meta, two_calls, OFFSETS)
+    assert torch.equal(out, two_calls)
+
+
+@pytest.mark.parametrize("out_features", [1100, 3072])  # a partial last chunk; a gate_up-wide linear
+def test_linear_add_lora_over_many_chunks(out_features: int, torch_threads: int) -> None:
+    """Beside a LoRA the matmul's last chunks are narrower than the rest (csrc/overlapped_linear.cpp
+    ColumnChunks, tapered); every column must still get its base product and its LoRA sum once."""
+    ranks = [1, 16, 64, 5]
+    generator = torch.Generator().manual_seed(out_features)
+    stack = PackedStack.allocate(len(ranks), max(ranks), IN_FEATURES, [out_features], torch.float32, "cpu")
+    weights = [(torch.randn(rank, IN_FEATURES, generator=generator) / IN_FEATURES ** 0.5,
+                torch.randn(out_features, rank, generator=generator) / 8) for rank in ranks]
+    for slot, (a, b) in enumerate(weights):
+        stack.load(slot, [(a, b)])
+    token_slots = [0, 1, 2, 3, -1, 2, 2]
+    meta = sgmv_metadata(token_slots, ranks)
+    x = torch.randn(len(token_slots), IN_FEATURES, generator=generator)
+    weight = torch.randn(out_features, IN_FEATURES, generator=generator)
+
+    out = cpu_linear.linear_add_lora(x, weight, stack, meta, [0, out_features])
+
+    expected = F.linear(x, weight).double()
+    for row, slot in enumerate(token_slots):
+        if slot >= 0:
+            a, b = weights[slot]
+            expected[row] += b.double() @ (a.double() @ x[row].double())
+    torch.testing.assert_close(out.double(), expected, **TOLERANCE)
+    two_calls = cpu_linear.linear(x, weight)
+    packed_lora.add_lora(x, stack, meta, two_calls, [0, out_features])
     assert torch.equal(out, two_calls)
 
 
