@@ -3,6 +3,8 @@
 Prints:
 1. adapters / base at batch 1, 8 and 32: the same chats sent concurrently with distinct adapters
    (ranks 4-64, different module subsets, all on one server) and on the base model, alternated;
+   beside each, the LoRA weights a decode step of that batch reads against the base model's (where
+   decode is bound by memory, their proportion bounds the ratio);
 2. a realistic mixed workload (40 concurrent chats over 8 adapters, budgets 16-256 tokens, a third
    behind a long shared system prompt) against HF transformers + PEFT's static batch (useful
    tokens only) and against the engine driven directly in this process (no HTTP);
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 import os
 import sys
 import tempfile
@@ -29,8 +32,9 @@ sys.path[:0] = [str(HERE), str(HERE.parent / "tests")]
 
 from served.peers import engine_direct, hf_peft_static_batch, plain_forward_ceiling  # noqa: E402
 from served.server import running_server, send_batch  # noqa: E402
-from served.workload import (SAVED_DTYPES, add_adapter_mix_arguments, mixed_requests, specs_from_args,  # noqa: E402
-                             uniform_requests, write_adapters)
+from served.workload import (SAVED_DTYPES, add_adapter_mix_arguments, base_linear_weights,  # noqa: E402
+                             lora_weights_per_decode_step, mixed_requests, specs_from_args, uniform_requests,
+                             write_adapters)
 
 from loraloom.engine.model.bundled import import_bundled  # noqa: E402
 from loraloom.engine.config import LORA_DTYPES, EngineConfig  # noqa: E402
@@ -91,9 +95,16 @@ def main() -> None:
         mixed = mixed_requests(MIXED_REQUESTS, names[:MIXED_ADAPTERS], seed=7)
         with running_server(Path(tmp) / "data", serve_args, Path(tmp) / "serve.log") as server:
             print(f"\n1. served adapters / base, same chats, {new_tokens} new tokens each, {rounds} round(s)")
+            model_config = json.loads((model_dir / "config.json").read_text())
+            weight_bytes = 4 if config.lora_dtype == "float32" or (config.lora_dtype == "auto" and
+                                                                  args.adapters_saved_as == "float32") else 2
+            base_mb = 4 * base_linear_weights(model_config) / 1e6  # the CPU engine holds the base in float32
             for batch, adapters, base in ratio_rows(server, names, batches, new_tokens, rounds):
+                # What bounds the ratio where decode is bound by memory: the adapters' bytes against the base's.
+                lora_mb = weight_bytes * lora_weights_per_decode_step(model_config, specs[:batch]) / 1e6
                 print(f"   batch {batch:>2}: adapters {adapters:6.1f} tok/s, base {base:6.1f} tok/s, "
-                      f"ratio {adapters / base:.2f} (target >= 0.90)")
+                      f"ratio {adapters / base:.2f} (target >= 0.90); a decode step reads {lora_mb:.1f} MB "
+                      f"of LoRA weights beside {base_mb:.0f} MB of base weights")
             first_per_adapter = {request.adapter: request for request in reversed(mixed)}
             send_batch(server, list(first_per_adapter.values()))  # every adapter of the mix loaded once, as warm
             served = send_batch(server, mixed)

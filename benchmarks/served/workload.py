@@ -63,6 +63,29 @@ class ChatRequest:
         return [{"role": role, "content": content} for role, content in self.messages]
 
 
+def projection_shapes(config: dict) -> dict[str, tuple[int, int]]:
+    """(in, out) features of each projection a LoRA may target, from a Llama config.json."""
+    hidden, inter = config["hidden_size"], config["intermediate_size"]
+    kv = config["num_key_value_heads"] * config.get("head_dim", hidden // config["num_attention_heads"])
+    q = config["num_attention_heads"] * config.get("head_dim", hidden // config["num_attention_heads"])
+    return {"q_proj": (hidden, q), "k_proj": (hidden, kv), "v_proj": (hidden, kv), "o_proj": (q, hidden),
+            "gate_proj": (hidden, inter), "up_proj": (hidden, inter), "down_proj": (inter, hidden)}
+
+
+def lora_weights_per_decode_step(config: dict, specs: list[AdapterSpec]) -> int:
+    """LoRA weights a decode step reads with one request on each of these adapters: A [r, in] and
+    B [out, r] of every module each targets, in every layer."""
+    shapes = projection_shapes(config)
+    per_layer = sum(spec.rank * sum(shapes[module]) for spec in specs for module in spec.modules)
+    return per_layer * config["num_hidden_layers"]
+
+
+def base_linear_weights(config: dict) -> int:
+    """Weights of the base model's linears a decode step reads: every projection of every layer and the lm_head."""
+    per_layer = sum(n_in * n_out for n_in, n_out in projection_shapes(config).values())
+    return per_layer * config["num_hidden_layers"] + config["vocab_size"] * config["hidden_size"]
+
+
 def adapter_specs(count: int, ranks: list[int] | None = None,
                   subsets: list[list[str]] | None = None) -> list[AdapterSpec]:
     """`count` adapters cycling through the ranks and module subsets (co-prime cycle lengths mix them).

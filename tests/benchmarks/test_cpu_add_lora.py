@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
-from served.workload import adapter_specs  # noqa: E402
+from served.workload import adapter_specs, lora_weights_per_decode_step  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "benchmarks" / "cpu_add_lora.py"
@@ -21,14 +21,9 @@ RANKS, SUBSETS = [3, 40], [["k_proj", "up_proj"], ["q_proj", "k_proj", "v_proj",
 
 
 def lora_bytes(model_dir: Path, count: int) -> int:
-    """fp32 bytes of A [r, in] and B [out, r] for every targeted module of every layer."""
+    """fp32 bytes of A [r, in] and B [out, r] for every targeted module of every layer, from the model's shape."""
     config = json.loads((model_dir / "config.json").read_text())
-    hidden, inter = config["hidden_size"], config["intermediate_size"]
-    kv = config["num_key_value_heads"] * hidden // config["num_attention_heads"]
-    sizes = {"q_proj": (hidden, hidden), "k_proj": (hidden, kv), "v_proj": (hidden, kv), "o_proj": (hidden, hidden),
-             "gate_proj": (hidden, inter), "up_proj": (hidden, inter), "down_proj": (inter, hidden)}
-    per_layer = sum(spec.rank * sum(sizes[m]) for spec in adapter_specs(count, RANKS, SUBSETS) for m in spec.modules)
-    return 4 * per_layer * config["num_hidden_layers"]
+    return 4 * lora_weights_per_decode_step(config, adapter_specs(count, RANKS, SUBSETS))
 
 
 def test_the_op_benchmark_times_each_row_count_and_counts_the_adapters_bytes(model_dir: Path) -> None:
