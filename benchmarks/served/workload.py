@@ -65,9 +65,9 @@ class ChatRequest:
 
 def projection_shapes(config: dict) -> dict[str, tuple[int, int]]:
     """(in, out) features of each projection a LoRA may target, from a Llama config.json."""
-    hidden, inter = config["hidden_size"], config["intermediate_size"]
-    kv = config["num_key_value_heads"] * config.get("head_dim", hidden // config["num_attention_heads"])
-    q = config["num_attention_heads"] * config.get("head_dim", hidden // config["num_attention_heads"])
+    hidden, inter, heads = config["hidden_size"], config["intermediate_size"], config["num_attention_heads"]
+    head_dim = config.get("head_dim", hidden // heads)
+    q, kv = heads * head_dim, config["num_key_value_heads"] * head_dim
     return {"q_proj": (hidden, q), "k_proj": (hidden, kv), "v_proj": (hidden, kv), "o_proj": (q, hidden),
             "gate_proj": (hidden, inter), "up_proj": (hidden, inter), "down_proj": (inter, hidden)}
 

@@ -104,15 +104,15 @@ class ChunkJoin {
  public:
   ChunkJoin(const at::Tensor& out, const at::Tensor& lora_out, const ColumnChunks& chunks)
       : out_(out.data_ptr<float>()), lora_(lora_out.data_ptr<float>()), rows_(out.size(0)), columns_(out.size(1)),
-        chunks_(chunks), num_chunks_(chunks.num_chunks()), waiting_(new std::atomic<int>[num_chunks_]) {
-    for (int64_t c = 0; c < num_chunks_; ++c) waiting_[c].store(2, std::memory_order_relaxed);  // matmul, LoRA
+        chunks_(chunks), waiting_(new std::atomic<int>[chunks.num_chunks()]) {
+    for (int64_t c = 0; c < chunks_.num_chunks(); ++c) waiting_[c].store(2, std::memory_order_relaxed);  // matmul, LoRA
   }
 
   void matmul_done(int64_t chunk) { arrive(chunk); }
 
   // Called once, by the thread that finished the LoRA's last unit.
   void lora_done() {
-    for (int64_t c = 0; c < num_chunks_; ++c) arrive(c);
+    for (int64_t c = 0; c < chunks_.num_chunks(); ++c) arrive(c);
   }
 
  private:
@@ -136,7 +136,6 @@ class ChunkJoin {
   const float* const lora_;
   const int64_t rows_, columns_;
   const ColumnChunks& chunks_;
-  const int64_t num_chunks_;
   const std::unique_ptr<std::atomic<int>[]> waiting_;
 };
 

@@ -270,20 +270,19 @@ PackedLoRA::PackedLoRA(const at::Tensor& x, const at::Tensor& lora_a, const std:
       TORCH_CHECK(rank >= 0 && rank <= max_rank, "packed_add_lora: rank out of range");
     }
   }
-  // Only a segment whose rows are not one run reads sorted_token_ids: a decode step's segments all are
-  // runs, and converting the ids on each of its ~120 calls was a third of the call's planning.
-  bool gathers = false;
-  for (int64_t s = 0; s < num_segments; ++s) gathers |= seg_slots[s] >= 0 && seg_lens[s] != 0 && seg_rows[s] < 0;
-  if (gathers) {
-    token_ids_ = sorted_token_ids.to(at::kLong).contiguous();
-    ids_ = token_ids_.data_ptr<int64_t>();
-  }
   for (int64_t s = 0; s < num_segments; ++s) {
     if (seg_slots[s] < 0 || seg_lens[s] == 0) continue;
     TORCH_CHECK(seg_slots[s] < num_slots && seg_lens[s] > 0, "packed_add_lora: segment slot or length out of range");
     if (seg_rows[s] >= 0) {
       TORCH_CHECK(seg_rows[s] + seg_lens[s] <= rows, "packed_add_lora: segment rows past the batch");
     } else {
+      // Only a segment whose rows are not one run reads sorted_token_ids, so they are converted at the
+      // first such segment: a decode step's segments are all runs, and converting the ids on each of
+      // its ~120 calls was a third of the call's planning.
+      if (ids_ == nullptr) {
+        token_ids_ = sorted_token_ids.to(at::kLong).contiguous();
+        ids_ = token_ids_.data_ptr<int64_t>();
+      }
       TORCH_CHECK(seg_starts[s] >= 0 && seg_starts[s] + seg_lens[s] <= token_ids_.numel(),
                   "packed_add_lora: segment past sorted_token_ids");
       for (int64_t t = seg_starts[s]; t < seg_starts[s] + seg_lens[s]; ++t)
