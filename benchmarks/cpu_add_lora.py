@@ -69,7 +69,7 @@ def main() -> None:
         stacks = [stack for layer in pool.stacks for stack in layer.values()]
         lora_bytes = 0
         for stack in stacks:
-            in_features, out_features = stack.lora_a.shape[2], stack.out_features
+            in_features, out_features = stack.in_features, stack.out_features
             for slot in slots:
                 views = stack.slots[slot]  # None: the adapter targets none of this linear's modules
                 if views is not None:
@@ -87,7 +87,7 @@ def main() -> None:
                 offsets = [0]
                 for out in stack.out_features:
                     offsets.append(offsets[-1] + out)
-                calls.append((torch.randn(len(slots) * rows, stack.lora_a.shape[2]), stack,
+                calls.append((torch.randn(len(slots) * rows, stack.in_features), stack,
                               torch.zeros(len(slots) * rows, offsets[-1]), offsets))
 
             def step() -> None:

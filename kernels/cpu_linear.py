@@ -62,12 +62,12 @@ def linear_add_lora(x: torch.Tensor, weight: torch.Tensor, stack: PackedStack, m
                     slice_offsets: list[int]) -> torch.Tensor:
     """x @ weight.T plus every adapter token's LoRA (kernels/reference.py add_lora's contract)."""
     compiled = _chunked_module(x, weight)
-    if compiled is None or stack.lora_a.device.type != "cpu":
+    if compiled is None or stack.weights.device.type != "cpu":
         out = F.linear(x, weight)
         packed_lora.add_lora(x, stack, meta, out, slice_offsets)
         return out
     out = torch.empty(x.shape[0], weight.shape[0], dtype=x.dtype)
-    compiled.linear_add_lora(x.contiguous(), weight, out, chunk_columns(weight.shape[0]), stack.lora_a,
-                             stack.lora_b_panels, PANEL_WIDTH, stack.ranks, stack.slot_types, slice_offsets,
-                             meta.segment_table_host, meta.sorted_token_ids)
+    compiled.linear_add_lora(x.contiguous(), weight, out, chunk_columns(weight.shape[0]), stack.weights, PANEL_WIDTH,
+                             stack.ranks, stack.slot_types, slice_offsets, meta.segment_table_host,
+                             meta.sorted_token_ids)
     return out

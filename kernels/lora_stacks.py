@@ -9,15 +9,16 @@ so the forward pass never copies or re-lays out weights. Two layouts, one per ba
   [slices, S] rank table the kernels read on the device.
 - PackedStack (CPU, kernels/reference.py add_lora): per slot, the A rows of all its targeted
   slices packed at their own ranks, one after another, so one matmul shrinks every slice; B
-  transposed per slice and cut into column panels (BPanels), so that an expand reads the slot's
-  B front to back. Each slot's views are made at load, so a forward pass only indexes a list.
+  transposed per slice and cut into column panels (BPanels) right after them, so that a slot's
+  weights for the linear are one run read front to back. Each slot's views are made at load, so a
+  forward pass only indexes a list.
 
 Both keep everything past a slot's ranks zero (a slot is cleared before a load), so a smaller
 adapter loaded over a larger one leaves no stale columns even for code that reads the padding.
 
 A PackedStack slot may also hold its adapter in a narrower dtype than the stack's (PackedStack.load's
-`dtype`): the slot's region is then read as that dtype, so a bfloat16 adapter in a float32 stack
-takes half its region and half the bytes a step reads. The compiled op reads each slot's dtype from
+`dtype`): the slot's row is then read as that dtype, so a bfloat16 adapter in a float32 stack
+takes half its row and half the bytes a step reads. The compiled op reads each slot's dtype from
 `slot_types` (WEIGHT_TYPE_CODES).
 """
 from __future__ import annotations
@@ -157,74 +158,72 @@ class SlotViews:
 
 @dataclass
 class PackedStack:
-    """Per slot: A rows of its targeted slices packed at their own ranks; B per slice in panels."""
+    """Per slot, one row of `weights`: the A rows of its targeted slices packed at their own ranks, then
+    each targeted slice's B in panels (BPanels), one after another, then zeros.
+
+    One row rather than A and each slice's B in tensors of their own: a decode step reads a slot's
+    weights for a linear as one run of memory instead of one run per part, and on a 2-core EPYC (Zen 5)
+    a batch-32 decode step's compiled op took 17.0 -> 15.3 ms on one thread (BENCHMARKS.md session 15).
+    """
 
     holds_narrower_slots: ClassVar[bool] = True  # a slot may be read as a narrower dtype (load's `dtype`)
-    lora_a: torch.Tensor  # [S, num_slices * R, in]
-    lora_b_panels: list[torch.Tensor]  # per slice [S, R * out_i]: the slot's B as BPanels at its rank, then zeros
+    weights: torch.Tensor  # [S, max_rank * (num_slices * in + sum(out_i))]
+    in_features: int
+    out_features: list[int]
+    max_rank: int
     ranks: torch.Tensor  # [S, slices] int32: each slot's rank per slice (0: untargeted), in packing order
-    slot_types: torch.Tensor  # [S] int8: the dtype each slot's region is read as (WEIGHT_TYPE_CODES)
+    slot_types: torch.Tensor  # [S] int8: the dtype each slot's row is read as (WEIGHT_TYPE_CODES)
     slots: list[SlotViews | None] = field(default_factory=list)  # None: nothing to add (empty or untargeted)
 
     @classmethod
     def allocate(cls, num_slots: int, max_rank: int, in_features: int, out_features: list[int],
                  dtype: torch.dtype, device: torch.device | str) -> "PackedStack":
-        def zeros(*shape: int) -> torch.Tensor:
-            # A decode step reads short runs all over these: on the CPU, keep them on huge pages.
-            on_cpu = torch.device(device).type == "cpu"
-            return huge_pages.zeros(shape, dtype) if on_cpu else torch.zeros(shape, dtype=dtype, device=device)
-
+        shape = (num_slots, max_rank * (len(out_features) * in_features + sum(out_features)))
+        # A decode step reads short runs all over these: on the CPU, keep them on huge pages.
+        on_cpu = torch.device(device).type == "cpu"
         return cls(
-            lora_a=zeros(num_slots, len(out_features) * max_rank, in_features),
-            lora_b_panels=[zeros(num_slots, max_rank * out) for out in out_features],
+            weights=huge_pages.zeros(shape, dtype) if on_cpu else torch.zeros(shape, dtype=dtype, device=device),
+            in_features=in_features,
+            out_features=list(out_features),
+            max_rank=max_rank,
             ranks=torch.zeros(num_slots, len(out_features), dtype=torch.int32),
             slot_types=torch.full((num_slots,), weight_type_code(dtype), dtype=torch.int8),
             slots=[None] * num_slots,
         )
 
     def tensors(self) -> list[torch.Tensor]:
-        return [self.lora_a, *self.lora_b_panels]
-
-    @property
-    def max_rank(self) -> int:
-        return self.lora_a.shape[1] // len(self.lora_b_panels)
-
-    @property
-    def out_features(self) -> list[int]:
-        return [panels.shape[1] // self.max_rank for panels in self.lora_b_panels]
+        return [self.weights]
 
     def load(self, slot: int, weights: SliceWeights, dtype: torch.dtype | None = None) -> None:
         """Copy one adapter's slices into `slot`, stored as `dtype` (default: the stack's; no wider than it)."""
-        _check_slices(weights, len(self.lora_b_panels), self.max_rank)
-        dtype = dtype or self.lora_a.dtype
-        narrower = dtype in WEIGHT_TYPE_CODES and dtype.itemsize <= self.lora_a.dtype.itemsize
-        if dtype != self.lora_a.dtype and not narrower:
-            raise ValueError(f"lora stack: a slot of a {self.lora_a.dtype} stack cannot hold {dtype}; use one of "
-                             f"{[str(t) for t in WEIGHT_TYPE_CODES if t.itemsize <= self.lora_a.dtype.itemsize]}")
+        _check_slices(weights, len(self.out_features), self.max_rank)
+        dtype = dtype or self.weights.dtype
+        narrower = dtype in WEIGHT_TYPE_CODES and dtype.itemsize <= self.weights.dtype.itemsize
+        if dtype != self.weights.dtype and not narrower:
+            raise ValueError(f"lora stack: a slot of a {self.weights.dtype} stack cannot hold {dtype}; use one of "
+                             f"{[str(t) for t in WEIGHT_TYPE_CODES if t.itemsize <= self.weights.dtype.itemsize]}")
         self.clear(slot)
-        # The slot's regions read as `dtype`: a narrower dtype uses the front of each region.
-        a_region = self.lora_a[slot].view(-1).view(dtype)[:self.lora_a[slot].numel()].view(self.lora_a.shape[1:])
-        row, split, expands = 0, [], []
-        for i, pair in enumerate(weights):
-            if pair is None:
-                continue
-            a, b = pair
+        # The slot's row read as `dtype`: a narrower dtype uses the front of it.
+        row = self.weights[slot].view(dtype)
+        targeted = [(i, pair) for i, pair in enumerate(weights) if pair is not None]
+        total = sum(a.shape[0] for _, (a, _b) in targeted)
+        a_rows = row[:total * self.in_features].view(total, self.in_features)
+        first, offset, split, expands = 0, total * self.in_features, [], []
+        for i, (a, b) in targeted:
             rank = a.shape[0]
-            a_region[row:row + rank].copy_(a)
-            panels = BPanels.write(self.lora_b_panels[i][slot].view(dtype), b)
+            a_rows[first:first + rank].copy_(a)
+            expands.append((i, BPanels.write(row[offset:offset + rank * self.out_features[i]], b)))
             self.ranks[slot, i] = rank
             split.append(rank)
-            expands.append((i, panels))
-            row += rank
+            first += rank
+            offset += rank * self.out_features[i]
         self.slot_types[slot] = weight_type_code(dtype)
-        self.slots[slot] = SlotViews(a_region[:row].T, split, expands) if row else None
+        self.slots[slot] = SlotViews(a_rows.T, split, expands) if total else None
 
     def clear(self, slot: int) -> None:
-        self.lora_a[slot].zero_()
-        for stack in self.lora_b_panels:
-            stack[slot].zero_()
+        self.weights[slot].zero_()
         self.ranks[slot] = 0
-        self.slot_types[slot] = weight_type_code(self.lora_a.dtype)
+        self.slot_types[slot] = weight_type_code(self.weights.dtype)
         self.slots[slot] = None
 
 

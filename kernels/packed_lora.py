@@ -23,5 +23,5 @@ def add_lora(x: torch.Tensor, stack: PackedStack, meta: SGMVMetadata, out: torch
         return
     if x.stride(-1) != 1:
         x = x.contiguous()
-    compiled.packed_add_lora(x, stack.lora_a, stack.lora_b_panels, PANEL_WIDTH, stack.ranks, stack.slot_types, out, slice_offsets,
+    compiled.packed_add_lora(x, stack.weights, PANEL_WIDTH, stack.ranks, stack.slot_types, out, slice_offsets,
                              meta.segment_table_host, meta.sorted_token_ids)

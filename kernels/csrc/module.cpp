@@ -4,16 +4,14 @@
 #include <cstdint>
 #include <vector>
 
-void packed_add_lora(const at::Tensor& x, const at::Tensor& lora_a, const std::vector<at::Tensor>& b_panels,
-                     int64_t panel_width,
-                     const at::Tensor& slot_ranks, const at::Tensor& slot_types, const at::Tensor& out,
+void packed_add_lora(const at::Tensor& x, const at::Tensor& weights, int64_t panel_width, const at::Tensor& slot_ranks, const at::Tensor& slot_types, const at::Tensor& out,
                      const std::vector<int64_t>& offsets, const at::Tensor& segments,
                      const at::Tensor& sorted_token_ids);
 
 void chunked_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& out, int64_t chunk_columns);
 
 void linear_add_lora(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& out, int64_t chunk_columns,
-                     const at::Tensor& lora_a, const std::vector<at::Tensor>& b_panels, int64_t panel_width,
+                     const at::Tensor& lora_weights, int64_t panel_width,
                      const at::Tensor& slot_ranks, const at::Tensor& slot_types, const std::vector<int64_t>& offsets,
                      const at::Tensor& segments, const at::Tensor& sorted_token_ids);
 

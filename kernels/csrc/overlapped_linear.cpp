@@ -186,13 +186,13 @@ void linear_add_lora(const at::Tensor& x,        // [T, in] float32
                      const at::Tensor& weight,   // [out, in] float32, the base layer's W
                      const at::Tensor& out,      // [T, out] float32, written
                      int64_t chunk_columns,      // the matmul's unit of work, in output columns
-                     const at::Tensor& lora_a, const std::vector<at::Tensor>& b_panels, int64_t panel_width,
+                     const at::Tensor& lora_weights, int64_t panel_width,
                      const at::Tensor& slot_ranks, const at::Tensor& slot_types, const std::vector<int64_t>& offsets,
                      const at::Tensor& segments, const at::Tensor& sorted_token_ids) {
   check_linear(x, weight, out, chunk_columns);
   const int64_t threads = at::get_num_threads();
   const at::Tensor lora_out = at::empty_like(out);
-  loraloom::PackedLoRA lora(x, lora_a, b_panels, panel_width, slot_ranks, slot_types, lora_out, offsets, segments,
+  loraloom::PackedLoRA lora(x, lora_weights, panel_width, slot_ranks, slot_types, lora_out, offsets, segments,
                             sorted_token_ids, threads);
   ColumnChunks matmul(x, weight, out, chunk_columns, /*tapered=*/lora.num_units() > 0);
   if (lora.num_units() == 0) {  // no segment's adapter targets this linear's modules

@@ -13,11 +13,14 @@
 // The loops read each weight block front to back, one stream at a time: A row by row, B^T panel
 // by panel (kernels/lora_stacks.py BPanels). Measured on a 2-core EPYC, reading two to four rows
 // side by side (the earlier loops, which shared x loads that way) got a core 10-15 GB/s where one
-// stream gets 22-25; a 32-adapter decode step's op went from 20 to 15 ms. Each stream is also
-// prefetched a few KiB ahead, on into the stream read after it (vector_ops.h prefetch_ahead, Stream),
-// and a whole B panel is expanded four rows per pass with the rows' outputs in vector registers: on a
-// 2-core Xeon that took the 32-adapter decode step's op from 23 to 20 ms and a 5-rows-per-adapter
-// step's from 36 to 26 ms.
+// stream gets 22-25; a 32-adapter decode step's op went from 20 to 15 ms. A slot's B panels follow
+// its A rows in one row of the stack's weights (kernels/lora_stacks.py PackedStack), so a segment
+// reads one run of memory per linear: on a 2-core EPYC (Zen 5), a batch-32 decode step's op on one
+// thread took 17.0 -> 15.3 ms against A and each slice's B in tensors of their own (BENCHMARKS.md
+// session 15). The run is also prefetched a few KiB ahead (vector_ops.h prefetch_ahead), and a whole
+// B panel is expanded four rows per pass with the rows' outputs in vector registers: on a 2-core Xeon
+// that took the 32-adapter decode step's op from 23 to 20 ms and a 5-rows-per-adapter step's from 36
+// to 26 ms.
 //
 // Same contract as the reference: rows outside every segment are never written, a slot reads
 // only its own ranks in the slices it targets, and out is updated in place. x and out are float32;
@@ -126,27 +129,21 @@ void expand_panel(const W* panel, int64_t rank, int64_t width, const float* shru
 }
 
 // One block of a segment's rows: shrink every row against the slot's packed A (all targeted slices'
-// rows, `total` of them, read one after another), then expand each targeted slice from its B panels.
-// W is the weights' type.
+// rows, `total` of them, read one after another), then expand each targeted slice from its B panels,
+// which follow the A rows slice after targeted slice. W is the weights' type.
 template <typename W>
 void row_block(const float* x, int64_t x_stride, const int64_t* rows, int64_t n_rows, const W* a_slot,
-               int64_t in_features, const int32_t* ranks, int64_t total, const Slices& slices, int64_t slot,
-               float* out, int64_t out_stride) {
+               int64_t in_features, const int32_t* ranks, int64_t total, const Slices& slices, float* out,
+               int64_t out_stride) {
   // One buffer per thread, kept between calls: a decode step runs ~4,000 blocks, and an allocation
   // and free each was ~0.5% of the wrapped linears' time (`perf`, batch 32).
   thread_local std::vector<float> shrunk;
   shrunk.assign(static_cast<size_t>(n_rows * total), 0.f);
-  // The slot's runs are read in order: its A rows, then each targeted slice's B panels. Each run's
-  // Stream names the next one, where its prefetching goes on.
-  const size_t num_slices = slices.b_base.size();
-  auto b_of = [&](size_t i) { return reinterpret_cast<const W*>(slices.b_base[i] + slot * slices.b_slot_bytes[i]); };
-  auto next_targeted = [&](size_t i) {  // the first slice from i on that the adapter targets, num_slices if none
-    while (i < num_slices && ranks[i] == 0) ++i;
-    return i;
-  };
-  auto run_start = [&](size_t i) { return i < num_slices ? reinterpret_cast<const char*>(b_of(i)) : nullptr; };
-  const loraloom::Stream a_stream{reinterpret_cast<const char*>(a_slot + total * in_features),
-                                  run_start(next_targeted(0))};
+  // The slot's weights are one run, read in order: its A rows, then each targeted slice's B panels.
+  const size_t num_slices = slices.out_width.size();
+  int64_t used = total * in_features;
+  for (size_t i = 0; i < num_slices; ++i) used += ranks[i] * slices.out_width[i];
+  const loraloom::Stream stream{reinterpret_cast<const char*>(a_slot + used)};
   for (int64_t k = 0; k < total; ++k) {
     const W* a_row = a_slot + k * in_features;
     // The block's rows kRowsPerPass at a time against A's row k.
@@ -155,17 +152,17 @@ void row_block(const float* x, int64_t x_stride, const int64_t* rows, int64_t n_
       const float* xs[kRowsPerPass];
       float dots[kRowsPerPass];
       for (int64_t r = 0; r < count; ++r) xs[r] = x + rows[t + r] * x_stride;
-      with_row_count(count, [&](auto rows_now) { loraloom::dot_rows<decltype(rows_now)::value>(a_row, xs, in_features, dots, a_stream); });
+      with_row_count(count, [&](auto rows_now) { loraloom::dot_rows<decltype(rows_now)::value>(a_row, xs, in_features, dots, stream); });
       for (int64_t r = 0; r < count; ++r) shrunk[(t + r) * total + k] = dots[r];
     }
   }
   float* outs[kBlockRows];
   int64_t first = 0;  // this slice's first column of shrunk
-  for (size_t i = next_targeted(0); i < num_slices; i = next_targeted(i + 1)) {
+  const W* b = a_slot + total * in_features;  // this slice's B panels
+  for (size_t i = 0; i < num_slices; ++i) {
     const int64_t rank = ranks[i];
-    const W* b = b_of(i);
+    if (rank == 0) continue;  // not targeted: no panels
     const int64_t width = slices.out_width[i];
-    const loraloom::Stream stream{reinterpret_cast<const char*>(b + rank * width), run_start(next_targeted(i + 1))};
     for (int64_t start = 0; start < width; start += kPanelWidth) {
       for (int64_t t = 0; t < n_rows; ++t) outs[t] = out + rows[t] * out_stride + slices.out_offset[i] + start;
       // The panels before this one hold rank * kPanelWidth weights each.
@@ -173,6 +170,7 @@ void row_block(const float* x, int64_t x_stride, const int64_t* rows, int64_t n_
       expand_panel(panel, rank, std::min(kPanelWidth, width - start), shrunk.data() + first, total, outs, n_rows, stream);
     }
     first += rank;
+    b += rank * width;
   }
 }
 
@@ -181,10 +179,10 @@ void check_float_cpu(const at::Tensor& t, const char* name) {
               " must be a float32 CPU tensor");
 }
 
-void check_weights_cpu(const at::Tensor& t, at::ScalarType type, const char* name) {
-  TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == type &&
-                  (type == at::kFloat || type == at::kBFloat16 || type == at::kHalf),
-              "packed_add_lora: ", name, " must be a CPU tensor of lora_a's type (float32, bfloat16 or float16)");
+void check_weights_cpu(const at::Tensor& t) {
+  const at::ScalarType type = t.scalar_type();
+  TORCH_CHECK(t.device().is_cpu() && (type == at::kFloat || type == at::kBFloat16 || type == at::kHalf),
+              "packed_add_lora: weights must be a float32, bfloat16 or float16 CPU tensor");
 }
 
 // f(typed pointer) with the slot's weights as their own type.
@@ -203,27 +201,25 @@ void with_weight_type(int8_t type, const char* p, const F& f) {
 
 namespace loraloom {
 
-PackedLoRA::PackedLoRA(const at::Tensor& x, const at::Tensor& lora_a, const std::vector<at::Tensor>& b_panels,
-                       int64_t panel_width, const at::Tensor& slot_ranks, const at::Tensor& slot_types,
-                       const at::Tensor& out, const std::vector<int64_t>& offsets, const at::Tensor& segments,
+PackedLoRA::PackedLoRA(const at::Tensor& x, const at::Tensor& weights, int64_t panel_width,
+                       const at::Tensor& slot_ranks, const at::Tensor& slot_types, const at::Tensor& out,
+                       const std::vector<int64_t>& offsets, const at::Tensor& segments,
                        const at::Tensor& sorted_token_ids, int64_t threads) {
   check_float_cpu(x, "x");
-  const at::ScalarType weight_type = lora_a.scalar_type();
-  check_weights_cpu(lora_a, weight_type, "lora_a");
+  check_weights_cpu(weights);
   check_float_cpu(out, "out");
-  TORCH_CHECK(x.stride(1) == 1 && out.stride(1) == 1 && lora_a.is_contiguous(), "packed_add_lora: rows must be contiguous");
-  TORCH_CHECK(slot_ranks.scalar_type() == at::kInt && slot_ranks.is_contiguous(), "packed_add_lora: slot_ranks int32");
-  TORCH_CHECK(offsets.size() == b_panels.size() + 1 && slot_ranks.size(1) == static_cast<int64_t>(b_panels.size()),
-              "packed_add_lora: one offset pair and one rank column per slice");
+  TORCH_CHECK(x.stride(1) == 1 && out.stride(1) == 1 && weights.dim() == 2 && weights.stride(1) == 1,
+              "packed_add_lora: rows must be contiguous (weights: [slots, slot elements])");
+  TORCH_CHECK(slot_ranks.scalar_type() == at::kInt && slot_ranks.dim() == 2 && slot_ranks.is_contiguous(),
+              "packed_add_lora: slot_ranks must be int32 [slots, slices]");
+  TORCH_CHECK(offsets.size() == static_cast<size_t>(slot_ranks.size(1)) + 1,
+              "packed_add_lora: one offset pair per slice (a column of slot_ranks)");
   TORCH_CHECK(panel_width == kPanelWidth, "packed_add_lora: panel_width must be ", kPanelWidth,
               " (kernels/lora_stacks.py PANEL_WIDTH)");
   in_features_ = x.size(1);
   num_slices_ = slot_ranks.size(1);
-  for (size_t i = 0; i < b_panels.size(); ++i) {
-    check_weights_cpu(b_panels[i], weight_type, "lora_b_panels");
-    TORCH_CHECK(b_panels[i].is_contiguous(), "packed_add_lora: lora_b_panels must be contiguous");
-    slices_.b_base.push_back(static_cast<const char*>(b_panels[i].data_ptr()));
-    slices_.b_slot_bytes.push_back(b_panels[i].stride(0) * b_panels[i].element_size());
+  for (int64_t i = 0; i < num_slices_; ++i) {
+    TORCH_CHECK(offsets[i] >= 0 && offsets[i + 1] >= offsets[i], "packed_add_lora: offsets must be ascending from 0");
     slices_.out_width.push_back(offsets[i + 1] - offsets[i]);
     slices_.out_offset.push_back(offsets[i]);
   }
@@ -232,14 +228,13 @@ PackedLoRA::PackedLoRA(const at::Tensor& x, const at::Tensor& lora_a, const std:
   x_stride_ = x.stride(0);
   out_data_ = out.data_ptr<float>();
   out_stride_ = out.stride(0);
-  a_bytes_ = static_cast<const char*>(lora_a.data_ptr());
-  a_slot_bytes_ = lora_a.stride(0) * lora_a.element_size();
+  weight_bytes_ = static_cast<const char*>(weights.data_ptr());
+  slot_bytes_ = weights.stride(0) * weights.element_size();
 
   // Every index the loops follow is checked here, before any thread reads memory through it.
-  const int64_t num_slots = lora_a.size(0), rows = x.size(0), max_rank = lora_a.size(1) / std::max<int64_t>(num_slices_, 1);
-  TORCH_CHECK(slot_ranks.size(0) == num_slots && lora_a.size(2) == in_features_ && out.size(0) == rows &&
-                  offsets.back() <= out.size(1),
-              "packed_add_lora: shapes of x, lora_a, slot_ranks and out disagree");
+  const int64_t num_slots = weights.size(0), rows = x.size(0);
+  TORCH_CHECK(slot_ranks.size(0) == num_slots && out.size(0) == rows && offsets.back() <= out.size(1),
+              "packed_add_lora: shapes of x, weights, slot_ranks and out disagree");
   TORCH_CHECK(segments.device().is_cpu() && segments.scalar_type() == at::kLong && segments.dim() == 2 &&
                   segments.size(0) == 4 && segments.is_contiguous(),
               "packed_add_lora: segments must be a contiguous int64 CPU tensor [4, segments]: each segment's start, "
@@ -251,24 +246,24 @@ PackedLoRA::PackedLoRA(const at::Tensor& x, const at::Tensor& lora_a, const std:
   seg_starts_ = seg_starts;
   seg_slots_ = seg_slots;
   seg_rows_ = seg_rows;
-  for (int64_t i = 0; i < num_slices_; ++i) {
-    TORCH_CHECK(b_panels[i].dim() == 2 && b_panels[i].size(0) == num_slots &&
-                    b_panels[i].size(1) >= max_rank * (offsets[i + 1] - offsets[i]),
-                "packed_add_lora: lora_b_panels[", i, "] shape disagrees with the offsets");
-  }
   TORCH_CHECK(slot_types.scalar_type() == at::kChar && slot_types.is_contiguous() &&
                   slot_types.numel() == num_slots,
               "packed_add_lora: slot_types must be int8 with one entry per slot");
   types_ = slot_types.data_ptr<int8_t>();
+  const int64_t row_bytes = weights.size(1) * weights.element_size();
   for (int64_t slot = 0; slot < num_slots; ++slot) {
-    // A narrower type fits its ranks in the front of the slot's regions, so the bounds below hold for it too.
     TORCH_CHECK(types_[slot] >= kFloat32 && types_[slot] <= kFloat16 &&
-                    weight_type_size(types_[slot]) <= lora_a.element_size(),
-                "packed_add_lora: slot type out of range or wider than lora_a's");
+                    weight_type_size(types_[slot]) <= weights.element_size(),
+                "packed_add_lora: slot type out of range or wider than the weights'");
+    // The slot's A rows and B panels, at its ranks and in its own type, must fit in its row of weights.
+    int64_t used = 0;
     for (int64_t i = 0; i < num_slices_; ++i) {
       const int32_t rank = ranks_[slot * num_slices_ + i];
-      TORCH_CHECK(rank >= 0 && rank <= max_rank, "packed_add_lora: rank out of range");
+      TORCH_CHECK(rank >= 0, "packed_add_lora: negative rank");
+      used += rank * (in_features_ + slices_.out_width[i]);
     }
+    TORCH_CHECK(used * weight_type_size(types_[slot]) <= row_bytes,
+                "packed_add_lora: slot ", slot, "'s ranks need more weights than its row of `weights` holds");
   }
   for (int64_t s = 0; s < num_segments; ++s) {
     if (seg_slots[s] < 0 || seg_lens[s] == 0) continue;
@@ -348,14 +343,14 @@ void PackedLoRA::run_unit(int64_t k) const {
   const Unit& unit = units_[k];
   const int64_t s = unit.segment;
   const int64_t slot = seg_slots_[s];
-  const char* a_slot = a_bytes_ + slot * a_slot_bytes_;
+  const char* slot_weights = weight_bytes_ + slot * slot_bytes_;
   for (int64_t first = unit.first; first < unit.first + unit.count; first += kBlockRows) {
     const int64_t count = std::min(kBlockRows, unit.first + unit.count - first);
     for (int64_t t = 0; t < count; ++t)
       rows[t] = seg_rows_[s] >= 0 ? seg_rows_[s] + first + t : ids_[seg_starts_[s] + first + t];
-    with_weight_type(types_[slot], a_slot, [&](auto* typed_a_slot) {
-      row_block(x_data_, x_stride_, rows, count, typed_a_slot, in_features_, ranks_ + slot * num_slices_,
-                total_rank(slot), slices_, slot, out_data_, out_stride_);
+    with_weight_type(types_[slot], slot_weights, [&](auto* typed_weights) {
+      row_block(x_data_, x_stride_, rows, count, typed_weights, in_features_, ranks_ + slot * num_slices_,
+                total_rank(slot), slices_, out_data_, out_stride_);
     });
   }
 }
@@ -363,16 +358,15 @@ void PackedLoRA::run_unit(int64_t k) const {
 }  // namespace loraloom
 
 void packed_add_lora(const at::Tensor& x,                   // [T, in]
-                     const at::Tensor& lora_a,              // [S, slices * R, in]: per slot, packed targeted A rows
-                     const std::vector<at::Tensor>& b_panels,  // per slice [S, R * out_i]: B^T in column panels
+                     const at::Tensor& weights,             // [S, slot elements]: per slot A rows, then B panels
                      int64_t panel_width,                   // kernels/lora_stacks.py PANEL_WIDTH
                      const at::Tensor& slot_ranks,          // [S, slices] int32: rank per slot and slice (0: none)
-                     const at::Tensor& slot_types,          // [S] int8: each slot's WeightType, no wider than lora_a's
+                     const at::Tensor& slot_types,          // [S] int8: each slot's WeightType, no wider than weights'
                      const at::Tensor& out,                 // [T, sum out_i], updated in place
                      const std::vector<int64_t>& offsets,   // [slices + 1] column offsets of the slices in out
                      const at::Tensor& segments,            // [4, A] int64: start, length, slot, first row
                      const at::Tensor& sorted_token_ids) {  // [>= T_lora] int32
-  loraloom::PackedLoRA lora(x, lora_a, b_panels, panel_width, slot_ranks, slot_types, out, offsets, segments,
-                            sorted_token_ids, at::get_num_threads());
+  loraloom::PackedLoRA lora(x, weights, panel_width, slot_ranks, slot_types, out, offsets, segments, sorted_token_ids,
+                            at::get_num_threads());
   loraloom::run_on_torch_threads(lora.num_units(), [&] { lora.run(); });
 }

@@ -11,20 +11,18 @@
 
 namespace loraloom {
 
-// Per slice of the wrapped linear: where the slots' B panels start and where the slice's columns are in out.
+// Per slice of the wrapped linear: its columns in out.
 struct Slices {
-  std::vector<const char*> b_base;  // per slice: lora_b_panels[i].data_ptr()
-  std::vector<int64_t> b_slot_bytes, out_width, out_offset;
+  std::vector<int64_t> out_width, out_offset;
 };
 
 class PackedLoRA {
  public:
   // Checks every shape and index of the call (packed_add_lora's arguments) and plans its units for
   // `threads` threads. The tensors and vectors must outlive this object; the LoRA is added into `out`.
-  PackedLoRA(const at::Tensor& x, const at::Tensor& lora_a, const std::vector<at::Tensor>& b_panels,
-             int64_t panel_width, const at::Tensor& slot_ranks, const at::Tensor& slot_types, const at::Tensor& out,
-             const std::vector<int64_t>& offsets, const at::Tensor& segments, const at::Tensor& sorted_token_ids,
-             int64_t threads);
+  PackedLoRA(const at::Tensor& x, const at::Tensor& weights, int64_t panel_width, const at::Tensor& slot_ranks,
+             const at::Tensor& slot_types, const at::Tensor& out, const std::vector<int64_t>& offsets,
+             const at::Tensor& segments, const at::Tensor& sorted_token_ids, int64_t threads);
 
   int64_t num_units() const { return static_cast<int64_t>(units_.size()); }
 
@@ -53,8 +51,8 @@ class PackedLoRA {
   const int8_t* types_ = nullptr;
   const float* x_data_ = nullptr;
   float* out_data_ = nullptr;
-  const char* a_bytes_ = nullptr;
-  int64_t x_stride_ = 0, out_stride_ = 0, a_slot_bytes_ = 0, in_features_ = 0, num_slices_ = 0;
+  const char* weight_bytes_ = nullptr;
+  int64_t x_stride_ = 0, out_stride_ = 0, slot_bytes_ = 0, in_features_ = 0, num_slices_ = 0;
 };
 
 }  // namespace loraloom

@@ -61,8 +61,8 @@ def test_reserving_leaves_other_threads_one_torch_thread(serving_process) -> Non
 
 def one_add_lora(compiled) -> None:
     x, out = torch.ones(2, 8), torch.zeros(2, 8)
-    lora_a, panels = torch.ones(1, 1, 8), [torch.ones(1, 8)]  # one slot, one slice of rank 1, 8 outputs
-    compiled.packed_add_lora(x, lora_a, panels, PANEL_WIDTH, torch.ones(1, 1, dtype=torch.int32),
+    weights = torch.ones(1, 16)  # one slot, one slice of rank 1: A [1, 8], then B^T [1, 8]
+    compiled.packed_add_lora(x, weights, PANEL_WIDTH, torch.ones(1, 1, dtype=torch.int32),
                              torch.zeros(1, dtype=torch.int8), out, [0, 8],
                              segment_table([0], [2], [0], [0]), torch.zeros(2, dtype=torch.int32))
     assert torch.equal(out, torch.full((2, 8), 8.0))  # the op ran: each output is the sum of 8 ones
@@ -76,8 +76,7 @@ def one_chunked_linear(compiled) -> None:
 
 def one_linear_add_lora(compiled) -> None:
     out = torch.zeros(2, 8)
-    compiled.linear_add_lora(torch.ones(2, 8), torch.ones(8, 8), out, 64, torch.ones(1, 1, 8), [torch.ones(1, 8)],
-                             PANEL_WIDTH, torch.ones(1, 1, dtype=torch.int32), torch.zeros(1, dtype=torch.int8),
+    compiled.linear_add_lora(torch.ones(2, 8), torch.ones(8, 8), out, 64, torch.ones(1, 16), PANEL_WIDTH, torch.ones(1, 1, dtype=torch.int32), torch.zeros(1, dtype=torch.int8),
                              [0, 8], segment_table([0], [2], [0], [0]), torch.zeros(2, dtype=torch.int32))
     assert torch.equal(out, torch.full((2, 8), 16.0))  # 8 from the base matmul, 8 from the LoRA
 

@@ -167,7 +167,7 @@ def test_cpu_add_lora_with_16_bit_weights(step: str, implementation: str, weight
     base_out = torch.randn(len(token_slots), OFFSETS[-1], generator=generator)
     expected = expected_output(x, lora_a, lora_b, ALL_SLICES, token_slots, base_out)
     stack = loaded_stack(implementation, ALL_SLICES, lora_a, lora_b)
-    assert stack.lora_a.dtype == weight_dtype
+    assert stack.weights.dtype == weight_dtype
 
     IMPLEMENTATIONS[implementation](x, stack, meta, base_out, OFFSETS)
 
@@ -219,24 +219,28 @@ def test_a_slot_is_never_wider_than_its_stack() -> None:
     with pytest.raises(ValueError, match=r"a slot of a torch.bfloat16 stack cannot hold torch.float32; use one of "
                                          r"\['torch.bfloat16', 'torch.float16'\]"):
         stack.load(0, [pair], torch.float32)
-    with pytest.raises(RuntimeError, match="slot type out of range or wider than lora_a's"):
+    with pytest.raises(RuntimeError, match="slot type out of range or wider than the weights'"):
         stack.slot_types[0] = WEIGHT_TYPE_CODES[torch.float32]
         x, out = torch.randn(1, IN_FEATURES), torch.zeros(1, OUT_FEATURES[0])
-        cpu_extension.load().packed_add_lora(x, stack.lora_a, stack.lora_b_panels, PANEL_WIDTH, stack.ranks,
-                                             stack.slot_types, out, OFFSETS[:2], segment_table([0], [1], [0], [0]),
+        cpu_extension.load().packed_add_lora(x, stack.weights, PANEL_WIDTH, stack.ranks, stack.slot_types, out,
+                                             OFFSETS[:2], segment_table([0], [1], [0], [0]),
                                              torch.zeros(1, dtype=torch.int32))
 
 
-def test_compiled_op_refuses_weights_of_mixed_types() -> None:
-    generator = torch.Generator().manual_seed(8)
-    lora_a, lora_b = make_weights(ALL_SLICES, torch.bfloat16, generator)
-    stack = loaded_stack("compiled", ALL_SLICES, lora_a, lora_b)
+def test_compiled_op_refuses_ranks_past_a_slots_row() -> None:
+    """The op reads a slot's weights at the ranks it is given: ranks that need more than the slot's row of
+    weights holds are refused before any thread reads, whatever the stack's max rank was."""
+    stack = PackedStack.allocate(2, 4, IN_FEATURES, OUT_FEATURES, torch.float32, "cpu")
     x, out = torch.randn(2, IN_FEATURES), torch.zeros(2, OFFSETS[-1])
-    lora_b_panels = [stack.lora_b_panels[0].half(), *stack.lora_b_panels[1:]]
-    with pytest.raises(RuntimeError, match="lora_b_panels must be a CPU tensor of lora_a's type"):
-        cpu_extension.load().packed_add_lora(x, stack.lora_a, lora_b_panels, PANEL_WIDTH, stack.ranks, stack.slot_types,
-                                             out, OFFSETS,
+    ranks = torch.full_like(stack.ranks, 4)
+    ranks[1, 0] = 5  # slot 1 past its row by one rank of slice 0
+    with pytest.raises(RuntimeError, match="slot 1's ranks need more weights than its row of `weights` holds"):
+        cpu_extension.load().packed_add_lora(x, stack.weights, PANEL_WIDTH, ranks, stack.slot_types, out, OFFSETS,
                                              segment_table([0], [2], [0], [0]), torch.arange(2, dtype=torch.int32))
+    ranks[1, 0] = 4  # every slot full to its max rank fits
+    cpu_extension.load().packed_add_lora(x, stack.weights, PANEL_WIDTH, ranks, stack.slot_types, out, OFFSETS,
+                                         segment_table([0], [2], [0], [0]), torch.arange(2, dtype=torch.int32))
+    assert not out.any()  # zero weights add nothing
 
 
 @pytest.mark.parametrize("step", ["scrambled_prefill", "long_prefill"])
@@ -324,10 +328,10 @@ def test_compiled_op_refuses_segments_it_would_read_past() -> None:
     compiled = cpu_extension.load()
     for slot, first_row in ((len(ALL_SLICES[0]), 0), (0, 2)):  # a slot past the stack; two rows from row 2 of 3
         with pytest.raises(RuntimeError, match="packed_add_lora"):
-            compiled.packed_add_lora(x, stack.lora_a, stack.lora_b_panels, PANEL_WIDTH, stack.ranks, stack.slot_types,
+            compiled.packed_add_lora(x, stack.weights, PANEL_WIDTH, stack.ranks, stack.slot_types,
                                      out, OFFSETS, segment_table([0], [2], [slot], [first_row]),
                                      torch.arange(3, dtype=torch.int32))
     for table in (segment_table([0], [2], [0], [0]).int(), torch.zeros(3, 1, dtype=torch.long)):  # int32; 3 rows
         with pytest.raises(RuntimeError, match=r"segments must be a contiguous int64 CPU tensor \[4, segments\]"):
-            compiled.packed_add_lora(x, stack.lora_a, stack.lora_b_panels, PANEL_WIDTH, stack.ranks, stack.slot_types,
+            compiled.packed_add_lora(x, stack.weights, PANEL_WIDTH, stack.ranks, stack.slot_types,
                                      out, OFFSETS, table, torch.arange(3, dtype=torch.int32))

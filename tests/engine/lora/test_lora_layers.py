@@ -196,22 +196,25 @@ def slot_weights(stack, slot: int) -> list:
             assert not a[slot, rank:].any() and not b[slot, :, rank:].any()
             held.append((a[slot, :rank].tolist(), b[slot, :, :rank].tolist()) if rank else None)
         return held
+    # The slot's row: its A rows at their ranks, then each targeted slice's B^T [r, out] as column panels
+    # (the panel of columns [start, start + width) an [r, width] block at r * start), then zeros.
     views = stack.slots[slot]
-    held = [None] * len(stack.lora_b_panels)
-    row = 0
+    row_of_weights = stack.weights[slot]
+    held = [None] * len(stack.out_features)
+    total = sum(views.split) if views else 0
+    a_rows = row_of_weights[:total * stack.in_features].view(total, stack.in_features)
+    row, offset = 0, total * stack.in_features
     for (i, panels), rank in zip(views.expands if views else [], views.split if views else []):
-        # B^T [r, out] put back together from its column panels: the panel of columns [start, start + width)
-        # is an [r, width] block at r * start.
-        region = stack.lora_b_panels[i][slot]
         out = stack.out_features[i]
+        region = row_of_weights[offset:offset + rank * out]
         columns = [region[rank * start:rank * min(start + PANEL_WIDTH, out)].view(rank, -1)
                    for start in range(0, out, PANEL_WIDTH)]
         b_t = torch.cat(columns, dim=1)
         assert torch.equal(b_t, panels.dense())
-        held[i] = (stack.lora_a[slot, row:row + rank].tolist(), b_t.T.tolist())
-        assert not region[rank * out:].any()
+        held[i] = (a_rows[row:row + rank].tolist(), b_t.T.tolist())
         row += rank
-    assert not stack.lora_a[slot, row:].any()
+        offset += rank * out
+    assert not row_of_weights[offset:].any()
     return held
 
 
