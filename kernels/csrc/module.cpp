@@ -4,7 +4,8 @@
 #include <cstdint>
 #include <vector>
 
-void packed_add_lora(const at::Tensor& x, const at::Tensor& weights, int64_t panel_width, const at::Tensor& slot_ranks, const at::Tensor& slot_types, const at::Tensor& out,
+void packed_add_lora(const at::Tensor& x, const at::Tensor& weights, int64_t panel_width, const at::Tensor& slot_ranks,
+                     const at::Tensor& slot_types, const at::Tensor& out,
                      const std::vector<int64_t>& offsets, const at::Tensor& segments,
                      const at::Tensor& sorted_token_ids);
 

@@ -130,19 +130,18 @@ void expand_panel(const W* panel, int64_t rank, int64_t width, const float* shru
 
 // One block of a segment's rows: shrink every row against the slot's packed A (all targeted slices'
 // rows, `total` of them, read one after another), then expand each targeted slice from its B panels,
-// which follow the A rows slice after targeted slice. W is the weights' type.
+// which follow the A rows slice after targeted slice; the slot's weights end at a_slot + used.
+// W is the weights' type.
 template <typename W>
 void row_block(const float* x, int64_t x_stride, const int64_t* rows, int64_t n_rows, const W* a_slot,
-               int64_t in_features, const int32_t* ranks, int64_t total, const Slices& slices, float* out,
-               int64_t out_stride) {
+               int64_t in_features, const int32_t* ranks, int64_t total, int64_t used, const Slices& slices,
+               float* out, int64_t out_stride) {
   // One buffer per thread, kept between calls: a decode step runs ~4,000 blocks, and an allocation
   // and free each was ~0.5% of the wrapped linears' time (`perf`, batch 32).
   thread_local std::vector<float> shrunk;
   shrunk.assign(static_cast<size_t>(n_rows * total), 0.f);
   // The slot's weights are one run, read in order: its A rows, then each targeted slice's B panels.
   const size_t num_slices = slices.out_width.size();
-  int64_t used = total * in_features;
-  for (size_t i = 0; i < num_slices; ++i) used += ranks[i] * slices.out_width[i];
   const loraloom::Stream stream{reinterpret_cast<const char*>(a_slot + used)};
   for (int64_t k = 0; k < total; ++k) {
     const W* a_row = a_slot + k * in_features;
@@ -255,14 +254,10 @@ PackedLoRA::PackedLoRA(const at::Tensor& x, const at::Tensor& weights, int64_t p
     TORCH_CHECK(types_[slot] >= kFloat32 && types_[slot] <= kFloat16 &&
                     weight_type_size(types_[slot]) <= weights.element_size(),
                 "packed_add_lora: slot type out of range or wider than the weights'");
+    for (int64_t i = 0; i < num_slices_; ++i)
+      TORCH_CHECK(ranks_[slot * num_slices_ + i] >= 0, "packed_add_lora: negative rank");
     // The slot's A rows and B panels, at its ranks and in its own type, must fit in its row of weights.
-    int64_t used = 0;
-    for (int64_t i = 0; i < num_slices_; ++i) {
-      const int32_t rank = ranks_[slot * num_slices_ + i];
-      TORCH_CHECK(rank >= 0, "packed_add_lora: negative rank");
-      used += rank * (in_features_ + slices_.out_width[i]);
-    }
-    TORCH_CHECK(used * weight_type_size(types_[slot]) <= row_bytes,
+    TORCH_CHECK(used_weights(slot) * weight_type_size(types_[slot]) <= row_bytes,
                 "packed_add_lora: slot ", slot, "'s ranks need more weights than its row of `weights` holds");
   }
   for (int64_t s = 0; s < num_segments; ++s) {
@@ -291,14 +286,9 @@ PackedLoRA::PackedLoRA(const at::Tensor& x, const at::Tensor& weights, int64_t p
   // both read them from memory, and ran 30% slower).
   // A unit's work: reading the slot's weights once per block (a byte read costs about what two
   // multiply-adds do here) plus a multiply-add per weight and row.
-  auto segment_weights = [&](int64_t slot) {
-    int64_t weights = total_rank(slot) * in_features_;
-    for (int64_t i = 0; i < num_slices_; ++i) weights += ranks_[slot * num_slices_ + i] * (offsets[i + 1] - offsets[i]);
-    return weights;
-  };
   auto work = [&](int64_t slot, int64_t n_rows) {
     const int64_t blocks = (n_rows + kBlockRows - 1) / kBlockRows;
-    return segment_weights(slot) * (2 * weight_type_size(types_[slot]) * blocks + n_rows);
+    return used_weights(slot) * (2 * weight_type_size(types_[slot]) * blocks + n_rows);
   };
   int64_t total_work = 0;
   for (int64_t s = 0; s < num_segments; ++s)
@@ -328,6 +318,12 @@ int64_t PackedLoRA::total_rank(int64_t slot) const {
   return total;
 }
 
+int64_t PackedLoRA::used_weights(int64_t slot) const {
+  int64_t used = total_rank(slot) * in_features_;
+  for (int64_t i = 0; i < num_slices_; ++i) used += ranks_[slot * num_slices_ + i] * slices_.out_width[i];
+  return used;
+}
+
 bool PackedLoRA::run() {
   bool finished_last = false;
   for (int64_t k = next_unit_++; k < num_units(); k = next_unit_++) {
@@ -344,13 +340,14 @@ void PackedLoRA::run_unit(int64_t k) const {
   const int64_t s = unit.segment;
   const int64_t slot = seg_slots_[s];
   const char* slot_weights = weight_bytes_ + slot * slot_bytes_;
+  const int64_t total = total_rank(slot), used = used_weights(slot);
   for (int64_t first = unit.first; first < unit.first + unit.count; first += kBlockRows) {
     const int64_t count = std::min(kBlockRows, unit.first + unit.count - first);
     for (int64_t t = 0; t < count; ++t)
       rows[t] = seg_rows_[s] >= 0 ? seg_rows_[s] + first + t : ids_[seg_starts_[s] + first + t];
     with_weight_type(types_[slot], slot_weights, [&](auto* typed_weights) {
       row_block(x_data_, x_stride_, rows, count, typed_weights, in_features_, ranks_ + slot * num_slices_,
-                total_rank(slot), slices_, out_data_, out_stride_);
+                total, used, slices_, out_data_, out_stride_);
     });
   }
 }

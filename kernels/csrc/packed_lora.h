@@ -37,6 +37,7 @@ class PackedLoRA {
     int64_t work;
   };
   int64_t total_rank(int64_t slot) const;
+  int64_t used_weights(int64_t slot) const;  // its A rows and B panels at its ranks, in weights (not bytes)
   void run_unit(int64_t k) const;
 
   // The segment table's rows that the units read (kernels/metadata.py SGMVMetadata.segment_table_host).

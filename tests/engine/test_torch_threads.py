@@ -76,7 +76,8 @@ def one_chunked_linear(compiled) -> None:
 
 def one_linear_add_lora(compiled) -> None:
     out = torch.zeros(2, 8)
-    compiled.linear_add_lora(torch.ones(2, 8), torch.ones(8, 8), out, 64, torch.ones(1, 16), PANEL_WIDTH, torch.ones(1, 1, dtype=torch.int32), torch.zeros(1, dtype=torch.int8),
+    compiled.linear_add_lora(torch.ones(2, 8), torch.ones(8, 8), out, 64, torch.ones(1, 16), PANEL_WIDTH,
+                             torch.ones(1, 1, dtype=torch.int32), torch.zeros(1, dtype=torch.int8),
                              [0, 8], segment_table([0], [2], [0], [0]), torch.zeros(2, dtype=torch.int32))
     assert torch.equal(out, torch.full((2, 8), 16.0))  # 8 from the base matmul, 8 from the LoRA
 
