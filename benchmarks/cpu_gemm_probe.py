@@ -69,10 +69,9 @@ def main() -> int:
         parser.error(f"--rows must be positive multiples of 8 (the probe has no row tail); got {bad_rows}")
     from torch.utils import cpp_extension
 
-    build = Path.home() / ".cache" / "loraloom" / "cpu_gemm_probe"
-    build.mkdir(parents=True, exist_ok=True)
+    # Built in torch's own extensions directory: a probe, not part of the product's compiled ops.
     probe = cpp_extension.load(name="cpu_gemm_probe", sources=[str(HERE / "cpu_gemm_probe.cpp")],
-                               extra_cflags=["-O3", "-march=native"], build_directory=str(build))
+                               extra_cflags=["-O3", "-march=native"])
     torch.set_num_threads(1)
     stream = torch.randn(128 * 1024 * 1024)  # 512 MiB of other memory, read in order and wrapped
     print(f"{cpu_model()}, one thread; torch {torch.__version__} (CPU capability "
