@@ -1,6 +1,7 @@
-"""The CPU backend's linear (kernels/cpu_linear.py, chunked single-threaded matmuls) against torch's
-F.linear, over one step's worth of the bundled model's layer shapes (30 layers of qkv, o, gate_up and
-down, ~400 MB of float32 weights: they come from memory, as in a served step), at several row counts.
+"""The CPU backend's linear (kernels/cpu_linear.py: the panel matmul in single-threaded column chunks, oneDNN
+past MAX_CHUNKED_ROWS) against torch's F.linear, over one step's worth of the bundled model's layer shapes
+(30 layers of qkv, o, gate_up and down, ~400 MB of float32 weights: they come from memory, as in a served
+step), at several row counts.
 
     python benchmarks/cpu_linear.py [--rows 1 8 32 128 512] [--repeats 5]
 
@@ -40,7 +41,7 @@ def main() -> None:
     print(f"machine: {os.cpu_count()} cores, {torch.get_num_threads()} torch threads, "
           f"load average {os.getloadavg()[0]:.2f} at start")
     weights = [[torch.randn(out_features, in_features) for out_features, in_features in SHAPES] for _ in range(LAYERS)]
-    # Above MAX_CHUNKED_ROWS cpu_linear.linear is F.linear itself; the chunked op is timed there too.
+    # Above MAX_CHUNKED_ROWS cpu_linear.linear is oneDNN's; the chunked op is timed there too.
     limit = cpu_linear.MAX_CHUNKED_ROWS
     with torch.inference_mode():
         for rows in args.rows:

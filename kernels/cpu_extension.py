@@ -21,7 +21,7 @@ log = logging.getLogger(__name__)
 
 CSRC = Path(__file__).parent / "csrc"
 SOURCES = [CSRC / "module.cpp", CSRC / "packed_lora.cpp", CSRC / "overlapped_linear.cpp", CSRC / "paged_decode.cpp"]
-HEADERS = [CSRC / "packed_lora.h", CSRC / "torch_threads.h", CSRC / "vector_ops.h"]
+HEADERS = [CSRC / "packed_lora.h", CSRC / "panel_matmul.h", CSRC / "torch_threads.h", CSRC / "vector_ops.h"]
 # -fopenmp: the ops' threads (csrc/torch_threads.h) are torch's own OpenMP runtime (torch ships
 # libgomp, and the extension binds to the copy already loaded).
 # -fno-math-errno: exp() sets no errno, so loops over it vectorize (glibc's vector math library).

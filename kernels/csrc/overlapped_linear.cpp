@@ -18,7 +18,6 @@
 // each output element gets one base dot product and one LoRA sum, added once, as packed_add_lora adds
 // them, so the result is the same bits as chunked_linear followed by packed_add_lora.
 #include <ATen/ATen.h>
-#include <ATen/ThreadLocalState.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -30,24 +29,28 @@
 #include <vector>
 
 #include "packed_lora.h"
+#include "panel_matmul.h"
 #include "torch_threads.h"
 
 namespace {
 
-void check_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& out, int64_t chunk_columns) {
-  TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == at::kFloat && x.dim() == 2,
-              "linear: x must be a float32 CPU matrix");
-  TORCH_CHECK(weight.device().is_cpu() && weight.scalar_type() == at::kFloat && weight.dim() == 2 &&
-                  weight.stride(1) == 1,
-              "linear: weight must be a float32 CPU matrix with contiguous rows");
-  TORCH_CHECK(out.dim() == 2 && out.is_contiguous() && out.scalar_type() == at::kFloat && out.size(0) == x.size(0) &&
-                  out.size(1) == weight.size(0) && x.size(1) == weight.size(1),
-              "linear: x [T, in], weight [out, in] and a contiguous float32 out [T, out] disagree");
-  TORCH_CHECK(chunk_columns > 0, "linear: chunk_columns must be positive");
+void check_linear(const at::Tensor& x, const at::Tensor& packed_weight, const at::Tensor& out, int64_t chunk_columns) {
+  TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == at::kFloat && x.dim() == 2 && x.stride(1) == 1,
+              "linear: x must be a float32 CPU matrix with contiguous rows");
+  TORCH_CHECK(out.dim() == 2 && out.is_contiguous() && out.scalar_type() == at::kFloat && out.size(0) == x.size(0),
+              "linear: out must be a contiguous float32 [T, out] with x's rows");
+  const int64_t panels = (out.size(1) + loraloom::kPanelColumns - 1) / loraloom::kPanelColumns;
+  TORCH_CHECK(packed_weight.device().is_cpu() && packed_weight.scalar_type() == at::kFloat &&
+                  packed_weight.is_contiguous() && packed_weight.dim() == 3 && packed_weight.size(0) == panels &&
+                  packed_weight.size(1) == x.size(1) && packed_weight.size(2) == loraloom::kPanelColumns,
+              "linear: packed_weight must be the weight in panels, contiguous float32 [ceil(out / 32), in, 32] ",
+              "(kernels/cpu_linear.py packed_weight)");
+  TORCH_CHECK(chunk_columns > 0 && chunk_columns % loraloom::kPanelColumns == 0,
+              "linear: chunk_columns must be a positive multiple of 32 (whole panels)");
 }
 
-// out = x @ weight.T in chunks of output columns, taken from a shared counter by whichever thread
-// calls run(); each chunk is one single-threaded matmul, and done(chunk) is called after it.
+// out = x @ W.T in chunks of output columns, taken from a shared counter by whichever thread calls
+// run(); each chunk is one single-threaded panel_matmul (panel_matmul.h), and done(chunk) is called after it.
 //
 // Chunks are chunk_columns wide. Tapered, the last ones narrow down to 64 columns: a thread's share of
 // what is left. The plain linear's threads start together on chunks of one width and finish together;
@@ -57,10 +60,10 @@ void check_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tenso
 // tapered; the plain linear tapered was no faster (49.9 -> 50.2 ms), so it keeps even chunks.
 class ColumnChunks {
  public:
-  ColumnChunks(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& out, int64_t chunk_columns,
+  ColumnChunks(const at::Tensor& x, const at::Tensor& packed_weight, const at::Tensor& out, int64_t chunk_columns,
                bool tapered)
-      : x_(x), weight_(weight), out_(out) {
-    const int64_t columns = weight.size(0), threads = std::max<int64_t>(1, at::get_num_threads());
+      : x_(x), packed_weight_(packed_weight), out_(out) {
+    const int64_t columns = out.size(1), threads = std::max<int64_t>(1, at::get_num_threads());
     for (int64_t first = 0; first < columns;) {
       int64_t width = chunk_columns;
       if (tapered) width = std::min(chunk_columns, std::max<int64_t>(kMinTaperedColumns, (columns - first) / threads / 64 * 64));
@@ -77,8 +80,7 @@ class ColumnChunks {
   template <typename Done>
   void run(const Done& done) {
     for (int64_t c = next_++; c < num_chunks(); c = next_++) {
-      at::Tensor part = out_.narrow(1, first_column(c), width(c));
-      at::mm_out(part, x_, weight_.narrow(0, first_column(c), width(c)).t());
+      loraloom::panel_matmul(x_, packed_weight_, out_, first_column(c), width(c));
       done(c);
     }
   }
@@ -90,7 +92,7 @@ class ColumnChunks {
  private:
   // A multiple of 64 columns keeps every chunk's columns on whole cache lines of out.
   static constexpr int64_t kMinTaperedColumns = 64;
-  const at::Tensor &x_, &weight_, &out_;
+  const at::Tensor &x_, &packed_weight_, &out_;
   std::vector<int64_t> starts_;  // each chunk's first column, then the number of columns
   std::atomic<int64_t> next_{0};
 };
@@ -163,40 +165,29 @@ class ZeroOnce {
   std::atomic<int> state_{kUntouched};
 };
 
-// worker() on torch's threads, each with the caller's thread-local state (inference mode, dispatch
-// keys), as at::parallel_for's workers get it: the workers run torch ops.
-template <typename Worker>
-void run_with_caller_state(const Worker& worker) {
-  const at::ThreadLocalState caller_state;
-  loraloom::run_on_torch_threads(at::get_num_threads(), [&] {
-    const at::ThreadLocalStateGuard caller_state_here(caller_state);
-    worker();
-  });
-}
-
 }  // namespace
 
-void chunked_linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& out, int64_t chunk_columns) {
-  check_linear(x, weight, out, chunk_columns);
-  ColumnChunks matmul(x, weight, out, chunk_columns, /*tapered=*/false);
-  run_with_caller_state([&] { matmul.run(); });
+void chunked_linear(const at::Tensor& x, const at::Tensor& packed_weight, const at::Tensor& out, int64_t chunk_columns) {
+  check_linear(x, packed_weight, out, chunk_columns);
+  ColumnChunks matmul(x, packed_weight, out, chunk_columns, /*tapered=*/false);
+  loraloom::run_on_torch_threads(at::get_num_threads(), [&] { matmul.run(); });
 }
 
-void linear_add_lora(const at::Tensor& x,        // [T, in] float32
-                     const at::Tensor& weight,   // [out, in] float32, the base layer's W
+void linear_add_lora(const at::Tensor& x,              // [T, in] float32
+                     const at::Tensor& packed_weight,  // [ceil(out / 32), in, 32] float32: the base layer's W in panels
                      const at::Tensor& out,      // [T, out] float32, written
                      int64_t chunk_columns,      // the matmul's unit of work, in output columns
                      const at::Tensor& lora_weights, int64_t panel_width,
                      const at::Tensor& slot_ranks, const at::Tensor& slot_types, const std::vector<int64_t>& offsets,
                      const at::Tensor& segments, const at::Tensor& sorted_token_ids) {
-  check_linear(x, weight, out, chunk_columns);
+  check_linear(x, packed_weight, out, chunk_columns);
   const int64_t threads = at::get_num_threads();
   const at::Tensor lora_out = at::empty_like(out);
   loraloom::PackedLoRA lora(x, lora_weights, panel_width, slot_ranks, slot_types, lora_out, offsets, segments,
                             sorted_token_ids, threads);
-  ColumnChunks matmul(x, weight, out, chunk_columns, /*tapered=*/lora.num_units() > 0);
+  ColumnChunks matmul(x, packed_weight, out, chunk_columns, /*tapered=*/lora.num_units() > 0);
   if (lora.num_units() == 0) {  // no segment's adapter targets this linear's modules
-    run_with_caller_state([&] { matmul.run(); });
+    loraloom::run_on_torch_threads(at::get_num_threads(), [&] { matmul.run(); });
     return;
   }
   ChunkJoin join(out, lora_out, matmul);
@@ -209,7 +200,7 @@ void linear_add_lora(const at::Tensor& x,        // [T, in] float32
   // Any thread may end up on either kind of work, and none waits on a particular thread, so the
   // call completes whatever number of threads OpenMP gives the region.
   const int64_t lora_thread = threads - 1;
-  run_with_caller_state([&] {
+  loraloom::run_on_torch_threads(at::get_num_threads(), [&] {
     if (omp_get_thread_num() == lora_thread) {
       run_lora();
       matmul.run(chunk_done);

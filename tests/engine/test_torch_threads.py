@@ -20,7 +20,7 @@ from loraloom.engine import AdapterHandle
 from loraloom.engine.config import EngineConfig
 from loraloom.engine.llm_engine import LLMEngine
 from loraloom.engine.request import SamplingParams
-from loraloom.kernels import cpu_extension
+from loraloom.kernels import cpu_extension, cpu_linear
 from loraloom.kernels.lora_stacks import PANEL_WIDTH
 from loraloom.kernels.metadata import segment_table
 
@@ -70,13 +70,14 @@ def one_add_lora(compiled) -> None:
 
 def one_chunked_linear(compiled) -> None:
     out = torch.zeros(2, 200)
-    compiled.chunked_linear(torch.ones(2, 8), torch.ones(200, 8), out, 64)
+    compiled.chunked_linear(torch.ones(2, 8), cpu_linear.packed_weight(torch.ones(200, 8)), out, 64)
     assert torch.equal(out, torch.full((2, 200), 8.0))
 
 
 def one_linear_add_lora(compiled) -> None:
     out = torch.zeros(2, 8)
-    compiled.linear_add_lora(torch.ones(2, 8), torch.ones(8, 8), out, 64, torch.ones(1, 16), PANEL_WIDTH,
+    compiled.linear_add_lora(torch.ones(2, 8), cpu_linear.packed_weight(torch.ones(8, 8)), out, 64, torch.ones(1, 16),
+                             PANEL_WIDTH,
                              torch.ones(1, 1, dtype=torch.int32), torch.zeros(1, dtype=torch.int8),
                              [0, 8], segment_table([0], [2], [0], [0]), torch.zeros(2, dtype=torch.int32))
     assert torch.equal(out, torch.full((2, 8), 16.0))  # 8 from the base matmul, 8 from the LoRA
@@ -85,8 +86,7 @@ def one_linear_add_lora(compiled) -> None:
 @pytest.mark.parametrize("op", [one_add_lora, one_chunked_linear, one_linear_add_lora])
 def test_compiled_ops_keep_the_calling_threads_count(serving_process, op) -> None:
     """A compiled op's first use on a thread must not reset that thread's count to the process default
-    (at::parallel_for's inlined setup did: kernels/csrc/torch_threads.h); the linears also run torch's
-    matmul on the op's threads."""
+    (at::parallel_for's inlined setup did: kernels/csrc/torch_threads.h)."""
     compiled = cpu_extension.load()
     assert compiled is not None, "the CPU extension did not build (see kernels/cpu_extension.py)"
 

@@ -1,5 +1,6 @@
-"""The CPU backend's linears (kernels/cpu_linear.py): the chunked matmul against F.linear, and the
-LoRA-wrapped linear, whose LoRA runs beside the matmul, against the fp64 definition and against
+"""The CPU backend's linears (kernels/cpu_linear.py): the matmul (the compiled panel matmul in column
+chunks up to MAX_CHUNKED_ROWS rows, oneDNN's past them) against F.linear, and the
+LoRA-wrapped linear, whose LoRA runs beside the chunked matmul, against the fp64 definition and against
 the same matmul followed by the compiled add_lora (which it must equal bit for bit: one base dot
 product and one LoRA sum per element, added once). The adapter mixes are test_add_lora.py's: ranks
 1, 3, 48 and 64 side by side, slots on a subset of the slices or none of them, NaN in every weight
@@ -22,6 +23,7 @@ SLOT_RANKS = [max(column) or 1 for column in zip(*ALL_SLICES)]
 LINEAR_STEPS = {**STEPS, "untargeted_only": [4, -1, 4, 4]}
 
 TOLERANCE = dict(atol=1e-4, rtol=1e-4)
+MATMUL_TOLERANCE = dict(atol=1e-4, rtol=1e-5)
 
 
 @pytest.fixture(params=[1, 2], ids=["1-thread", "2-threads"])
@@ -44,7 +46,8 @@ def test_linear_matches_f_linear(rows: int, out_features: int, torch_threads: in
     generator = torch.Generator().manual_seed(rows * out_features)
     x = torch.randn(rows, IN_FEATURES, generator=generator)
     weight = torch.randn(out_features, IN_FEATURES, generator=generator)
-    torch.testing.assert_close(cpu_linear.linear(x, weight), F.linear(x, weight), atol=1e-5, rtol=1e-6)
+    # Each sums in its own order: a float32 rounding apart from MKL's.
+    torch.testing.assert_close(cpu_linear.linear(x, weight), F.linear(x, weight), **MATMUL_TOLERANCE)
 
 
 def test_chunks_give_every_thread_several(torch_threads: int) -> None:
@@ -121,15 +124,61 @@ def test_linear_add_lora_under_inference_mode(step: str, torch_threads: int) -> 
         base = cpu_linear.linear(x, weight)
     expected = expected_output(x, lora_a, lora_b, ALL_SLICES, token_slots, F.linear(x, weight))
     torch.testing.assert_close(out.double(), expected, **TOLERANCE)
-    torch.testing.assert_close(base, F.linear(x, weight), atol=1e-5, rtol=1e-6)
+    torch.testing.assert_close(base, F.linear(x, weight), **MATMUL_TOLERANCE)
 
 
 def test_compiled_linear_refuses_mismatched_shapes() -> None:
     compiled = cpu_extension.load()
-    x, weight = torch.randn(3, 8), torch.randn(5, 8)
-    with pytest.raises(RuntimeError, match="disagree"):
-        compiled.chunked_linear(x, weight, torch.empty(3, 4), 64)
-    with pytest.raises(RuntimeError, match="chunk_columns"):
-        compiled.chunked_linear(x, weight, torch.empty(3, 5), 0)
+    x, packed = torch.randn(3, 8), cpu_linear.packed_weight(torch.randn(40, 8))  # two panels
+    compiled.chunked_linear(x, packed, torch.empty(3, 40), 64)  # the shapes that agree
+    with pytest.raises(RuntimeError, match="packed_weight"):
+        compiled.chunked_linear(x, packed, torch.empty(3, 70), 64)  # out needs three panels
+    with pytest.raises(RuntimeError, match="packed_weight"):
+        compiled.chunked_linear(torch.randn(3, 9), packed, torch.empty(3, 40), 64)  # in features disagree
+    with pytest.raises(RuntimeError, match="packed_weight"):
+        compiled.chunked_linear(x, packed.transpose(1, 2), torch.empty(3, 40), 64)
+    with pytest.raises(RuntimeError, match="x's rows"):
+        compiled.chunked_linear(x, packed, torch.empty(4, 40), 64)
+    for columns in (0, 48):
+        with pytest.raises(RuntimeError, match="chunk_columns"):
+            compiled.chunked_linear(x, packed, torch.empty(3, 40), columns)
     with pytest.raises(RuntimeError, match="float32"):
-        compiled.chunked_linear(x.double(), weight, torch.empty(3, 5), 64)
+        compiled.chunked_linear(x.double(), packed, torch.empty(3, 40), 64)
+
+
+@pytest.mark.parametrize("rows", [1, 2, 3, 4, 5, 7, 8, 9, 17, 64])  # every tile height, and tiles after tiles
+@pytest.mark.parametrize("shape", [(24, 37), (200, 200), (1100, 64)])  # (out, in): a part panel, odd in, many chunks
+def test_the_panel_matmul_against_the_float64_product(rows: int, shape: tuple[int, int], torch_threads: int) -> None:
+    out_features, in_features = shape
+    generator = torch.Generator().manual_seed(rows * out_features + in_features)
+    x = torch.randn(rows, in_features, generator=generator)
+    weight = torch.randn(out_features, in_features, generator=generator)
+    expected = x.double() @ weight.double().t()
+    torch.testing.assert_close(cpu_linear.linear(x, weight).double(), expected, **MATMUL_TOLERANCE)
+    # x with a row stride of its own (a slice of a wider tensor) reads the same rows.
+    wide = torch.randn(rows, in_features + 5, generator=generator)
+    wide[:, :in_features] = x
+    torch.testing.assert_close(cpu_linear.linear(wide[:, :in_features], weight).double(), expected,
+                               **MATMUL_TOLERANCE)
+
+
+def test_the_packed_copy_follows_the_weight() -> None:
+    generator = torch.Generator().manual_seed(11)
+    x = torch.randn(5, 64, generator=generator)
+    weight = torch.randn(100, 64, generator=generator)
+    cpu_linear.linear(x, weight)  # packs and keeps the copy
+    weight.mul_(-2.0)
+    weight[99].zero_()
+    out = cpu_linear.linear(x, weight)
+    torch.testing.assert_close(out.double(), x.double() @ weight.double().t(), **MATMUL_TOLERANCE)
+    assert torch.all(out[:, 99] == 0)
+    packed = cpu_linear.packed_weight(weight)
+    assert packed.shape == (4, 64, 32) and torch.all(packed[3, :, 4:] == 0)  # zeros past the last column
+
+
+def test_an_inference_weight_keeps_torchs_matmul() -> None:
+    """No version counter to see a change by, so no packed copy: F.linear's own bits."""
+    with torch.inference_mode():
+        weight = torch.randn(70, 16)
+    x = torch.randn(4, 16)
+    assert torch.equal(cpu_linear.linear(x, weight), F.linear(x, weight))
