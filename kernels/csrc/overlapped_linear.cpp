@@ -174,9 +174,9 @@ void chunked_linear(const at::Tensor& x, const at::Tensor& packed_weight, const 
 }
 
 void linear_add_lora(const at::Tensor& x,              // [T, in] float32
-                     const at::Tensor& packed_weight,  // [ceil(out / 32), in, 32] float32: the base layer's W in panels
-                     const at::Tensor& out,      // [T, out] float32, written
-                     int64_t chunk_columns,      // the matmul's unit of work, in output columns
+                     const at::Tensor& packed_weight,  // [ceil(out / 32), in, 32] float32: the base W in panels
+                     const at::Tensor& out,            // [T, out] float32, written
+                     int64_t chunk_columns,            // the matmul's unit of work, in output columns
                      const at::Tensor& lora_weights, int64_t panel_width,
                      const at::Tensor& slot_ranks, const at::Tensor& slot_types, const std::vector<int64_t>& offsets,
                      const at::Tensor& segments, const at::Tensor& sorted_token_ids) {
