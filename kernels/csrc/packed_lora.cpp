@@ -32,7 +32,6 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
-#include <type_traits>
 #include <vector>
 
 #include "packed_lora.h"
@@ -61,18 +60,6 @@ int64_t weight_type_size(int8_t type) { return type == kFloat32 ? 4 : 2; }
 // Rows taken in one pass over a weight row or panel: each weight loaded serves all of them.
 constexpr int64_t kRowsPerPass = 4;
 
-// pass(std::integral_constant<int, count>{}) for a count of 1 to kRowsPerPass rows, so that the loops
-// get the row count as a constant and keep each row's sums in registers.
-template <typename Pass>
-void with_row_count(int64_t count, const Pass& pass) {
-  switch (count) {
-    case 4: pass(std::integral_constant<int, 4>{}); break;
-    case 3: pass(std::integral_constant<int, 3>{}); break;
-    case 2: pass(std::integral_constant<int, 2>{}); break;
-    default: pass(std::integral_constant<int, 1>{});
-  }
-}
-static_assert(kRowsPerPass == 4, "with_row_count names each count up to kRowsPerPass");
 
 // One whole panel of the expand for kRows rows: out_t[64] += coef_t[:rank] @ panel [rank, 64], the
 // rows' 64 output columns each held in four vector registers while the panel streams past once.
@@ -124,7 +111,7 @@ void expand_panel(const W* panel, int64_t rank, int64_t width, const float* shru
     const float* coefs[kRowsPerPass];
     const int64_t count = std::min(kRowsPerPass, n_rows - t);
     for (int64_t r = 0; r < count; ++r) coefs[r] = shrunk + (t + r) * shrunk_stride;
-    with_row_count(count, [&](auto rows_now) { expand_whole_panel<decltype(rows_now)::value>(panel, rank, coefs, outs + t, stream); });
+    loraloom::with_constant_count<kRowsPerPass>(count, [&](auto rows_now) { expand_whole_panel<decltype(rows_now)::value>(panel, rank, coefs, outs + t, stream); });
   }
 }
 
@@ -151,7 +138,7 @@ void row_block(const float* x, int64_t x_stride, const int64_t* rows, int64_t n_
       const float* xs[kRowsPerPass];
       float dots[kRowsPerPass];
       for (int64_t r = 0; r < count; ++r) xs[r] = x + rows[t + r] * x_stride;
-      with_row_count(count, [&](auto rows_now) { loraloom::dot_rows<decltype(rows_now)::value>(a_row, xs, in_features, dots, stream); });
+      loraloom::with_constant_count<kRowsPerPass>(count, [&](auto rows_now) { loraloom::dot_rows<decltype(rows_now)::value>(a_row, xs, in_features, dots, stream); });
       for (int64_t r = 0; r < count; ++r) shrunk[(t + r) * total + k] = dots[r];
     }
   }

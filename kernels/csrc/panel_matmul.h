@@ -19,7 +19,6 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
-#include <type_traits>
 
 #include "vector_ops.h"
 
@@ -59,23 +58,6 @@ inline void panel_tile(const float* __restrict x, int64_t x_stride, int64_t in_f
   }
 }
 
-// tile(std::integral_constant<int, rows>{}) for 1 to kMaxTileRows rows, so the loop keeps its sums in registers.
-template <typename Tile>
-inline void with_tile_rows(int64_t rows, const Tile& tile) {
-  switch (rows) {
-#if defined(__AVX512F__)
-    case 8: tile(std::integral_constant<int, 8>{}); break;
-    case 7: tile(std::integral_constant<int, 7>{}); break;
-    case 6: tile(std::integral_constant<int, 6>{}); break;
-    case 5: tile(std::integral_constant<int, 5>{}); break;
-#endif
-    case 4: tile(std::integral_constant<int, 4>{}); break;
-    case 3: tile(std::integral_constant<int, 3>{}); break;
-    case 2: tile(std::integral_constant<int, 2>{}); break;
-    default: tile(std::integral_constant<int, 1>{});
-  }
-}
-
 // out[:, first:first + width] = x @ W[first:first + width].T on the calling thread; first is a multiple of 32.
 // x [T, in] with contiguous rows, packed [ceil(out / 32), in, 32], out [T, out] contiguous (checked by the caller).
 inline void panel_matmul(const at::Tensor& x, const at::Tensor& packed, const at::Tensor& out, int64_t first,
@@ -88,7 +70,7 @@ inline void panel_matmul(const at::Tensor& x, const at::Tensor& packed, const at
     const float* panel = panels + (column / kPanelColumns) * in_features * kPanelColumns;
     const int64_t columns = std::min(kPanelColumns, first + width - column);
     for (int64_t row = 0; row < rows; row += kMaxTileRows) {
-      with_tile_rows(std::min<int64_t>(kMaxTileRows, rows - row), [&](auto tile_rows) {
+      with_constant_count<kMaxTileRows>(std::min<int64_t>(kMaxTileRows, rows - row), [&](auto tile_rows) {
         panel_tile<decltype(tile_rows)::value>(x_data + row * x_stride, x_stride, in_features, panel,
                                                out_data + row * out_features + column, out_features, columns);
       });

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #if defined(__F16C__) || defined(__FMA__) || defined(__AVX512F__)
 #include <immintrin.h>
@@ -151,6 +152,16 @@ inline float fma1(float a, float b, float acc) {
 #else
   return a * b + acc;
 #endif
+}
+
+// f(std::integral_constant<int, count>{}) for a count of 1 to kMax (the callers' counts are in that range),
+// so that a loop gets its number of rows as a constant and keeps each row's sums in registers.
+template <int kMax, typename F>
+inline void with_constant_count(int64_t count, const F& f) {
+  if constexpr (kMax > 1) {
+    if (count < kMax) return with_constant_count<kMax - 1>(count, f);
+  }
+  f(std::integral_constant<int, kMax>{});
 }
 
 inline void store16(float* p, Float16x v) { __builtin_memcpy(p, &v, sizeof v); }
