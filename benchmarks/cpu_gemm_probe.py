@@ -25,24 +25,23 @@ import torch
 HERE = Path(__file__).resolve().parent
 
 
-def cpu_flags() -> set[str]:
+def cpuinfo_value(key: str) -> str | None:
+    """The first `key : value` line's value in /proc/cpuinfo (None where there is none)."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
+            if line.split(":", 1)[0].strip() == key:
                 return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return platform.processor() or "unknown CPU"
+    return None
+
+
+def has_avx512() -> bool:
+    return "avx512f" in (cpuinfo_value("flags") or "").split()
+
+
+def cpu_model() -> str:
+    return cpuinfo_value("model name") or platform.processor() or "unknown CPU"
 
 
 def best_seconds(run, repeats: int = 3) -> float:
@@ -61,7 +60,7 @@ def main() -> int:
     parser.add_argument("--layers", type=int, default=40, help="copies of each shape, so the weights outgrow the cache")
     parser.add_argument("--lora-bytes", type=float, default=1.0, help="bytes read beside the matmul per weight byte")
     args = parser.parse_args()
-    if "avx512f" not in cpu_flags():
+    if not has_avx512():
         print(f"{cpu_model()}: no AVX-512, which the probe kernel is written for; nothing measured")
         return 0
     bad_rows = [rows for rows in args.rows if rows <= 0 or rows % 8]
