@@ -166,29 +166,46 @@ inline void with_constant_count(int64_t count, const F& f) {
 
 inline void store16(float* p, Float16x v) { __builtin_memcpy(p, &v, sizeof v); }
 
+// The sixteen lanes' sum as a tree of halves: four dependent adds where a lane-by-lane sum is sixteen.
 inline float sum16(Float16x v) {
-  float acc = 0.f;
-  for (int i = 0; i < 16; ++i) acc += v[i];
-  return acc;
+  using Float8x = float __attribute__((vector_size(32)));
+  using Float4x = float __attribute__((vector_size(16)));
+  const Float8x eight = __builtin_shufflevector(v, v, 0, 1, 2, 3, 4, 5, 6, 7) +
+                        __builtin_shufflevector(v, v, 8, 9, 10, 11, 12, 13, 14, 15);
+  const Float4x four = __builtin_shufflevector(eight, eight, 0, 1, 2, 3) + __builtin_shufflevector(eight, eight, 4, 5, 6, 7);
+  return (four[0] + four[2]) + (four[1] + four[3]);
 }
 
 // out[r] = dot(w, xs[r]) for kRows rows at once, over long rows (a LoRA weight row, hundreds to
-// thousands of weights of type W): w is loaded once for every x row, and each row keeps two running
-// vector sums, so the loop waits neither on memory twice nor on one chain of adds.
+// thousands of weights of type W): w is loaded once for every x row.
+//
+// Each row keeps kChains running vector sums, so the loop is not held to one multiply-add per chain per
+// multiply-add latency (a decode step's shrink is one row against each A row), and the lanes are summed as
+// a tree. Against two chains and a lane-by-lane sum, on a 2-core Xeon (Skylake-SP), builds alternated three
+// times: the op on one thread at 40 rows per adapter (prefill segments) 261-271 ms against 281-330, and
+// decode_ratio.py's median ratio at batch 8 0.927 against 0.901, at batch 32 0.847 against 0.827; the op
+// alone at one row per adapter is bound by memory either way (BENCHMARKS.md session 17).
 template <int kRows, typename W>
 inline void dot_rows(const W* __restrict w, const float* const* xs, int64_t n, float* out, const Stream& stream) {
-  Float16x acc[kRows][2] = {};
+  constexpr int kChains = kRows <= 2 ? 4 : 2;
+  constexpr int64_t kStep = 16 * kChains;
+  Float16x acc[kRows][kChains] = {};
   int64_t i = 0;
-  for (; i + 32 <= n; i += 32) {
-    prefetch_ahead(w + i, 32 * sizeof(W), stream);
-    const Float16x w0 = load16(w + i), w1 = load16(w + i + 16);
-    for (int r = 0; r < kRows; ++r) {
-      acc[r][0] = fma16(w0, load16(xs[r] + i), acc[r][0]);
-      acc[r][1] = fma16(w1, load16(xs[r] + i + 16), acc[r][1]);
-    }
+  for (; i + kStep <= n; i += kStep) {
+    prefetch_ahead(w + i, kStep * sizeof(W), stream);
+    Float16x wv[kChains];
+    for (int c = 0; c < kChains; ++c) wv[c] = load16(w + i + 16 * c);
+    for (int r = 0; r < kRows; ++r)
+      for (int c = 0; c < kChains; ++c) acc[r][c] = fma16(wv[c], load16(xs[r] + i + 16 * c), acc[r][c]);
+  }
+  for (; i + 16 <= n; i += 16) {  // whole vectors past the last full step, into the first chain
+    const Float16x wv = load16(w + i);
+    for (int r = 0; r < kRows; ++r) acc[r][0] = fma16(wv, load16(xs[r] + i), acc[r][0]);
   }
   for (int r = 0; r < kRows; ++r) {
-    float total = sum16(acc[r][0] + acc[r][1]);
+    Float16x chains = acc[r][0];
+    for (int c = 1; c < kChains; ++c) chains += acc[r][c];
+    float total = sum16(chains);
     for (int64_t j = i; j < n; ++j) total = fma1(widen1(w[j]), xs[r][j], total);
     out[r] = total;
   }
