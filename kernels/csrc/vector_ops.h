@@ -187,7 +187,11 @@ inline float sum16(Float16x v) {
 // alone at one row per adapter is bound by memory either way (BENCHMARKS.md session 17).
 template <int kRows, typename W>
 inline void dot_rows(const W* __restrict w, const float* const* xs, int64_t n, float* out, const Stream& stream) {
+#if defined(__AVX512F__)
   constexpr int kChains = kRows <= 2 ? 4 : 2;
+#else  // 16 registers, and a Float16x takes two: more sums than this would spill
+  constexpr int kChains = kRows == 1 ? 4 : 2;
+#endif
   constexpr int64_t kStep = 16 * kChains;
   Float16x acc[kRows][kChains] = {};
   int64_t i = 0;
