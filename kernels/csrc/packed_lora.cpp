@@ -60,7 +60,6 @@ int64_t weight_type_size(int8_t type) { return type == kFloat32 ? 4 : 2; }
 // Rows taken in one pass over a weight row or panel: each weight loaded serves all of them.
 constexpr int64_t kRowsPerPass = 4;
 
-
 // One whole panel of the expand for kRows rows: out_t[64] += coef_t[:rank] @ panel [rank, 64], the
 // rows' 64 output columns each held in four vector registers while the panel streams past once.
 template <int kRows, typename W>
