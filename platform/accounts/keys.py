@@ -34,6 +34,9 @@ class Caller:
     role: str  # one of ROLES
     operator: bool = False  # an admin key of OPERATOR_TENANT: may act on every tenant
     tenant_name: str = ""  # as the API shows it: the tenant label of the engine's metrics
+    # The tenant's weight in the engine's fair share (VTC): its token counter is charged 1/weight per
+    # token, so weight 2 gets twice the tokens of weight 1 while both wait. Set by the operator.
+    share_weight: float = 1.0
 
 
 def is_operator_key(key: ApiKey, tenant_name: str) -> bool:
