@@ -51,7 +51,8 @@ from loraloom.platform.training.supervisor import TrainingSupervisor
 
 logger = logging.getLogger(__name__)
 
-# Every router here serves /v1 paths and requires an API key; /health and /metrics stay open.
+# Every router here serves /v1 paths and requires an API key. operations: /health is open, /metrics takes
+# the operator's key itself (its OperatorDep); who may call what is api/access.py.
 AUTHENTICATED_ROUTERS = (
     chat.router, completions.router, models.router, admin.router, usage.router, adapters.router, files.router,
     fine_tuning.router, adapter_downloads.router, me.router, engine_status.router, usage_series.router,

@@ -1,2 +1,2 @@
 """One router per resource. app.py includes them: every /v1 router behind `authenticate`,
-operations (/health, /metrics) open."""
+operations (/health open, /metrics the operator's)."""

@@ -1,7 +1,8 @@
 """The adapter registry over HTTP: /v1/adapters, their versions, aliases and alias history.
 
 Everything is scoped to the caller's tenant; another tenant's adapter is a 404 exactly
-like a missing one. Reading needs any key, changing needs a developer or admin key.
+like a missing one. Reading and changing need a developer or admin key (an inference key
+calls adapters by name and lists them in GET /v1/models, nothing more: docs/ACCESS.md).
 After a change the resolution cache of that adapter is invalidated; an alias move also
 prefetches its version into the engine's host cache, and a deletion unloads the
 version from the engine before its blobs are removed.
@@ -15,7 +16,7 @@ from fastapi import APIRouter, BackgroundTasks, File, Form, Query, Response, Upl
 from sqlalchemy.orm import Session
 
 from loraloom.engine import AdapterLoadError, EngineClient
-from loraloom.platform.api.deps import CallerDep, DeveloperDep, EngineDep, RegistryLookupDep, SessionDep
+from loraloom.platform.api.deps import DeveloperDep, EngineDep, RegistryLookupDep, SessionDep
 from loraloom.platform.api.errors import FieldErrorRoute
 from loraloom.platform.api.schemas.adapters import (
     AdapterList,
@@ -111,7 +112,7 @@ def _forget(
 # ------------------------------------------------------------------ adapters
 @router.get("/v1/adapters", response_model=AdapterList)
 def get_adapters(
-    caller: CallerDep,
+    caller: DeveloperDep,
     session: SessionDep,
     lookup: RegistryLookupDep,
     limit: PageLimit = DEFAULT_PAGE_SIZE,
@@ -122,7 +123,7 @@ def get_adapters(
 
 
 @router.get("/v1/adapters/{name}", response_model=AdapterObject)
-def get_adapter(name: str, caller: CallerDep, session: SessionDep, lookup: RegistryLookupDep) -> AdapterObject:
+def get_adapter(name: str, caller: DeveloperDep, session: SessionDep, lookup: RegistryLookupDep) -> AdapterObject:
     return AdapterObject.of(find_adapter(session, tenant_id=caller.tenant_id, name=name))
 
 
@@ -181,7 +182,7 @@ def post_version(
 @router.get("/v1/adapters/{name}/versions", response_model=VersionList)
 def get_versions(
     name: str,
-    caller: CallerDep,
+    caller: DeveloperDep,
     session: SessionDep,
     lookup: RegistryLookupDep,
     limit: PageLimit = DEFAULT_PAGE_SIZE,
@@ -195,7 +196,7 @@ def get_versions(
 
 @router.get("/v1/adapters/{name}/versions/{number}", response_model=VersionObject)
 def get_version(
-    name: str, number: VersionNumber, caller: CallerDep, session: SessionDep, lookup: RegistryLookupDep
+    name: str, number: VersionNumber, caller: DeveloperDep, session: SessionDep, lookup: RegistryLookupDep
 ) -> VersionObject:
     return _version_object(session, find_version(session, tenant_id=caller.tenant_id, name=name, number=number), name)
 
@@ -277,7 +278,7 @@ def post_upload_complete(
 
 # ------------------------------------------------------------------ aliases
 @router.get("/v1/adapters/{name}/aliases/{alias}", response_model=AliasObject)
-def get_alias(name: str, alias: str, caller: CallerDep, session: SessionDep, lookup: RegistryLookupDep) -> AliasObject:
+def get_alias(name: str, alias: str, caller: DeveloperDep, session: SessionDep, lookup: RegistryLookupDep) -> AliasObject:
     return AliasObject.of(find_alias(session, tenant_id=caller.tenant_id, name=name, alias=alias), name)
 
 
@@ -318,7 +319,7 @@ def delete_alias_route(
 
 @router.get("/v1/adapters/{name}/aliases/{alias}/history", response_model=AliasHistoryList)
 def get_alias_history(
-    name: str, alias: str, caller: CallerDep, session: SessionDep, lookup: RegistryLookupDep
+    name: str, alias: str, caller: DeveloperDep, session: SessionDep, lookup: RegistryLookupDep
 ) -> AliasHistoryList:
     moves = alias_history(session, tenant_id=caller.tenant_id, name=name, alias=alias)
     return AliasHistoryList(

@@ -1,8 +1,10 @@
-"""GET /v1/engine/status: the engine's load now, in JSON (what /metrics gives Prometheus), plus where
-the caller's own adapters are resident: in a GPU slot, or only in the host cache. An adapter in
-neither is in storage only, and is fetched on its next request.
+"""GET /v1/engine/status: the caller's tenant's view of the shared engine: its own requests running
+and waiting, and where its own adapters are resident (in a GPU slot, or only in the host cache; an
+adapter in neither is in storage only, and is fetched on its next request).
 
-Other tenants' adapters are never listed; the slot and cache totals are the server's.
+Nothing engine-wide is in a tenant's view: a token counter or the slots and KV blocks in use move
+with other tenants' traffic and would tell one tenant what another sends. The operator's key also
+gets `server`, the whole engine's load (what /metrics gives Prometheus).
 """
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from fastapi import APIRouter
 from pydantic import BaseModel, Field
 from sqlalchemy.orm import Session
 
-from loraloom.engine import AdapterResidency
+from loraloom.engine import AdapterResidency, EngineStats
 from loraloom.platform.api.deps import CallerDep, EngineDep, SessionDep
 from loraloom.platform.api.errors import ERROR_RESPONSES
 from loraloom.platform.registry.residency import names_by_runtime_key
@@ -29,9 +31,9 @@ class ResidentAdapter(BaseModel):
     slot: int | None = Field(description="The GPU slot index when location is gpu.")
 
 
-class EngineStatus(BaseModel):
-    object: Literal["engine.status"] = "engine.status"
-    model: str
+class ServerEngineStatus(BaseModel):
+    """The whole engine, every tenant's load in it: the operator's view."""
+
     num_running: int
     num_waiting: int
     kv_blocks_used: int
@@ -45,7 +47,21 @@ class EngineStatus(BaseModel):
     host_cache_hits: int = Field(description="Adapter lookups the host cache answered without fetching.")
     host_cache_misses: int = Field(description="Adapter lookups that fetched weights from storage.")
     host_cache_adapters: int = Field(description="Adapters in the host cache now, all tenants.")
+
+
+class EngineStatus(BaseModel):
+    """The caller's tenant's view: nothing here moves with another tenant's traffic, except where the
+    tenant's own requests and adapters are (waiting rather than running, in the host cache rather than
+    a slot), which is what a shared engine means."""
+
+    object: Literal["engine.status"] = "engine.status"
+    model: str
+    num_running: int = Field(description="The caller's tenant's requests generating now.")
+    num_waiting: int = Field(description="The caller's tenant's requests queued in the engine now.")
     adapters: list[ResidentAdapter] = Field(description="The caller's tenant's adapters resident now.")
+    server: ServerEngineStatus | None = Field(
+        default=None, description="The whole engine, all tenants: only in the operator's view (its admin key).",
+    )
 
 
 def resident_adapters(residency: AdapterResidency, session: Session, tenant_id: uuid.UUID) -> list[ResidentAdapter]:
@@ -63,12 +79,13 @@ def resident_adapters(residency: AdapterResidency, session: Session, tenant_id: 
     return sorted(found, key=lambda resident: resident.reference)
 
 
-@router.get("/v1/engine/status", response_model=EngineStatus)
-def get_engine_status(caller: CallerDep, engine: EngineDep, session: SessionDep) -> EngineStatus:
-    stats = engine.stats()
-    residency = engine.adapter_residency()
-    return EngineStatus(
-        model=engine.model_name,
+def tenant_requests(per_adapter: dict[tuple[str, str], int], tenant: str) -> int:
+    """The tenant's requests in a (tenant, adapter) -> requests count."""
+    return sum(count for (owner, _), count in per_adapter.items() if owner == tenant)
+
+
+def server_view(stats: EngineStats, residency: AdapterResidency) -> ServerEngineStatus:
+    return ServerEngineStatus(
         num_running=stats.num_running, num_waiting=stats.num_waiting,
         kv_blocks_used=stats.kv_blocks_used, kv_blocks_total=stats.kv_blocks_total,
         kv_blocks_cached=stats.kv_blocks_cached,
@@ -77,5 +94,17 @@ def get_engine_status(caller: CallerDep, engine: EngineDep, session: SessionDep)
         preemptions_total=stats.preemptions_total,
         host_cache_hits=stats.host_cache_hits_total, host_cache_misses=stats.host_cache_misses_total,
         host_cache_adapters=len(residency.host_cache_keys),
+    )
+
+
+@router.get("/v1/engine/status", response_model=EngineStatus)
+def get_engine_status(caller: CallerDep, engine: EngineDep, session: SessionDep) -> EngineStatus:
+    stats = engine.stats()
+    residency = engine.adapter_residency()
+    return EngineStatus(
+        model=engine.model_name,
+        num_running=tenant_requests(stats.running_per_adapter, caller.tenant_name),
+        num_waiting=tenant_requests(stats.waiting_per_adapter, caller.tenant_name),
         adapters=resident_adapters(residency, session, caller.tenant_id),
+        server=server_view(stats, residency) if caller.operator else None,
     )

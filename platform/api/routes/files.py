@@ -10,7 +10,7 @@ from fastapi import APIRouter, File, Form, Query, UploadFile
 from fastapi.responses import StreamingResponse
 from starlette.concurrency import iterate_in_threadpool
 
-from loraloom.platform.api.deps import CallerDep, DeveloperDep, EngineDep, RegistryLookupDep, SessionDep, SettingsDep
+from loraloom.platform.api.deps import DeveloperDep, EngineDep, RegistryLookupDep, SessionDep, SettingsDep
 from loraloom.platform.api.errors import FieldErrorRoute
 from loraloom.platform.api.schemas.common import DEFAULT_PAGE_SIZE, ErrorResponse, PageLimit
 from loraloom.platform.api.schemas.files import FileDeleted, FileList, FileObject
@@ -51,7 +51,7 @@ def upload_file(
 
 @router.get("/v1/files", response_model=FileList)
 def get_files(
-    caller: CallerDep,
+    caller: DeveloperDep,
     session: SessionDep,
     lookup: RegistryLookupDep,
     purpose: str | None = None,
@@ -63,7 +63,7 @@ def get_files(
 
 
 @router.get("/v1/files/{file_id}", response_model=FileObject)
-def get_file(file_id: str, caller: CallerDep, session: SessionDep, lookup: RegistryLookupDep) -> FileObject:
+def get_file(file_id: str, caller: DeveloperDep, session: SessionDep, lookup: RegistryLookupDep) -> FileObject:
     return FileObject.of(find_file(session, tenant_id=caller.tenant_id, file_id=file_id))
 
 
@@ -74,7 +74,7 @@ def remove_file(file_id: str, caller: DeveloperDep, session: SessionDep, lookup:
 
 
 @router.get("/v1/files/{file_id}/content", response_class=StreamingResponse)
-def get_file_content(file_id: str, caller: CallerDep, session: SessionDep, lookup: RegistryLookupDep):
+def get_file_content(file_id: str, caller: DeveloperDep, session: SessionDep, lookup: RegistryLookupDep):
     row = find_file(session, tenant_id=caller.tenant_id, file_id=file_id)
     blob = open_file(lookup.registry.store, row)
     return StreamingResponse(

@@ -12,7 +12,7 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query
 
-from loraloom.platform.api.deps import CallerDep, DeveloperDep, EngineDep, JobSenderDep, SessionDep, SettingsDep
+from loraloom.platform.api.deps import DeveloperDep, EngineDep, JobSenderDep, SessionDep, SettingsDep
 from loraloom.platform.api.errors import FieldErrorRoute
 from loraloom.platform.api.schemas.common import DEFAULT_PAGE_SIZE, ErrorResponse, PageLimit
 from loraloom.platform.api.schemas.fine_tuning import (
@@ -66,7 +66,7 @@ def post_job(
 
 @router.get("/v1/fine_tuning/jobs", response_model=JobList)
 def get_jobs(
-    caller: CallerDep,
+    caller: DeveloperDep,
     session: SessionDep,
     limit: PageLimit = DEFAULT_PAGE_SIZE,
     after: Annotated[str | None, Query(description="The last job id of the previous page.")] = None,
@@ -76,7 +76,7 @@ def get_jobs(
 
 
 @router.get("/v1/fine_tuning/jobs/{job_id}", response_model=JobObject)
-def get_job(job_id: str, caller: CallerDep, session: SessionDep) -> JobObject:
+def get_job(job_id: str, caller: DeveloperDep, session: SessionDep) -> JobObject:
     return JobObject.of(find_job(session, tenant_id=caller.tenant_id, job_id=job_id))
 
 
@@ -90,7 +90,7 @@ def post_cancel(job_id: str, caller: DeveloperDep, session: SessionDep) -> JobOb
 @router.get("/v1/fine_tuning/jobs/{job_id}/events", response_model=EventList)
 def get_events(
     job_id: str,
-    caller: CallerDep,
+    caller: DeveloperDep,
     session: SessionDep,
     limit: PageLimit = DEFAULT_PAGE_SIZE,
     after: Annotated[str | None, Query(description="The last event id of the previous page.")] = None,
@@ -103,7 +103,7 @@ def get_events(
 @router.get("/v1/fine_tuning/jobs/{job_id}/checkpoints", response_model=CheckpointList)
 def get_checkpoints(
     job_id: str,
-    caller: CallerDep,
+    caller: DeveloperDep,
     session: SessionDep,
     limit: PageLimit = DEFAULT_PAGE_SIZE,
     after: Annotated[str | None, Query(description="The last checkpoint id of the previous page.")] = None,

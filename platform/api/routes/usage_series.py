@@ -7,7 +7,7 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Query
 from pydantic import BaseModel, Field
 
-from loraloom.platform.api.deps import CallerDep, SessionDep
+from loraloom.platform.api.deps import DeveloperDep, SessionDep
 from loraloom.platform.api.errors import ERROR_RESPONSES, APIError
 from loraloom.platform.api.routes.usage import as_utc
 from loraloom.platform.metering.usage_series import Granularity, usage_series
@@ -39,7 +39,7 @@ class UsageSeries(BaseModel):
 @router.get("/v1/usage/series", response_model=UsageSeries)
 def get_usage_series(
     session: SessionDep,
-    caller: CallerDep,
+    caller: DeveloperDep,
     granularity: Annotated[Granularity, Query(description="hour or day (UTC)")] = Granularity.hour,
     start: Annotated[datetime | None, Query(description="Inclusive; ISO 8601, UTC without an offset. Default: 24 h ago")] = None,
     end: Annotated[datetime | None, Query(description="Exclusive; ISO 8601, UTC without an offset. Default: now")] = None,

@@ -80,7 +80,7 @@ def test_another_tenants_adapter_answers_exactly_like_a_missing_one(live, acme_a
 
 
 def test_another_tenants_adapter_is_not_listed(live, acme_adapter):
-    with live.http("acme-inference") as acme, live.http("globex-developer") as globex:
+    with live.http("acme-developer") as acme, live.http("globex-developer") as globex:
         assert SECRET in [a["name"] for a in acme.get("/v1/adapters").json()["data"]]
         assert SECRET not in [a["name"] for a in globex.get("/v1/adapters", params={"limit": 100}).json()["data"]]
         listed_after = globex.get("/v1/adapters", params={"after": ""}).json()["data"]

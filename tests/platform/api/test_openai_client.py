@@ -36,6 +36,7 @@ class LiveServer:
     engine: AsyncEngine
     adapters: dict[str, Path]
     api_key: str
+    operator_key: str  # /metrics is the operator's
 
     @property
     def auth(self) -> dict[str, str]:
@@ -66,10 +67,11 @@ def adapters(model_dir, tmp_path_factory) -> dict[str, Path]:
 def server(model_dir, adapters, tmp_path_factory) -> Iterator[LiveServer]:
     settings = migrated_settings(tmp_path_factory.mktemp("data"))
     api_key = make_key(settings, tenant="default", role="inference")
+    operator_key = make_key(settings, tenant="default", role="admin", name="operator")
     engine = AsyncEngine.create(model_dir, EngineConfig(num_kv_blocks=NUM_KV_BLOCKS))
     lookup = LocalAdapterLookup({engine.model_name}, {"alpha": adapters["alpha"]}, adapters["adapter_dir"])
     with serve_in_thread(create_app(engine, lookup, settings)) as url:
-        yield LiveServer(url=url, engine=engine, adapters=adapters, api_key=api_key)
+        yield LiveServer(url=url, engine=engine, adapters=adapters, api_key=api_key, operator_key=operator_key)
 
 
 # ------------------------------------------------------------------ references
@@ -419,7 +421,7 @@ def test_metrics_expose_engine_stats(server):
     for _ in range(counted[("default", "base")]):
         server.openai().completions.create(model="base", prompt="Hi", max_tokens=2)
     with httpx.Client(base_url=server.url, timeout=60) as http:
-        response = http.get("/metrics")
+        response = http.get("/metrics", headers=bearer(server.operator_key))
     assert response.status_code == 200 and response.headers["content-type"].startswith("text/plain")
     samples = {
         (sample.name, tuple(sorted(sample.labels.items()))): sample.value

@@ -38,6 +38,7 @@ HISTOGRAMS = ("loraloom_time_to_first_token_seconds", "loraloom_inter_token_late
 class Server:
     url: str
     key: str
+    operator_key: str  # /metrics is the operator's
 
     def http(self) -> httpx.Client:
         return httpx.Client(base_url=self.url, headers=bearer(self.key), timeout=300)
@@ -51,15 +52,16 @@ def server(model_dir, tmp_path_factory) -> Iterator[Server]:
                 for seed, name in enumerate(ADAPTERS)}
     settings = migrated_settings(tmp_path_factory.mktemp("data"))
     key = make_key(settings, tenant="acme", role="developer")
+    operator_key = make_key(settings, tenant="default", role="admin")
     engine = AsyncEngine.create(model_dir, EngineConfig(num_kv_blocks=64, max_num_seqs=2, max_loras=MAX_LORAS))
     lookup = LocalAdapterLookup({engine.model_name}, adapters, None)
     with serve_in_thread(create_app(engine, lookup, settings)) as url:
-        yield Server(url=url, key=key)
+        yield Server(url=url, key=key, operator_key=operator_key)
 
 
-def scrape(http: httpx.Client) -> dict:
-    """The families of one /metrics scrape, by name (a counter's family drops its _total)."""
-    response = http.get("/metrics")
+def scrape(http: httpx.Client, server: Server) -> dict:
+    """The families of one /metrics scrape (with the operator's key), by name (a counter's family drops its _total)."""
+    response = http.get("/metrics", headers=bearer(server.operator_key))
     assert response.status_code == 200
     return {family.name: family for family in text_string_to_metric_families(response.text)}
 
@@ -90,7 +92,7 @@ def adapters_with_requests(families: dict, name: str) -> set[str]:
 
 def test_the_router_metrics_follow_the_protocol_while_requests_run_and_wait(server):
     with server.http() as http:
-        before = scrape(http)
+        before = scrape(http, server)
         for name, kind in (("loraloom_requests_waiting", "gauge"), ("loraloom_requests_running", "gauge"),
                            ("loraloom_kv_cache_usage_ratio", "gauge"), ("loraloom_cache_config_info", "gauge"),
                            ("loraloom_preemptions", "counter")):
@@ -112,7 +114,7 @@ def test_the_router_metrics_follow_the_protocol_while_requests_run_and_wait(serv
             pending = [pool.submit(complete, model) for model in REQUESTS]
             seen_waiting = seen_running_adapters = False
             while not all(future.done() for future in pending):
-                families = scrape(http)
+                families = scrape(http, server)
                 waiting, running = value(families, "loraloom_requests_waiting"), value(families, "loraloom_requests_running")
                 assert 0 <= value(families, "loraloom_kv_cache_usage_ratio") <= 1
                 assert running <= 2
@@ -130,7 +132,7 @@ def test_the_router_metrics_follow_the_protocol_while_requests_run_and_wait(serv
             results = [future.result() for future in pending]
 
         assert seen_waiting and seen_running_adapters
-        after = scrape(http)
+        after = scrape(http, server)
         served = len(results)
         generated = sum(result["usage"]["completion_tokens"] for result in results)
         assert generated == served * MAX_TOKENS
@@ -158,7 +160,7 @@ def value_of_count(families: dict, name: str) -> float:
 def test_adapter_residency_is_exposed(server):
     with server.http() as http:
         assert http.post("/v1/completions", json={"model": "alpha", "prompt": "Hi", "max_tokens": 1}).status_code == 200
-        families = scrape(http)
+        families = scrape(http, server)
     for name in ("loraloom_adapter_slots_used", "loraloom_host_cache_adapters", "loraloom_host_cache_bytes"):
         assert families[name].type == "gauge", name
     for name in ("loraloom_host_cache_hits", "loraloom_host_cache_misses", "loraloom_adapter_slot_loads",

@@ -44,6 +44,7 @@ class Cluster:
     url: str
     headers: dict[str, str]
     settings: object
+    operator: dict[str, str]  # the gateway's /metrics is the operator's
 
 
 def _free_port() -> int:
@@ -57,6 +58,7 @@ def cluster(tmp_path_factory, postgres_admin_url) -> Iterator[Cluster]:
     with throwaway_postgres_database(postgres_admin_url) as database_url:
         settings = migrated_settings(tmp_path_factory.mktemp("ray-data"), database_url)
         key = make_key(settings, tenant=TENANT, role="developer")
+        operator = make_key(settings, tenant="default", role="admin")
         # Every Ray process of this local cluster inherits these: the replicas' and the gateway's settings.
         environment = {"LORALOOM_DATA_DIR": str(settings.data_dir), "LORALOOM_DATABASE_URL": database_url,
                        "LORALOOM_RECORD_FLUSH_INTERVAL_MS": "20"}
@@ -68,7 +70,7 @@ def cluster(tmp_path_factory, postgres_admin_url) -> Iterator[Cluster]:
             serve.start(http_options={"host": "127.0.0.1", "port": port})
             engine = EngineDeployment.options(num_replicas=2, ray_actor_options={"num_cpus": 1})
             serve.run(build_app({"engine": ENGINE}, engine=engine), name="loraloom", route_prefix="/")
-            yield Cluster(f"http://127.0.0.1:{port}", bearer(key), settings)
+            yield Cluster(f"http://127.0.0.1:{port}", bearer(key), settings, bearer(operator))
         finally:
             serve.shutdown()
             ray.shutdown()
@@ -122,7 +124,7 @@ def test_each_adapter_is_served_by_one_replica_and_both_replicas_serve(cluster, 
     # The gateway's /metrics adds the replicas up.
     requests_total = {
         sample.labels["adapter"].split("@")[0]: sample.value
-        for family in text_string_to_metric_families(httpx.get(f"{cluster.url}/metrics", timeout=60).text)
+        for family in text_string_to_metric_families(httpx.get(f"{cluster.url}/metrics", headers=cluster.operator, timeout=60).text)
         for sample in family.samples
         if sample.name == "loraloom_adapter_requests_total" and sample.labels.get("tenant") == TENANT
         and sample.labels["adapter"] != "base"

@@ -118,10 +118,10 @@ def test_upload_as_files_tar_gz_and_zip_makes_versions(api, peft_adapter, other_
                                 headers=api.developer)
         assert again.status_code == 200 and (again.json()["version"], again.json()["deduplicated"]) == (1, True)
     assert push(api, "uploads-zip", archive_of(peft_adapter, "zip"))["version"] == 1
-    listed = api.client.get("/v1/adapters/uploads/versions", headers=api.inference).json()
+    listed = api.client.get("/v1/adapters/uploads/versions", headers=api.developer).json()
     assert [v["version"] for v in listed["data"]] == [1, 2]
     assert [v["aliases"] for v in listed["data"]] == [[], ["latest"]]
-    one = api.client.get("/v1/adapters/uploads/versions/1", headers=api.inference).json()
+    one = api.client.get("/v1/adapters/uploads/versions/1", headers=api.developer).json()
     assert {f["filename"]: f["sha256"] for f in one["files"]} == {f["filename"]: f["sha256"] for f in first["files"]}
 
 
@@ -218,7 +218,7 @@ def test_aliases_history_and_guarded_deletes(api, peft_adapter, other_peft_adapt
     assert prod_key == {"latest": 2, "prod": 1}
     api.client.put("/v1/adapters/aliased/aliases/prod", json={"version": 2}, headers=api.developer)
     api.client.put("/v1/adapters/aliased/aliases/prod", json={"version": 1}, headers=api.developer)
-    history = api.client.get("/v1/adapters/aliased/aliases/prod/history", headers=api.inference).json()["data"]
+    history = api.client.get("/v1/adapters/aliased/aliases/prod/history", headers=api.developer).json()["data"]
     assert [(h["from_version"], h["to_version"]) for h in history] == [(None, 1), (1, 2), (2, 1)]
     assert api.client.put("/v1/adapters/aliased/aliases/latest", json={"version": 1}, headers=api.developer).status_code == 400
 
@@ -247,9 +247,9 @@ def test_promoting_prefetches_the_version_into_the_engine(api, peft_adapter, tmp
 def test_listing_is_paginated_and_scoped_to_the_tenant(api, peft_adapter):
     for name in ("page-a", "page-b"):
         push(api, name, files_of(peft_adapter))
-    first = api.client.get("/v1/adapters", params={"limit": 1, "after": "page-"}, headers=api.inference).json()
+    first = api.client.get("/v1/adapters", params={"limit": 1, "after": "page-"}, headers=api.developer).json()
     assert [a["name"] for a in first["data"]] == ["page-a"] and first["has_more"] and first["last_id"] == "page-a"
-    second = api.client.get("/v1/adapters", params={"limit": 1, "after": "page-a"}, headers=api.inference).json()
+    second = api.client.get("/v1/adapters", params={"limit": 1, "after": "page-a"}, headers=api.developer).json()
     assert [a["name"] for a in second["data"]] == ["page-b"]
     assert api.client.get("/v1/adapters", headers=api.globex).json()["data"] == []
     theirs = api.client.get("/v1/adapters/page-a", headers=api.globex)
@@ -284,7 +284,7 @@ def test_listing_shows_the_latest_versions_rank_modules_and_size_without_a_query
     pages = {}
     for limit in (1, 3):
         with statements_reading("adapter_version_files") as reads:
-            response = api.client.get("/v1/adapters", params={"limit": limit, "after": "sized-"}, headers=api.inference)
+            response = api.client.get("/v1/adapters", params={"limit": limit, "after": "sized-"}, headers=api.developer)
         assert response.status_code == 200, response.text
         pages[limit] = (response.json()["data"], len(reads))
     assert pages[1][1] == pages[3][1] == 1  # the files of the whole page in one query
@@ -294,7 +294,7 @@ def test_listing_shows_the_latest_versions_rank_modules_and_size_without_a_query
     assert listed["sized-b"]["version"] == 2 and listed["sized-b"]["rank"] == 8
     assert listed["sized-b"]["target_modules"] == second["target_modules"] == ["o_proj", "up_proj"]
     assert listed["sized-b"]["size_bytes"] == sum(file["size_bytes"] for file in second["files"])
-    one = api.client.get("/v1/adapters/sized-b", headers=api.inference).json()
+    one = api.client.get("/v1/adapters/sized-b", headers=api.developer).json()
     assert one["latest_version"] == listed["sized-b"]  # the single adapter says the same
     schema = api.client.get("/openapi.json").json()["components"]["schemas"]
     assert "latest_version" in schema["AdapterObject"]["properties"]

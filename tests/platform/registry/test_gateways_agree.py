@@ -39,13 +39,14 @@ CHAT = [{"role": "user", "content": "Say something."}]
 class Gateway:
     client: TestClient
     lookup: RegistryAdapterLookup
+    operator: dict[str, str]  # /metrics is the operator's
 
     def chat(self, headers: dict[str, str], model: str):
         return self.client.post("/v1/chat/completions", headers=headers,
                                 json={"model": model, "messages": CHAT, "max_tokens": 2, "temperature": 0})
 
     def metric(self, name: str, **labels: str) -> float:
-        for family in text_string_to_metric_families(self.client.get("/metrics").text):
+        for family in text_string_to_metric_families(self.client.get("/metrics", headers=self.operator).text):
             for sample in family.samples:
                 if sample.name == name and sample.labels == labels:
                     return sample.value
@@ -70,15 +71,17 @@ def gateway_settings(root: Path, name: str, database_url: str) -> Settings:
 @pytest.fixture
 def gateways(postgres_database_url: str, model_dir: Path, tmp_path: Path) -> Iterator[tuple[Gateway, Gateway]]:
     upgrade_database(postgres_database_url)
-    with InProcessGateway(gateway_settings(tmp_path, "a", postgres_database_url), model_dir) as a, \
-            InProcessGateway(gateway_settings(tmp_path, "b", postgres_database_url), model_dir) as b:
+    operator = bearer(make_key(gateway_settings(tmp_path, "a", postgres_database_url), tenant="default", role="admin"))
+    with InProcessGateway(gateway_settings(tmp_path, "a", postgres_database_url), model_dir, operator) as a, \
+            InProcessGateway(gateway_settings(tmp_path, "b", postgres_database_url), model_dir, operator) as b:
         yield a, b
 
 
 class InProcessGateway:
     """An app like `loraloom serve` builds (create_app over a registry lookup), served in-process."""
 
-    def __init__(self, settings: Settings, model_dir: Path) -> None:
+    def __init__(self, settings: Settings, model_dir: Path, operator: dict[str, str]) -> None:
+        self.operator = operator
         store = storage_from_settings(settings)
         engine = AsyncEngine.create(model_dir, EngineConfig(num_kv_blocks=16, max_loras=2),
                                     adapter_fetcher_from_settings(settings, store))
@@ -89,7 +92,7 @@ class InProcessGateway:
 
     def __enter__(self) -> Gateway:
         self.client.__enter__()
-        return Gateway(self.client, self.lookup)
+        return Gateway(self.client, self.lookup, self.operator)
 
     def __exit__(self, *exc_info: object) -> None:
         self.client.__exit__(*exc_info)
