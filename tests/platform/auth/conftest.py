@@ -37,3 +37,40 @@ def auth_server(model_dir, tmp_path_factory) -> Iterator[AuthServer]:
     lookup = LocalAdapterLookup({engine.model_name}, {}, None)
     with serve_in_thread(create_app(engine, lookup, settings)) as url:
         yield AuthServer(url=url, settings=settings, keys=keys)
+
+
+@dataclass
+class AccessServer:
+    """A server as `loraloom serve` builds it (create_app over the registry lookup), with the app itself
+    for walking its routes. keys: "inference", "developer", "admin" (tenant acme), "globex" (a developer
+    of tenant globex), "operator" (an admin key of tenant default)."""
+
+    url: str
+    app: object
+    engine: AsyncEngine
+    settings: Settings
+    keys: dict[str, str]
+
+
+@pytest.fixture(scope="session")
+def access_server(model_dir, tmp_path_factory) -> Iterator[AccessServer]:
+    from loraloom.platform.registry.fetch import adapter_fetcher_from_settings
+    from loraloom.platform.registry.lookup import registry_lookup_from_settings
+    from loraloom.platform.storage import storage_from_settings
+    from loraloom.platform.training.jobs import find_checkpoint
+
+    settings = migrated_settings(tmp_path_factory.mktemp("access"))
+    keys = {
+        "inference": make_key(settings, tenant="acme", role="inference"),
+        "developer": make_key(settings, tenant="acme", role="developer"),
+        "admin": make_key(settings, tenant="acme", role="admin"),
+        "globex": make_key(settings, tenant="globex", role="developer"),
+        "operator": make_key(settings, tenant="default", role="admin"),
+    }
+    store = storage_from_settings(settings)
+    engine = AsyncEngine.create(model_dir, EngineConfig(num_kv_blocks=64), adapter_fetcher_from_settings(settings, store))
+    lookup = registry_lookup_from_settings(settings, store, LocalAdapterLookup({engine.model_name}, {}, None),
+                                           find_checkpoint=find_checkpoint)
+    app = create_app(engine, lookup, settings)
+    with serve_in_thread(app) as url:
+        yield AccessServer(url=url, app=app, engine=engine, settings=settings, keys=keys)
