@@ -22,15 +22,17 @@ export function App() {
 function Shell() {
   const { me, signOut } = useSession();
   const admin = me.role === "admin";
+  // An inference key reaches inference, the model list and its engine view only (docs/ACCESS.md).
+  const developer = me.role !== "inference";
   return (
     <div className="shell">
       <a className="skip" href="#main">Skip to content</a>
       <header>
         <span className="brand">loraloom</span>
         <nav aria-label="Pages">
-          <NavLink to="/adapters">Adapters</NavLink>
-          <NavLink to="/upload">Upload</NavLink>
-          <NavLink to="/training">Training</NavLink>
+          {developer && <NavLink to="/adapters">Adapters</NavLink>}
+          {developer && <NavLink to="/upload">Upload</NavLink>}
+          {developer && <NavLink to="/training">Training</NavLink>}
           <NavLink to="/playground">Playground</NavLink>
           <NavLink to="/server">Server</NavLink>
           {admin && <NavLink to="/keys">Keys</NavLink>}
@@ -43,12 +45,12 @@ function Shell() {
       </header>
       <main id="main">
         <Routes>
-          <Route path="/" element={<Navigate to="/adapters" replace />} />
-          <Route path="/adapters" element={<AdaptersPage />} />
-          <Route path="/adapters/:name" element={<AdapterPage />} />
-          <Route path="/upload" element={<UploadPage />} />
-          <Route path="/training" element={<TrainingPage />} />
-          <Route path="/training/:jobId" element={<JobPage />} />
+          <Route path="/" element={<Navigate to={developer ? "/adapters" : "/playground"} replace />} />
+          <Route path="/adapters" element={developer ? <AdaptersPage /> : <NeedsDeveloper />} />
+          <Route path="/adapters/:name" element={developer ? <AdapterPage /> : <NeedsDeveloper />} />
+          <Route path="/upload" element={developer ? <UploadPage /> : <NeedsDeveloper />} />
+          <Route path="/training" element={developer ? <TrainingPage /> : <NeedsDeveloper />} />
+          <Route path="/training/:jobId" element={developer ? <JobPage /> : <NeedsDeveloper />} />
           <Route path="/playground" element={<PlaygroundPage />} />
           <Route path="/server" element={<ServerPage />} />
           <Route path="/keys" element={admin ? <KeysPage /> : <NotAllowed />} />
@@ -58,6 +60,10 @@ function Shell() {
       </main>
     </div>
   );
+}
+
+function NeedsDeveloper() {
+  return <p role="alert">This page needs a developer or admin key; an inference key runs models only.</p>;
 }
 
 function NotAllowed() {

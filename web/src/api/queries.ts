@@ -32,8 +32,8 @@ export interface Residency {
   slot: number | null;
 }
 
-export interface EngineStatus {
-  model: string;
+/** The whole engine, every tenant's load: only in the operator's view. */
+export interface ServerEngineStatus {
   num_running: number;
   num_waiting: number;
   kv_blocks_used: number;
@@ -47,7 +47,15 @@ export interface EngineStatus {
   host_cache_hits: number;
   host_cache_misses: number;
   host_cache_adapters: number;
+}
+
+/** The caller's tenant's view: its own requests and resident adapters; `server` for the operator only. */
+export interface EngineStatus {
+  model: string;
+  num_running: number;
+  num_waiting: number;
   adapters: Residency[];
+  server: ServerEngineStatus | null;
 }
 
 export function useEngineStatus(refetchInterval: number | false = false) {

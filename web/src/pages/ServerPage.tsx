@@ -1,7 +1,7 @@
 import { createColumnHelper } from "@tanstack/react-table";
 import { useEffect, useMemo, useState } from "react";
 import { Link } from "react-router-dom";
-import { type Residency, useEngineStatus } from "../api/queries";
+import { type Residency, type ServerEngineStatus, useEngineStatus } from "../api/queries";
 import { DataTable } from "../components/DataTable";
 import { LineChart } from "../components/LineChart";
 import { Empty, ErrorBox, Loading } from "../components/States";
@@ -19,53 +19,66 @@ const columns = [
   column.accessor("slot", { header: "Slot", cell: (info) => info.getValue() ?? "—" }),
 ];
 
+// What the API gives: a tenant sees its own requests and adapters; the operator's key also gets the
+// whole engine (`server`), shown below them.
 export function ServerPage() {
   const status = useEngineStatus(REFRESH_MS);
-  const [samples, setSamples] = useState<Sample[]>([]);
-  const [points, setPoints] = useState<{ at: number[]; tps: (number | null)[] }>({ at: [], tps: [] });
-
-  useEffect(() => {
-    if (!status.data) return;
-    const sample = { at: status.dataUpdatedAt / 1000, total: status.data.generation_tokens_total };
-    setSamples((current) => {
-      const next = addSample(current, sample);
-      const tps = rate(next);
-      setPoints((old) => ({ at: [...old.at, sample.at].slice(-120), tps: [...old.tps, tps].slice(-120) }));
-      return next;
-    });
-  }, [status.data, status.dataUpdatedAt]);
-
-  const series = useMemo(() => [{ label: "generated tokens/s", color: "#2563eb", values: points.tps }], [points]);
   if (status.isPending) return <Loading what="Loading server status" />;
   if (status.error) return <ErrorBox error={status.error} />;
   const s = status.data;
-  const tps = rate(samples);
-  const kv = s.kv_blocks_total ? s.kv_blocks_used / s.kv_blocks_total : 0;
-  const lookups = s.host_cache_hits + s.host_cache_misses;
   return (
     <section>
       <h1>Server</h1>
       <p className="muted">Model {s.model}; refreshed every {REFRESH_MS / 1000} s.</p>
-      <ErrorBox error={status.error} />
-      <dl className="stats" aria-label="Server status">
-        <Stat label="Running" value={formatNumber(s.num_running)} />
-        <Stat label="Waiting" value={formatNumber(s.num_waiting)} />
-        <Stat label="Tokens/s" value={tps === null ? "…" : tps.toFixed(1)} />
-        <Stat label="KV cache" value={`${(kv * 100).toFixed(0)}% (${s.kv_blocks_used}/${s.kv_blocks_total} blocks)`} />
-        <Stat label="Adapter slots" value={`${s.adapter_slots_used}/${s.adapter_slots_total}`} />
-        <Stat label="Host cache" value={`${s.host_cache_adapters} adapters`} />
-        <Stat label="Host-cache hits" value={lookups ? `${formatNumber(s.host_cache_hits)} of ${formatNumber(lookups)}` : "none yet"} />
-        <Stat label="Preemptions" value={formatNumber(s.preemptions_total)} />
+      <dl className="stats" aria-label="Your requests">
+        <Stat label="Your requests running" value={formatNumber(s.num_running)} />
+        <Stat label="Your requests waiting" value={formatNumber(s.num_waiting)} />
       </dl>
-      <h2>Generated tokens per second</h2>
-      <LineChart label="Generated tokens per second" x={points.at} series={series} time xLabel="time" height={180} />
       <h2>Your resident adapters</h2>
       {s.adapters.length === 0 ? (
         <Empty>None of your adapters is in a GPU slot or the host cache now.</Empty>
       ) : (
         <DataTable label="Resident adapters" data={s.adapters} columns={columns} />
       )}
+      {s.server && <WholeEngine server={s.server} at={status.dataUpdatedAt / 1000} />}
     </section>
+  );
+}
+
+function WholeEngine({ server, at }: { server: ServerEngineStatus; at: number }) {
+  const [samples, setSamples] = useState<Sample[]>([]);
+  const [points, setPoints] = useState<{ at: number[]; tps: (number | null)[] }>({ at: [], tps: [] });
+
+  useEffect(() => {
+    const sample = { at, total: server.generation_tokens_total };
+    setSamples((current) => {
+      const next = addSample(current, sample);
+      const tps = rate(next);
+      setPoints((old) => ({ at: [...old.at, sample.at].slice(-120), tps: [...old.tps, tps].slice(-120) }));
+      return next;
+    });
+  }, [server, at]);
+
+  const series = useMemo(() => [{ label: "generated tokens/s", color: "#2563eb", values: points.tps }], [points]);
+  const tps = rate(samples);
+  const kv = server.kv_blocks_total ? server.kv_blocks_used / server.kv_blocks_total : 0;
+  const lookups = server.host_cache_hits + server.host_cache_misses;
+  return (
+    <>
+      <h2>Whole engine, every tenant</h2>
+      <dl className="stats" aria-label="Server status">
+        <Stat label="Running" value={formatNumber(server.num_running)} />
+        <Stat label="Waiting" value={formatNumber(server.num_waiting)} />
+        <Stat label="Tokens/s" value={tps === null ? "…" : tps.toFixed(1)} />
+        <Stat label="KV cache" value={`${(kv * 100).toFixed(0)}% (${server.kv_blocks_used}/${server.kv_blocks_total} blocks)`} />
+        <Stat label="Adapter slots" value={`${server.adapter_slots_used}/${server.adapter_slots_total}`} />
+        <Stat label="Host cache" value={`${server.host_cache_adapters} adapters`} />
+        <Stat label="Host-cache hits" value={lookups ? `${formatNumber(server.host_cache_hits)} of ${formatNumber(lookups)}` : "none yet"} />
+        <Stat label="Preemptions" value={formatNumber(server.preemptions_total)} />
+      </dl>
+      <h3>Generated tokens per second</h3>
+      <LineChart label="Generated tokens per second" x={points.at} series={series} time xLabel="time" height={180} />
+    </>
   );
 }
 
