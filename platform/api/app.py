@@ -36,6 +36,7 @@ from loraloom.platform.api.routes import (
     usage,
     usage_series,
 )
+from loraloom.platform.api.security_headers import SecurityHeaders
 from loraloom.platform.api.schemas.common import ErrorResponse
 from loraloom.platform.db import create_db_engine, create_session_factory
 from loraloom.platform.db.change_listener import ChangeListener, InProcessChangeListener, PostgresChangeListener
@@ -159,6 +160,8 @@ def create_app(
     # An oversized body is refused before anything else reads it.
     app.add_middleware(BodySizeLimit, max_body_bytes=settings.max_request_body_bytes,
                        max_upload_bytes=settings.adapter_upload_max_bytes)
+    # CSP, no framing, nosniff, no referrer on every response, the refusals above included.
+    app.add_middleware(SecurityHeaders)
     # Outermost: every request gets its id first (the audit log records it) and is logged last.
     app.add_middleware(RequestLogMiddleware)
     authenticated = APIRouter(
