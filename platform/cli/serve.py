@@ -8,10 +8,16 @@ import logging
 import signal
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from loraloom.engine import FP8_ACTIVATION_TERMS, KV_CACHE_DTYPES, LORA_DTYPES, QUANTIZATION_METHODS, EngineConfig
 from loraloom.platform.cli.options import adapter_argument, fraction, load_settings, positive_int
 from loraloom.platform.log_format import configure_logging
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
+
+    from loraloom.platform.metering.metrics_server import MetricsServer
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8000
@@ -26,6 +32,15 @@ def add_serve_command(commands: argparse._SubParsersAction) -> None:
     )
     serve.add_argument("--host", default=DEFAULT_HOST, help="address to listen on")
     serve.add_argument("--port", type=int, default=DEFAULT_PORT, help="port to listen on")
+    serve.add_argument(
+        "--metrics-port", type=int, default=None, metavar="PORT",
+        help="also serve the Prometheus metrics without a key on this port (0: a free one); on the API's port "
+        "/metrics needs the operator's key",
+    )
+    serve.add_argument(
+        "--metrics-host", default=DEFAULT_HOST,
+        help="address of --metrics-port: loopback by default; 0.0.0.0 only where the network limits who reaches it",
+    )
     serve.add_argument(
         "--adapter",
         type=adapter_argument,
@@ -177,6 +192,7 @@ def serve(args: argparse.Namespace) -> None:
     # uvicorn handles SIGTERM with a graceful shutdown, then raises it again with the handler found at
     # its start: the default one would end the process before the `finally` stops the worker.
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    metrics = None if args.metrics_port is None else serve_metrics(app, args.metrics_host, args.metrics_port)
     training.start()
     try:
         # log_config=None: uvicorn's lines go through our JSON handler; its access log would repeat the
@@ -184,6 +200,20 @@ def serve(args: argparse.Namespace) -> None:
         uvicorn.run(app, host=args.host, port=args.port, log_config=None, access_log=False, **fast_server_options())
     finally:
         training.stop()
+        if metrics is not None:
+            metrics.stop()
+
+
+def serve_metrics(app: FastAPI, host: str, port: int) -> MetricsServer:
+    """The app's metrics on their own listener (metering/metrics_server.py), announced in the log."""
+    from loraloom.platform.metering.metrics_server import start_metrics_server
+
+    try:
+        metrics = start_metrics_server(app.state.metrics_registry, host, port)
+    except OSError as error:  # the port is taken, the address is not ours: say which, no traceback
+        sys.exit(f"loraloom serve: --metrics-port {port} on {host}: {error}")
+    logging.getLogger(__name__).info("Prometheus metrics on http://%s:%d/metrics (no key)", host, metrics.port)
+    return metrics
 
 
 def _exit_on_sigterm(signum: int, frame: object) -> None:

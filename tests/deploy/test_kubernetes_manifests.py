@@ -127,3 +127,23 @@ def test_the_metrics_the_flags_name_are_exposed_as_gauges_with_the_protocol_s_la
     assert set(lora.labels) == set(LORA_INFO_LABELS)
     assert lora.labels == {"max_lora": "8", "running_lora_adapters": "a@1", "waiting_lora_adapters": "b@2,c"}
     assert values["loraloom_cache_config_info"].labels["block_size"] == "16"
+
+
+def test_the_epp_scrapes_the_keyless_metrics_port_which_only_it_and_prometheus_reach(documents):
+    serve = container(documents[("Deployment", "loraloom-engine")])
+    parsed = build_parser().parse_args(["serve", *serve["args"]])
+    ports = {port["name"]: port["containerPort"] for port in serve["ports"]}
+    assert parsed.metrics_port == ports["metrics"] != parsed.port and parsed.metrics_host == "0.0.0.0"
+    epp = documents[("Deployment", "loraloom-epp")]
+    assert int(flags(container(epp)["args"])["model-server-metrics-port"]) == parsed.metrics_port
+    policy = documents[("NetworkPolicy", "loraloom-engine")]["spec"]
+    engine_pods = documents[("Deployment", "loraloom-engine")]["spec"]["template"]["metadata"]["labels"]
+    assert policy["podSelector"]["matchLabels"].items() <= engine_pods.items()
+    (open_rule,) = [rule for rule in policy["ingress"] if "from" not in rule]
+    assert [port["port"] for port in open_rule["ports"]] == [parsed.port]  # the API: from anywhere
+    (metrics_rule,) = [rule for rule in policy["ingress"] if "from" in rule]
+    assert [port["port"] for port in metrics_rule["ports"]] == [parsed.metrics_port]
+    allowed_pods = [peer["podSelector"]["matchLabels"] for peer in metrics_rule["from"] if "podSelector" in peer]
+    assert allowed_pods == [epp["spec"]["template"]["metadata"]["labels"]]
+    service_ports = {port["name"]: port["targetPort"] for port in documents[("Service", "loraloom-engine")]["spec"]["ports"]}
+    assert service_ports["metrics"] == parsed.metrics_port
