@@ -36,6 +36,7 @@ from loraloom.platform.api.routes import (
     usage,
     usage_series,
 )
+from loraloom.platform.api.revocation import KeyWatch
 from loraloom.platform.api.security_headers import SecurityHeaders
 from loraloom.platform.api.schemas.common import ErrorResponse
 from loraloom.platform.db import create_db_engine, create_session_factory
@@ -127,12 +128,14 @@ def create_app(
         for writer in writers:
             writer.start()
         changes.start()
+        app.state.key_watch.start()
         await engine.start()
         try:
             await preload_adapters(engine, lookup)
             yield
         finally:
             await engine.shutdown()  # ends the streams, whose usage rows are submitted as they end
+            await app.state.key_watch.stop()
             await run_in_threadpool(changes.stop)
             for writer in writers:
                 await writer.close()
@@ -145,6 +148,8 @@ def create_app(
     app.state.session_factory = session_factory
     app.state.settings = settings
     app.state.training = training
+    # Ends the generations of a key revoked (through any gateway) or expired while they run.
+    app.state.key_watch = KeyWatch(session_factory)
     # Sends training jobs to the workers (`loraloom worker`, or the one `loraloom serve` starts).
     app.state.training_app = create_celery_app(settings)
     app.state.metrics_registry = engine_metrics_registry(engine.stats)

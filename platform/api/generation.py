@@ -25,6 +25,7 @@ from loraloom.engine import (
     TokenLogprob,
 )
 from loraloom.platform.api.errors import APIError, field_error
+from loraloom.platform.api.revocation import revocable
 from loraloom.platform.api.schemas.generation import DEFAULT_MAX_TOKENS, GenerationRequest, PromptTokensDetails, Usage
 from loraloom.platform.api.sse import ending_in_error_event, events_once_open, opened_within, sse_response
 from loraloom.platform.metering.usage import UsageMeter
@@ -346,13 +347,17 @@ async def respond(
         model=body.model,
         meter=meter,
     )
+    # Revoking the key (or its expiry) ends the generation, from its queueing to its last token.
+    revocation = request.app.state.key_watch.watch(meter.caller.api_key_id)
     if body.stream:
-        return await stream_response(request, cancel_on_disconnect(request, start),
-                                     lambda outputs: ending_in_error_event(events(outputs, head, body.include_usage)))
-    outputs = await cancel_on_disconnect(request, start)
+        return await stream_response(
+            request, cancel_on_disconnect(request, lambda: revocation.guard(start())),
+            lambda outputs: ending_in_error_event(events(revocable(outputs, revocation), head, body.include_usage)),
+        )
+    outputs = await cancel_on_disconnect(request, lambda: revocation.guard(start()))
     if outputs is None:
         return Response(status_code=CLIENT_CLOSED_REQUEST)
-    collected = await cancel_on_disconnect(request, lambda: collect(outputs, body.n))
+    collected = await cancel_on_disconnect(request, lambda: collect(revocable(outputs, revocation), body.n))
     if collected is None:
         return Response(status_code=CLIENT_CLOSED_REQUEST)
     return build(collected, head)

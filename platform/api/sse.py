@@ -72,6 +72,8 @@ async def ending_in_error_event(events: AsyncIterator[str]) -> AsyncIterator[str
     try:
         async for event in events:
             yield event
+    except APIError as error:  # a deliberate answer (a key revoked mid-stream), not a failure to log
+        yield error_event(error)
     except Exception as error:
         logger.exception("stream failed after its first event")
         yield error_event(api_error_for(error))
