@@ -17,7 +17,7 @@ from loraloom.platform.log_format import configure_logging
 if TYPE_CHECKING:
     from fastapi import FastAPI
 
-    from loraloom.platform.metering.metrics_server import MetricsServer
+    from loraloom.platform.api.metrics_server import MetricsServer
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 8000
@@ -205,8 +205,8 @@ def serve(args: argparse.Namespace) -> None:
 
 
 def serve_metrics(app: FastAPI, host: str, port: int) -> MetricsServer:
-    """The app's metrics on their own listener (metering/metrics_server.py), announced in the log."""
-    from loraloom.platform.metering.metrics_server import start_metrics_server
+    """The app's metrics on their own listener (api/metrics_server.py), announced in the log."""
+    from loraloom.platform.api.metrics_server import start_metrics_server
 
     try:
         metrics = start_metrics_server(app.state.metrics_registry, host, port)

@@ -3,7 +3,7 @@
 /metrics names every tenant and adapter with its traffic, so on the API's port it answers only the
 operator's admin key as `Authorization: Bearer`. Scrapers that hold no key read the same registry
 on `loraloom serve --metrics-port`, a listener of its own bound to loopback by default
-(metering/metrics_server.py)."""
+(api/metrics_server.py)."""
 from __future__ import annotations
 
 from fastapi import APIRouter, Request, Response
