@@ -146,6 +146,8 @@ class Tenant(Base):
     adapters: Mapped[list[Adapter]] = relationship(
         back_populates="tenant", cascade="all, delete-orphan", passive_deletes=True
     )
+    # None: no limits set, the tenant is unlimited (platform/limits/).
+    limits: Mapped[TenantLimits | None] = relationship(passive_deletes=True)
 
 
 class ApiKey(Base):
@@ -166,6 +168,7 @@ class ApiKey(Base):
     last_used_at: Mapped[datetime | None]
 
     tenant: Mapped[Tenant] = relationship(back_populates="api_keys")
+    limits: Mapped[ApiKeyLimits | None] = relationship(passive_deletes=True)
 
     def is_usable(self, now: datetime) -> bool:
         return self.revoked_at is None and (self.expires_at is None or now < self.expires_at)
@@ -497,3 +500,44 @@ class BlobClaim(Base):
     id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=uuid.uuid4)
     sha256: Mapped[str] = mapped_column(String(64), index=True)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class TenantLimits(Base):
+    """What an operator allows a tenant (platform/limits/). A column left None is unlimited; a tenant
+    without a row is unlimited and has weight 1."""
+
+    __tablename__ = "tenant_limits"
+    __table_args__ = (
+        CheckConstraint("requests_per_minute >= 1", name="requests_per_minute"),
+        CheckConstraint("tokens_per_minute >= 1", name="tokens_per_minute"),
+        CheckConstraint("max_concurrent_requests >= 1", name="max_concurrent_requests"),
+        CheckConstraint("max_training_jobs >= 1", name="max_training_jobs"),
+        CheckConstraint("monthly_tokens >= 1", name="monthly_tokens"),
+        CheckConstraint("share_weight > 0", name="share_weight"),
+    )
+
+    tenant_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"), primary_key=True)
+    requests_per_minute: Mapped[int | None] = mapped_column(BigInteger)
+    tokens_per_minute: Mapped[int | None] = mapped_column(BigInteger)
+    max_concurrent_requests: Mapped[int | None]
+    max_training_jobs: Mapped[int | None]  # jobs running at once; the rest wait queued
+    monthly_tokens: Mapped[int | None] = mapped_column(BigInteger)  # input + output tokens per UTC month
+    share_weight: Mapped[float] = mapped_column(Double, default=1.0)  # the engine's fair share (VTC)
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
+
+
+class ApiKeyLimits(Base):
+    """Limits of one API key, on top of its tenant's: a request must fit both."""
+
+    __tablename__ = "api_key_limits"
+    __table_args__ = (
+        CheckConstraint("requests_per_minute >= 1", name="requests_per_minute"),
+        CheckConstraint("tokens_per_minute >= 1", name="tokens_per_minute"),
+        CheckConstraint("max_concurrent_requests >= 1", name="max_concurrent_requests"),
+    )
+
+    api_key_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("api_keys.id", ondelete="CASCADE"), primary_key=True)
+    requests_per_minute: Mapped[int | None] = mapped_column(BigInteger)
+    tokens_per_minute: Mapped[int | None] = mapped_column(BigInteger)
+    max_concurrent_requests: Mapped[int | None]
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow, onupdate=utcnow)
