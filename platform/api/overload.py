@@ -9,17 +9,19 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-from loraloom.engine import EngineConfig, EngineStats
+from loraloom.engine import EngineStats
 from loraloom.platform.api.errors import SERVER_ERROR, APIError
 
-# The default bound: this many waiting requests per running slot (EngineConfig.max_num_seqs).
+# The default bound: this many waiting requests per running slot (the engine's max_num_seqs, which
+# `loraloom serve` knows; an app built without it assumes the engine's default of 256).
 OVERLOAD_WAITING_PER_SEQ = 4
+ASSUMED_MAX_NUM_SEQS = 256
 THROUGHPUT_WINDOW_S = 30.0
 MIN_RETRY_S, MAX_RETRY_S = 1, 60
 UNKNOWN_PACE_RETRY_S = 5  # nothing finished lately to measure by
 
 
-def default_max_waiting(max_num_seqs: int = EngineConfig.max_num_seqs) -> int:
+def default_max_waiting(max_num_seqs: int = ASSUMED_MAX_NUM_SEQS) -> int:
     return OVERLOAD_WAITING_PER_SEQ * max_num_seqs
 
 

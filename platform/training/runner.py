@@ -106,15 +106,19 @@ def run_job(job_id: str, context: WorkerContext) -> None:
                         extra={"job_id": claim.job_id})
         with Heartbeat(factory, claim, context.settings.training_heartbeat_interval_s):
             _run_claimed(factory, claim, context)
-        _send_next(factory, context)
+        _send_next(factory, claim, context)
     finally:
         db_engine.dispose()
 
 
-def _send_next(factory: sessionmaker[Session], context: WorkerContext) -> None:
+def _send_next(factory: sessionmaker[Session], claim: Claim, context: WorkerContext) -> None:
     """A run ended and freed its tenant's slot: ask for the next job, which may be one its tenant's
-    limit held back and whose message was spent on a turn that found nothing to run."""
+    limit held back and whose message was spent on a turn that found nothing to run. A job that was
+    requeued instead has had its message sent again already (requeue_or_fail)."""
     with factory() as session:
+        job = session.get(FineTuningJob, claim.job_id)
+        if job is not None and job.status is FineTuningJobStatus.queued:
+            return
         job_id = next_job(session)
     if job_id is not None:
         context.send(job_id)
