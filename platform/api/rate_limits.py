@@ -26,6 +26,7 @@ from loraloom.engine import EngineClient
 from loraloom.platform.api.asgi import HttpMiddleware
 from loraloom.platform.api.errors import APIError
 from loraloom.platform.api.overload import OverloadGuard
+from loraloom.platform.api.schemas.common import ErrorResponse
 from loraloom.platform.db.models import utcnow
 from loraloom.platform.limits.admission import (
     CONCURRENT,
@@ -41,6 +42,33 @@ from loraloom.platform.limits.admission import (
 from loraloom.platform.limits.policy import UNLIMITED, CallerLimits
 from loraloom.platform.metering.throttle_metrics import ThrottledRequests
 from loraloom.platform.metering.usage import UsageMeter
+
+def _header_doc(description: str, kind: str = "string") -> dict[str, Any]:
+    return {"description": description, "schema": {"type": kind}}
+
+
+# The OpenAPI entries of a rate-limited route: the headers of its answers, and its 429 and 503.
+RATELIMIT_HEADERS_DOC = {
+    f"x-ratelimit-{what}-{kind}": _header_doc(f"{description} ({kind}; only when a {kind} limit applies)")
+    for kind in ("requests", "tokens")
+    for what, description in (("limit", "The limit per minute"), ("remaining", "What is left of it now"),
+                              ("reset", "When it is whole again, e.g. 1s, 6m0s"))
+}
+RETRY_HEADERS_DOC = {
+    "Retry-After": _header_doc("Seconds until a retry can succeed", "integer"),
+    "retry-after-ms": _header_doc("The same in milliseconds", "integer"),
+}
+
+
+def rate_limited_responses() -> dict[int | str, dict[str, Any]]:
+    return {
+        429: {"model": ErrorResponse, "headers": {**RETRY_HEADERS_DOC, **RATELIMIT_HEADERS_DOC},
+              "description": "Over a rate limit (code rate_limit_exceeded; type requests, tokens or "
+                             "concurrent_requests) or the monthly quota (insufficient_quota)"},
+        503: {"model": ErrorResponse, "headers": RETRY_HEADERS_DOC,
+              "description": "The server is full (server_overloaded) or its engine is unavailable"},
+    }
+
 
 HEADERS_STATE = "rate_limit_headers"  # request.state: the x-ratelimit-* headers of this response
 LIMIT_NAMES = {

@@ -10,6 +10,8 @@ import json
 import uuid
 from typing import Any
 
+from loraloom.platform.cli.options import positive_int
+
 NONE = "none"
 # flag -> the limit it sets (policy.Limits' field)
 LIMIT_FLAGS = {
@@ -22,16 +24,8 @@ LIMIT_FLAGS = {
 
 
 def limit_value(text: str) -> int | None:
-    """argparse type: a whole number >= 1, or `none` for unlimited."""
-    if text.lower() == NONE:
-        return None
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, or {NONE!r}; got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, or {NONE!r}; got {text!r}")
-    return value
+    """argparse type: a positive whole number, or `none` for unlimited."""
+    return None if text.lower() == NONE else positive_int(text)
 
 
 def weight_value(text: str) -> float:
@@ -62,7 +56,13 @@ def admin_limits(settings: Any, args: argparse.Namespace) -> dict[str, Any]:
     from loraloom.platform.cli.admin import require_migrated
     from loraloom.platform.db import create_db_engine, create_session_factory
     from loraloom.platform.db.models import ApiKey
-    from loraloom.platform.limits.policy import key_limits, set_key_limits, set_tenant_limits, tenant_limits
+    from loraloom.platform.limits.policy import (
+        KEY_LIMIT_FIELDS,
+        key_limits,
+        set_key_limits,
+        set_tenant_limits,
+        tenant_limits,
+    )
 
     require_migrated(settings.database_url)
     changes = {name: getattr(args, name) for name in (*LIMIT_FLAGS.values(), "share_weight") if hasattr(args, name)}
@@ -80,8 +80,7 @@ def admin_limits(settings: Any, args: argparse.Namespace) -> dict[str, Any]:
                                   f"--tenant {tenant.name}` lists them")
             limits = set_key_limits(session, key_id=key.id,
                                     limits=dataclasses.replace(key_limits(session, key.id), **changes))
-            shown = {name: value for name, value in dataclasses.asdict(limits).items()
-                     if name in ("requests_per_minute", "tokens_per_minute", "max_concurrent_requests")}
+            shown = {name: getattr(limits, name) for name in KEY_LIMIT_FIELDS}
             return {"tenant": tenant.name, "key_id": str(key.id), **shown}
     finally:
         engine.dispose()

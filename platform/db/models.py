@@ -502,17 +502,21 @@ class BlobClaim(Base):
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
 
 
+# The limits both a tenant and a key may have.
+PER_MINUTE_AND_CONCURRENT = ("requests_per_minute", "tokens_per_minute", "max_concurrent_requests")
+
+
+def _at_least_one(*columns: str) -> tuple[CheckConstraint, ...]:
+    return tuple(CheckConstraint(f"{column} >= 1", name=column) for column in columns)
+
+
 class TenantLimits(Base):
     """What an operator allows a tenant (platform/limits/). A column left None is unlimited; a tenant
     without a row is unlimited and has weight 1."""
 
     __tablename__ = "tenant_limits"
     __table_args__ = (
-        CheckConstraint("requests_per_minute >= 1", name="requests_per_minute"),
-        CheckConstraint("tokens_per_minute >= 1", name="tokens_per_minute"),
-        CheckConstraint("max_concurrent_requests >= 1", name="max_concurrent_requests"),
-        CheckConstraint("max_training_jobs >= 1", name="max_training_jobs"),
-        CheckConstraint("monthly_tokens >= 1", name="monthly_tokens"),
+        *_at_least_one(*PER_MINUTE_AND_CONCURRENT, "max_training_jobs", "monthly_tokens"),
         CheckConstraint("share_weight > 0", name="share_weight"),
     )
 
@@ -530,11 +534,7 @@ class ApiKeyLimits(Base):
     """Limits of one API key, on top of its tenant's: a request must fit both."""
 
     __tablename__ = "api_key_limits"
-    __table_args__ = (
-        CheckConstraint("requests_per_minute >= 1", name="requests_per_minute"),
-        CheckConstraint("tokens_per_minute >= 1", name="tokens_per_minute"),
-        CheckConstraint("max_concurrent_requests >= 1", name="max_concurrent_requests"),
-    )
+    __table_args__ = _at_least_one(*PER_MINUTE_AND_CONCURRENT)
 
     api_key_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("api_keys.id", ondelete="CASCADE"), primary_key=True)
     requests_per_minute: Mapped[int | None] = mapped_column(BigInteger)

@@ -12,11 +12,11 @@ from dataclasses import dataclass, fields
 
 from sqlalchemy.orm import Session
 
-from loraloom.platform.db.models import MAX_INT64, ApiKey, ApiKeyLimits, TenantLimits
+from loraloom.platform.db.models import MAX_INT64, PER_MINUTE_AND_CONCURRENT, ApiKey, ApiKeyLimits, TenantLimits
 
 DEFAULT_SHARE_WEIGHT = 1.0
 # Limits both a tenant and a key may have; the tenant's alone are its training jobs, quota and weight.
-KEY_LIMIT_FIELDS = ("requests_per_minute", "tokens_per_minute", "max_concurrent_requests")
+KEY_LIMIT_FIELDS = PER_MINUTE_AND_CONCURRENT
 TENANT_LIMIT_FIELDS = (*KEY_LIMIT_FIELDS, "max_training_jobs", "monthly_tokens")
 
 

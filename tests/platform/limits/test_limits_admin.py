@@ -166,3 +166,16 @@ def test_a_keys_limits_and_its_tenants_come_with_the_key_in_one_query(session_fa
     limits = caller_limits(found)
     assert limits.tenant.requests_per_minute == 3 and limits.share_weight == 2.0
     assert limits.key.max_concurrent_requests == 4 and limits.key.requests_per_minute is None
+
+
+def test_the_openapi_document_describes_the_limits(limits_server):
+    document = httpx.get(f"{limits_server.url}/openapi.json").json()
+    for path in ("/v1/completions", "/v1/chat/completions"):
+        responses = document["paths"][path]["post"]["responses"]
+        assert {"429", "503"} <= set(responses)
+        assert "retry-after-ms" in responses["429"]["headers"]
+        assert "x-ratelimit-remaining-tokens" in responses["200"]["headers"]
+    assert {"get", "put"} <= set(document["paths"]["/v1/tenants/{tenant}/limits"])
+    assert {"get", "put"} <= set(document["paths"]["/v1/keys/{key_id}/limits"])
+    me = document["components"]["schemas"]["MeObject"]["properties"]
+    assert "limits" in me
