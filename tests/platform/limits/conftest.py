@@ -62,6 +62,11 @@ def serve_limits(model_dir, data_dir, **settings_fields) -> Iterator[LimitsServe
     engine = AsyncEngine.create(model_dir, EngineConfig(num_kv_blocks=160, max_num_seqs=1))
     app = create_app(engine, LocalAdapterLookup({engine.model_name}, {}, None), settings)
     with serve_in_thread(app) as url:
+        # A fresh engine's first forward pass takes far longer than the ones after (on busy shared cores,
+        # minutes): take it here, unlimited, so the tests' own requests are not the first.
+        warm = httpx.post(f"{url}/v1/completions", headers={"Authorization": f"Bearer {operator}"},
+                          json={"model": "base", "prompt": "Hi", "max_tokens": 1}, timeout=600)
+        assert warm.status_code == 200, warm.text
         yield LimitsServer(url=url, settings=settings, app=app, operator_key=operator)
 
 
