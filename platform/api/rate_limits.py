@@ -13,6 +13,7 @@ bucket, the monthly quota) carries x-should-retry: false, which stops the SDK fr
 from __future__ import annotations
 
 import asyncio
+import logging
 import math
 import uuid
 from collections.abc import Coroutine
@@ -39,6 +40,7 @@ from loraloom.platform.limits.admission import (
     Ticket,
     Who,
 )
+from loraloom.platform.limits.limiter import LimiterUnavailableError
 from loraloom.platform.limits.policy import UNLIMITED, CallerLimits
 from loraloom.platform.metering.throttle_metrics import ThrottledRequests
 from loraloom.platform.metering.usage import UsageMeter
@@ -70,6 +72,7 @@ def rate_limited_responses() -> dict[int | str, dict[str, Any]]:
     }
 
 
+logger = logging.getLogger(__name__)
 HEADERS_STATE = "rate_limit_headers"  # request.state: the x-ratelimit-* headers of this response
 LIMIT_NAMES = {
     REQUESTS: "requests per minute (RPM)",
@@ -142,9 +145,16 @@ class RateLimits:
         self._pending: set[asyncio.Task[None]] = set()
 
     def _later(self, work: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.get_running_loop().create_task(work)
+        task = asyncio.get_running_loop().create_task(self._logged(work))
         self._pending.add(task)
         task.add_done_callback(self._pending.discard)
+
+    @staticmethod
+    async def _logged(work: Coroutine[Any, Any, None]) -> None:
+        try:
+            await work
+        except LimiterUnavailableError as error:  # its counters heal as their buckets refill and leases end
+            logger.warning("a request's rate-limit settlement was lost: %s", error)
 
     async def settled(self) -> None:
         if self._pending:
@@ -163,6 +173,10 @@ class RateLimits:
         except Throttled as throttled:
             self.throttled.count(tenant=caller.tenant_name, limit=throttled.refusal.limit)
             raise throttled_error(throttled) from None
+        except LimiterUnavailableError as error:
+            # Refusing every request while Redis is down would be an outage of its own: admit, unlimited.
+            logger.warning("admitted without rate limits: %s", error, extra={"tenant": caller.tenant_name})
+            return Ticket(token_charges=[], slots=[], charged_tokens=tokens, quota_key=None, settled=True)
         setattr(request.state, HEADERS_STATE, ratelimit_headers(ticket.headroom))
         meter.on_finish.append(lambda finished: self._on_finish(ticket, finished))
         return ticket

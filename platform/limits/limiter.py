@@ -20,6 +20,11 @@ from typing import Protocol
 SLOT_RETRY_S = 1.0
 
 
+class LimiterUnavailableError(RuntimeError):
+    """The limiter's store cannot be reached (Redis is down): the gateway admits without limits
+    rather than refusing every request, and says so in its log."""
+
+
 @dataclass(frozen=True)
 class Charge:
     """Take `amount` from the bucket `key`, which holds at most `capacity`."""

@@ -11,9 +11,39 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from redis.asyncio import Redis
+import functools
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
-from loraloom.platform.limits.limiter import SLOT_RETRY_S, Acquired, BucketLevel, Charge, Slot
+from redis.asyncio import Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from loraloom.platform.limits.limiter import (
+    SLOT_RETRY_S,
+    Acquired,
+    BucketLevel,
+    Charge,
+    LimiterUnavailableError,
+    Slot,
+)
+
+T = TypeVar("T")
+# How long a gateway waits on Redis before it goes on without limits.
+REDIS_TIMEOUT_S = 2.0
+
+
+def _reachable(method: Callable[..., Awaitable[T]]) -> Callable[..., Awaitable[T]]:
+    """Redis unreachable becomes LimiterUnavailableError, which the gateway knows how to outlive."""
+
+    @functools.wraps(method)
+    async def call(*args: Any, **kwargs: Any) -> T:
+        try:
+            return await method(*args, **kwargs)
+        except (RedisConnectionError, RedisTimeoutError, OSError) as error:
+            raise LimiterUnavailableError(f"the rate-limit store is unreachable: {error}") from error
+
+    return call
 
 # Shared by the scripts: the clock, and a bucket's level refilled up to now.
 _PRELUDE = """
@@ -103,7 +133,8 @@ class RedisLimiter:
         self.window_s = window_s
         self.lease_s = lease_s
         self.prefix = prefix  # every key this limiter writes starts with it
-        self.redis = Redis.from_url(url, decode_responses=True)
+        self.redis = Redis.from_url(url, decode_responses=True, socket_timeout=REDIS_TIMEOUT_S,
+                                    socket_connect_timeout=REDIS_TIMEOUT_S)
         self._acquire = self.redis.register_script(_ACQUIRE)
         self._refund = self.redis.register_script(_REFUND)
         self._peek = self.redis.register_script(_PEEK)
@@ -118,6 +149,7 @@ class RedisLimiter:
                                       reset_s=(charge.capacity - level) * self.window_s / charge.capacity))
         return answer
 
+    @_reachable
     async def acquire(self, charges: Sequence[Charge], slots: Sequence[Slot]) -> Acquired:
         args: list[object] = [self.window_s, self.lease_s, SLOT_RETRY_S, len(charges)]
         for charge in charges:
@@ -130,15 +162,18 @@ class RedisLimiter:
         return Acquired(levels=self._levels(charges, levels), refused=None if index < 0 else index,
                         retry_after_s=float(wait) if wait else (None if index >= 0 else 0.0))
 
+    @_reachable
     async def refund(self, charge: Charge) -> None:
         await self._refund(keys=[self.prefix + charge.key], args=[self.window_s, charge.capacity, charge.amount])
 
+    @_reachable
     async def release(self, slots: Sequence[Slot]) -> None:
         async with self.redis.pipeline(transaction=False) as pipe:
             for slot in slots:
                 pipe.zrem(self.prefix + slot.key, slot.holder)
             await pipe.execute()
 
+    @_reachable
     async def peek(self, charges: Sequence[Charge]) -> list[BucketLevel]:
         if not charges:
             return []
@@ -146,16 +181,20 @@ class RedisLimiter:
                                   args=[self.window_s, *(charge.capacity for charge in charges)])
         return self._levels(charges, levels)
 
+    @_reachable
     async def holders(self, slot: Slot) -> int:
         return int(await self._holders(keys=[self.prefix + slot.key]))
 
+    @_reachable
     async def counter(self, key: str) -> int | None:
         value = await self.redis.get(self.prefix + key)
         return None if value is None else int(value)
 
+    @_reachable
     async def seed_counter(self, key: str, value: int, ttl_s: float) -> None:
         await self.redis.set(self.prefix + key, value, nx=True, px=max(1, int(ttl_s * 1000)))
 
+    @_reachable
     async def add_to_counter(self, key: str, amount: int) -> None:
         await self._add_if_seeded(keys=[self.prefix + key], args=[amount])
 

@@ -21,6 +21,7 @@ from loraloom.platform.api.schemas.limits import (
 )
 from loraloom.platform.db.models import ApiKey, ApiKeyRole, utcnow
 from loraloom.platform.limits.admission import Headroom, Who
+from loraloom.platform.limits.limiter import LimiterUnavailableError
 from loraloom.platform.limits.policy import UNLIMITED, CallerLimits
 
 router = APIRouter(tags=["admin"], responses=ERROR_RESPONSES)
@@ -50,8 +51,11 @@ async def get_me(caller: CallerDep, session: SessionDep, request: Request) -> Me
     """The calling API key, never its secret."""
     key = await run_in_threadpool(session.get, ApiKey, caller.api_key_id)  # authenticate found it a moment ago
     limits: CallerLimits = getattr(request.state, "caller_limits", None) or CallerLimits(UNLIMITED, UNLIMITED)
-    left = await request.app.state.rate_limits.gate.remaining(
-        Who(tenant_id=caller.tenant_id, api_key_id=caller.api_key_id), limits, utcnow())
+    try:
+        left = await request.app.state.rate_limits.gate.remaining(
+            Who(tenant_id=caller.tenant_id, api_key_id=caller.api_key_id), limits, utcnow())
+    except LimiterUnavailableError:
+        left = {}  # the counters' store is down: the limits are known, what is left of them is not
     tenant_limits = TenantLimitsObject.of(caller.tenant_name, limits.tenant)
     key_limits = KeyLimitsObject.of(key.id, limits.key)
     return MeObject(

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator
 import pytest
 from redis.asyncio import Redis
 
-from loraloom.platform.limits.limiter import SLOT_RETRY_S, Charge, Slot
+from loraloom.platform.limits.limiter import SLOT_RETRY_S, Charge, LimiterUnavailableError, Slot
 from loraloom.platform.limits.memory import InMemoryLimiter
 from loraloom.platform.limits.redis_limiter import RedisLimiter
 
@@ -160,3 +160,14 @@ async def test_two_gateways_share_one_redis_bucket_atomically(prefix, redis_clea
     finally:
         for gateway in gateways:
             await gateway.close()
+
+
+async def test_an_unreachable_redis_is_reported_as_unavailable(prefix):
+    limiter = RedisLimiter("redis://127.0.0.1:1/0", window_s=WINDOW_S, lease_s=LEASE_S, prefix=prefix)
+    try:
+        with pytest.raises(LimiterUnavailableError, match="unreachable"):
+            await limiter.acquire([Charge(key="requests:a", capacity=1, amount=1)], [])
+        with pytest.raises(LimiterUnavailableError):
+            await limiter.counter("quota:a")
+    finally:
+        await limiter.close()
