@@ -7,7 +7,7 @@ from collections.abc import Iterator
 import httpx
 import openai
 import pytest
-from conftest import LimitsServer, serve_limits
+from limits_live import LimitsServer, serve_limits
 
 from loraloom.platform.limits.policy import Limits
 

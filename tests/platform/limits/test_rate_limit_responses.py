@@ -6,7 +6,7 @@ import threading
 
 import httpx
 import pytest
-from conftest import long_stream
+from limits_live import long_stream
 from live_api import bearer, wait_until
 
 from loraloom.platform.limits.policy import Limits
