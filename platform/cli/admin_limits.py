@@ -42,11 +42,11 @@ def add_limits_command(admin_commands: Any) -> None:
     limits = admin_commands.add_parser(
         "limits", help="show or set a tenant's (or a key's) rate limits and quotas; prints them as JSON")
     limits.add_argument("--tenant", required=True, help="the tenant's name")
-    limits.add_argument("--key", type=uuid.UUID, help="a key id of that tenant: set the key's limits instead")
+    limits.add_argument("--key", type=uuid.UUID, metavar="ID", help="a key id of that tenant: set the key's limits instead")
     for flag, name in LIMIT_FLAGS.items():
-        limits.add_argument(flag, dest=name, type=limit_value, default=argparse.SUPPRESS,
+        limits.add_argument(flag, dest=name, type=limit_value, default=argparse.SUPPRESS, metavar="N",
                             help=f"{name.replace('_', ' ')}; {NONE!r}: unlimited")
-    limits.add_argument("--weight", dest="share_weight", type=weight_value, default=argparse.SUPPRESS,
+    limits.add_argument("--weight", dest="share_weight", type=weight_value, default=argparse.SUPPRESS, metavar="W",
                         help="the tenant's fair-share weight in the engine (default 1)")
 
 
