@@ -42,15 +42,15 @@ from loraloom.platform.api.routes import (
 from loraloom.platform.api.schemas.common import ErrorResponse
 from loraloom.platform.db import create_db_engine, create_session_factory
 from loraloom.platform.db.change_listener import ChangeListener, InProcessChangeListener, PostgresChangeListener
+from loraloom.platform.limits.admission import Gate
+from loraloom.platform.limits.factory import create_limiter
+from loraloom.platform.limits.quota import month_usage
 from loraloom.platform.metering.audit import write_audit_entries
 from loraloom.platform.metering.batch_writer import BatchWriter, DroppedRecordsCollector
 from loraloom.platform.metering.change_metrics import ChangeListenerCollector
 from loraloom.platform.metering.engine_metrics import engine_metrics_registry
 from loraloom.platform.metering.throttle_metrics import ThrottledRequests
 from loraloom.platform.metering.usage import write_usage_records
-from loraloom.platform.limits.admission import Gate
-from loraloom.platform.limits.factory import create_limiter
-from loraloom.platform.limits.quota import month_usage
 from loraloom.platform.registry.lookup import AdapterLookup, RegistryAdapterLookup
 from loraloom.platform.settings import Settings
 from loraloom.platform.training.celery_app import create_celery_app

@@ -32,8 +32,8 @@ from loraloom.platform.api.auth import (
 )
 from loraloom.platform.api.errors import APIError
 from loraloom.platform.db.models import ApiKeyRole, utcnow
-from loraloom.platform.limits.policy import caller_limits
 from loraloom.platform.json_input import lone_surrogate_message, lone_surrogate_path, may_hold_surrogates
+from loraloom.platform.limits.policy import caller_limits
 from loraloom.platform.metering.usage import UsageMeter
 from loraloom.platform.registry.lookup import AdapterLookup, RegistryAdapterLookup
 from loraloom.platform.settings import Settings
