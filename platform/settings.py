@@ -77,6 +77,18 @@ class Settings(BaseSettings):
     training_dispatch_timeout_s: float = Field(default=180.0, gt=0)
     training_checkpoint_every: int = Field(default=100, ge=1)  # optimizer steps between checkpoints
     training_work_dir: Path | None = None  # None = <data_dir>/training; scratch space of running jobs
+    # Rate limits (platform/limits/; the limits themselves are set per tenant and key through the API).
+    # The counters live in this process's memory, or with rate_limit_redis_url (redis://...) in Redis,
+    # shared by every gateway, under keys starting with rate_limit_redis_prefix. A per-minute limit
+    # refills over rate_limit_window_s (a minute; tests shorten it). A concurrency slot that a gateway
+    # that died never released stops counting after rate_limit_concurrency_lease_s.
+    rate_limit_redis_url: str | None = None
+    rate_limit_redis_prefix: str = "loraloom:limits:"
+    rate_limit_window_s: float = Field(default=60.0, gt=0)
+    rate_limit_concurrency_lease_s: float = Field(default=3600.0, gt=0)
+    # A full server: with more than this many requests waiting in the engine, inference answers 503
+    # with a Retry-After. None = OVERLOAD_WAITING_PER_SEQ x the engine's max_num_seqs (serve's).
+    max_waiting_requests: int | None = Field(default=None, ge=0)
 
     @model_validator(mode="after")
     def fill_data_dir_defaults(self) -> "Settings":

@@ -20,6 +20,8 @@ from loraloom.platform.api.console import install_console
 from loraloom.platform.api.deps import authenticate, refuse_lone_surrogates
 from loraloom.platform.api.errors import install_error_handlers
 from loraloom.platform.api.middleware import AuditMiddleware, BodySizeLimit
+from loraloom.platform.api.overload import OverloadGuard, default_max_waiting
+from loraloom.platform.api.rate_limits import RateLimitHeaders, RateLimits
 from loraloom.platform.api.request_log import RequestLogMiddleware
 from loraloom.platform.api.routes import (
     adapter_downloads,
@@ -30,6 +32,7 @@ from loraloom.platform.api.routes import (
     engine_status,
     files,
     fine_tuning,
+    limits,
     me,
     models,
     operations,
@@ -41,10 +44,14 @@ from loraloom.platform.api.security_headers import SecurityHeaders
 from loraloom.platform.api.schemas.common import ErrorResponse
 from loraloom.platform.db import create_db_engine, create_session_factory
 from loraloom.platform.db.change_listener import ChangeListener, InProcessChangeListener, PostgresChangeListener
+from loraloom.platform.limits.admission import Gate
+from loraloom.platform.limits.factory import create_limiter
+from loraloom.platform.limits.quota import month_usage
 from loraloom.platform.metering.audit import write_audit_entries
 from loraloom.platform.metering.batch_writer import BatchWriter, DroppedRecordsCollector
 from loraloom.platform.metering.change_metrics import ChangeListenerCollector
 from loraloom.platform.metering.engine_metrics import engine_metrics_registry
+from loraloom.platform.metering.throttle_metrics import ThrottledRequests
 from loraloom.platform.metering.usage import write_usage_records
 from loraloom.platform.registry.lookup import AdapterLookup, RegistryAdapterLookup
 from loraloom.platform.settings import Settings
@@ -58,6 +65,7 @@ logger = logging.getLogger(__name__)
 AUTHENTICATED_ROUTERS = (
     chat.router, completions.router, models.router, admin.router, usage.router, adapters.router, files.router,
     fine_tuning.router, adapter_downloads.router, me.router, engine_status.router, usage_series.router,
+    limits.router,
 )
 OPEN_ROUTERS = (operations.router,)
 API_PREFIX = "/v1/"
@@ -80,6 +88,24 @@ def change_listener(lookup: AdapterLookup) -> ChangeListener:
     """What keeps the lookup's cache honest about changes other gateways make; nothing to run
     for a lookup without a registry (only the adapters given at start, which never change)."""
     return lookup.registry.changes if isinstance(lookup, RegistryAdapterLookup) else InProcessChangeListener()
+
+
+def rate_limits(settings: Settings, session_factory: Any) -> RateLimits:
+    """The gateway's rate limits over the limiter its settings choose (memory, or Redis)."""
+
+    async def read_month_usage(tenant_id: Any, now: Any) -> int:
+        def read() -> int:
+            with session_factory() as session:
+                return month_usage(session, tenant_id, now)
+
+        return await run_in_threadpool(read)
+
+    max_waiting = settings.max_waiting_requests
+    return RateLimits(
+        Gate(create_limiter(settings), read_month_usage),
+        OverloadGuard(default_max_waiting() if max_waiting is None else max_waiting),
+        ThrottledRequests(),
+    )
 
 
 def _depends_on(dependant: Dependant, dependency: Any) -> bool:
@@ -139,6 +165,8 @@ def create_app(
             await run_in_threadpool(changes.stop)
             for writer in writers:
                 await writer.close()
+            await app.state.rate_limits.settled()
+            await app.state.rate_limits.gate.limiter.close()
             db_engine.dispose()
 
     # /docs and /redoc with their scripts and styles served from the package, not a CDN: they load offline.
@@ -159,12 +187,15 @@ def create_app(
     ))
     if isinstance(changes, PostgresChangeListener):
         app.state.metrics_registry.register(ChangeListenerCollector(changes))
+    app.state.rate_limits = rate_limits(settings, session_factory)
+    app.state.metrics_registry.register(app.state.rate_limits.throttled)
     app.state.created = int(time.time())
     install_error_handlers(app)
     app.add_middleware(AuditMiddleware)
     # An oversized body is refused before anything else reads it.
     app.add_middleware(BodySizeLimit, max_body_bytes=settings.max_request_body_bytes,
                        max_upload_bytes=settings.adapter_upload_max_bytes)
+    app.add_middleware(RateLimitHeaders)
     # CSP, no framing, nosniff, no referrer on every response, the refusals above included.
     app.add_middleware(SecurityHeaders)
     # Outermost: every request gets its id first (the audit log records it) and is logged last.

@@ -33,6 +33,7 @@ from loraloom.platform.api.auth import (
 from loraloom.platform.api.errors import APIError
 from loraloom.platform.db.models import ApiKeyRole, utcnow
 from loraloom.platform.json_input import lone_surrogate_message, lone_surrogate_path, may_hold_surrogates
+from loraloom.platform.limits.policy import caller_limits
 from loraloom.platform.metering.usage import UsageMeter
 from loraloom.platform.registry.lookup import AdapterLookup, RegistryAdapterLookup
 from loraloom.platform.settings import Settings
@@ -104,11 +105,14 @@ async def authenticate(
     key = check_usable(key, now)
     if key.last_used_at is None or now - key.last_used_at >= LAST_USED_RESOLUTION:
         request.app.state.key_use_writer.submit(KeyUse(api_key_id=key.id, used_at=now))
+    limits = caller_limits(key)  # loaded with the key: no second query
     caller = Caller(
         tenant_id=key.tenant_id, api_key_id=key.id, role=key.role.value,
         operator=is_operator_key(key, key.tenant.name), tenant_name=key.tenant.name,
+        share_weight=limits.share_weight,
     )
     request.state.caller = caller  # for the audit middleware, which runs outside the route
+    request.state.caller_limits = limits  # for the rate limits (api/rate_limits.py)
     return caller
 
 

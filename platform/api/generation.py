@@ -331,7 +331,14 @@ async def respond(
     cancels the generation (Starlette handles it after)."""
     if max_tokens is None:
         max_tokens = default_max_tokens(len(prompt_token_ids), engine.max_model_len)
-    grammar = await compile_grammar(engine, body)
+    # Charged at most its prompt and every token it may generate; trued up when its meter finishes.
+    rate_limits = request.app.state.rate_limits
+    ticket = await rate_limits.admit(request, engine, meter, tokens=len(prompt_token_ids) + max_tokens * body.n)
+    try:
+        grammar = await compile_grammar(engine, body)
+    except BaseException:
+        rate_limits.release(ticket)  # refused before it reached the engine
+        raise
     head = ResponseHead(id=f"{id_prefix}-{uuid.uuid4().hex}", created=int(time.time()), model=body.model,
                         num_choices=body.n)
     start = functools.partial(

@@ -1,5 +1,5 @@
 """CLI commands that work on the configured database directly, with no server:
-`loraloom db upgrade`, `loraloom admin create-key`, and what `loraloom serve` does to the
+`loraloom db upgrade`, `loraloom admin create-key`, `loraloom admin limits` (admin_limits.py), and what `loraloom serve` does to the
 database before it starts (migrations, the bootstrap admin key)."""
 from __future__ import annotations
 
@@ -92,9 +92,13 @@ def run_admin_command(args: argparse.Namespace, settings: Settings) -> None:
         if args.command == "db":
             revision = db_upgrade(settings)
             print(f"database {shown_url(settings.database_url)} is at revision {revision}", file=sys.stderr)
+        elif args.admin_command == "limits":
+            from loraloom.platform.cli.admin_limits import print_admin_limits
+
+            print_admin_limits(settings, args)
         else:
             print(admin_create_key(settings, tenant=args.tenant, role=ApiKeyRole(args.role), name=args.name))
-    except (DatabaseNotReadyError, ValueError) as error:
+    except (DatabaseNotReadyError, ValueError, LookupError) as error:
         sys.exit(f"loraloom {args.command}: {error}")
     except SQLAlchemyError as error:
         sys.exit(f"loraloom {args.command}: database {shown_url(settings.database_url)}: {error}")

@@ -6,6 +6,7 @@ import argparse
 from collections.abc import Sequence
 
 from loraloom.platform.cli import adapters, keys, training
+from loraloom.platform.cli.admin_limits import add_limits_command
 from loraloom.platform.cli.http_client import run_command
 from loraloom.platform.cli.options import ROLE_CHOICES, load_settings
 from loraloom.platform.cli.ray_command import add_ray_command, run_ray_command
@@ -42,6 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     create_key.add_argument("--tenant", required=True, help="tenant name; created if it does not exist")
     create_key.add_argument("--role", required=True, choices=ROLE_CHOICES)
     create_key.add_argument("--name", default="cli", help="what the key is for")
+    add_limits_command(admin_commands)
 
     keys.add_commands(commands)
     adapters.add_commands(commands)

@@ -158,6 +158,7 @@ def serve(args: argparse.Namespace) -> None:
 
     from loraloom.engine import AsyncEngine, import_bundled
     from loraloom.platform.api.app import create_app
+    from loraloom.platform.api.overload import default_max_waiting
     from loraloom.platform.cli.admin import prepare_database, shown_url
     from loraloom.platform.registry.fetch import adapter_fetcher_from_settings
     from loraloom.platform.registry.local import LocalAdapterLookup
@@ -188,6 +189,8 @@ def serve(args: argparse.Namespace) -> None:
     # The training side: the worker beside the server (unless --no-worker), restarted when it dies or
     # gets stuck, and a reaper of jobs whose worker died.
     training = TrainingSupervisor(settings, None if args.no_worker else worker_command(model_dir, settings.broker_url))
+    if settings.max_waiting_requests is None:  # a full server is judged against this engine's size
+        settings.max_waiting_requests = default_max_waiting(args.max_num_seqs)
     app = create_app(engine, lookup, settings, training=training)
     # uvicorn handles SIGTERM with a graceful shutdown, then raises it again with the handler found at
     # its start: the default one would end the process before the `finally` stops the worker.

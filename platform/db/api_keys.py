@@ -14,7 +14,7 @@ from datetime import datetime
 from sqlalchemy import select
 from sqlalchemy.orm import Session, joinedload
 
-from loraloom.platform.db.models import ApiKey, ApiKeyRole
+from loraloom.platform.db.models import ApiKey, ApiKeyRole, Tenant
 
 KEY_SCHEME = "ll-"  # recognizable in logs and by secret scanners
 VISIBLE_PREFIX_CHARS = len(KEY_SCHEME) + 8
@@ -48,7 +48,10 @@ def create_api_key(
 
 def find_api_key(session: Session, plaintext: str) -> ApiKey | None:
     """The key row for a presented bearer token, revoked or not (the caller checks is_usable), with its
-    tenant loaded in the same query: whether the key is the operator's depends on the tenant."""
+    tenant loaded in the same query: whether the key is the operator's depends on the tenant. The key's
+    and the tenant's limits come in that query too (outer joins): every request needs them."""
     return session.scalar(
-        select(ApiKey).where(ApiKey.key_hash == hash_api_key(plaintext)).options(joinedload(ApiKey.tenant))
+        select(ApiKey).where(ApiKey.key_hash == hash_api_key(plaintext)).options(
+            joinedload(ApiKey.tenant).joinedload(Tenant.limits), joinedload(ApiKey.limits)
+        )
     )

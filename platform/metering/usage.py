@@ -11,7 +11,7 @@ from __future__ import annotations
 import enum
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Protocol
@@ -66,6 +66,8 @@ class UsageMeter:
     lasts: dict[str, RequestOutput] = field(default_factory=dict)  # engine request id -> its latest output
     finished: bool = False
     status: UsageStatus | None = None  # the outcome `finish` recorded
+    # Called with the meter once it has finished (the rate limits true up their charge): they must not block.
+    on_finish: list[Callable[[UsageMeter], None]] = field(default_factory=list)
 
     def begin(self, *, request_id: str, model: str, adapter: MeteredAdapter | None, num_choices: int = 1) -> None:
         self.request_id = request_id
@@ -131,6 +133,8 @@ class UsageMeter:
                 "created_at": utcnow(),
             }
         )
+        for hook in self.on_finish:
+            hook(self)
 
 
 def write_usage_records(session_factory: sessionmaker[Session], rows: Sequence[dict[str, Any]]) -> None:

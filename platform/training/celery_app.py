@@ -2,7 +2,8 @@
 
 - Late acks and reject-on-worker-lost: a message is acknowledged only once its run is over,
   so a worker process that dies does not lose the job. A redelivered message is harmless:
-  the task claims its job with a compare-and-set in the database (job_state.claim_job).
+  the task claims a job with a compare-and-set in the database (job_state.claim_next_job: the
+  job whose turn it is, training/dispatch.py).
 - Prefetch 1, concurrency 1, a fresh child process per job: one job per worker, and the
   memory (GPU memory included) of a finished job goes back with its process. The parent
   never imports torch, so CUDA is never initialized before the fork.

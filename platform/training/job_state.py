@@ -30,8 +30,8 @@ from loraloom.platform.db.models import (
     FineTuningJobStatus,
     utcnow,
 )
+from loraloom.platform.training.dispatch import ACTIVE, dispatchable_job_ids, lock_claims, next_job
 
-ACTIVE = (FineTuningJobStatus.running, FineTuningJobStatus.cancel_requested)
 # Codes of the errors the system (not the user's input) is to blame for.
 WORKER_LOST = "worker_lost"
 SYSTEM_ERROR = "system_error"
@@ -70,26 +70,39 @@ def add_event(
 def claim_job(factory: sessionmaker[Session], job_id: str, worker_id: str) -> Claim | None:
     """queued -> running for this worker; None when the job is not queued (already running
     elsewhere, finished, cancelled, or unknown): the message that asked for it is stale."""
+    with factory.begin() as session:
+        return _claim(session, job_id, worker_id)
+
+
+def claim_next_job(factory: sessionmaker[Session], worker_id: str) -> Claim | None:
+    """Claim the job whose turn it is (dispatch.py: fair across tenants, within their limits);
+    None when no queued job may run now."""
+    with factory.begin() as session:
+        lock_claims(session)
+        job_id = next_job(session)
+        return None if job_id is None else _claim(session, job_id, worker_id)
+
+
+def _claim(session: Session, job_id: str, worker_id: str) -> Claim | None:
     token = secrets.token_hex(16)
     now = utcnow()
-    with factory.begin() as session:
-        claimed = session.execute(
-            update(FineTuningJob)
-            .where(FineTuningJob.id == job_id, FineTuningJob.status == FineTuningJobStatus.queued)
-            .values(
-                status=FineTuningJobStatus.running,
-                run_token=token,
-                worker_id=worker_id,
-                heartbeat_at=now,
-                attempts=FineTuningJob.attempts + 1,
-                started_at=now,
-            )
-        ).rowcount
-        if not claimed:
-            return None
-        attempt = session.scalar(select(FineTuningJob.attempts).where(FineTuningJob.id == job_id))
-        add_event(session, job_id, f"Fine-tuning job started (attempt {attempt}, worker {worker_id})",
-                  data={"attempt": attempt, "worker_id": worker_id})
+    claimed = session.execute(
+        update(FineTuningJob)
+        .where(FineTuningJob.id == job_id, FineTuningJob.status == FineTuningJobStatus.queued)
+        .values(
+            status=FineTuningJobStatus.running,
+            run_token=token,
+            worker_id=worker_id,
+            heartbeat_at=now,
+            attempts=FineTuningJob.attempts + 1,
+            started_at=now,
+        )
+    ).rowcount
+    if not claimed:
+        return None
+    attempt = session.scalar(select(FineTuningJob.attempts).where(FineTuningJob.id == job_id))
+    add_event(session, job_id, f"Fine-tuning job started (attempt {attempt}, worker {worker_id})",
+              data={"attempt": attempt, "worker_id": worker_id})
     return Claim(job_id=job_id, run_token=token, attempt=attempt, worker_id=worker_id)
 
 
@@ -252,16 +265,16 @@ def reap_stale_jobs(
 class QueueView:
     """What a supervisor needs to tell an idle worker from a stuck one."""
 
-    queued: list[str]  # ids of the jobs waiting for a worker, oldest first
+    queued: list[str]  # ids of the jobs waiting that may run now (their tenant is under its limit), in turn order
     active: int  # jobs running (or being cancelled) on the worker asked about
 
 
 def queue_view(factory: sessionmaker[Session], worker_id: str) -> QueueView:
-    """The queued jobs, and how many jobs the worker `worker_id` runs: a job running on another
-    worker says nothing of whether this one is stuck."""
+    """The queued jobs that may run, and how many jobs the worker `worker_id` runs: a job running on
+    another worker says nothing of whether this one is stuck."""
     with factory() as session:
-        queued = session.scalars(select(FineTuningJob.id).where(FineTuningJob.status == FineTuningJobStatus.queued)
-                                 .order_by(FineTuningJob.created_at)).all()
+        # Jobs held back by their tenant's limit wait on that tenant's running jobs, not on this worker.
+        queued = dispatchable_job_ids(session)
         active = session.scalar(select(func.count()).where(FineTuningJob.status.in_(ACTIVE),
                                                            FineTuningJob.worker_id == worker_id))
     return QueueView(queued=list(queued), active=active or 0)

@@ -33,6 +33,7 @@ from loraloom.platform.storage import (
     content_key,
     storage_from_settings,
 )
+from loraloom.platform.training.dispatch import next_job
 from loraloom.platform.training.errors import TrainingInputError
 from loraloom.platform.training.hyperparameters import MAX_LORA_RANK, Hyperparameters
 from loraloom.platform.training.job_state import (
@@ -43,7 +44,7 @@ from loraloom.platform.training.job_state import (
     add_event,
     beat,
     cancel_requested,
-    claim_job,
+    claim_next_job,
     finish_job,
     record_checkpoint,
     requeue_or_fail,
@@ -92,15 +93,35 @@ def run_job(job_id: str, context: WorkerContext) -> None:
     db_engine = create_db_engine(context.settings.database_url)
     factory = create_session_factory(db_engine)
     try:
-        claim = claim_job(factory, job_id, context.worker_id)
+        # The message names a job, but the worker runs the one whose turn it is (dispatch.py).
+        claim = claim_next_job(factory, context.worker_id)
         if claim is None:
-            # A redelivered or duplicate message: the job runs elsewhere or is over.
-            logger.info("job %s is not queued; nothing to do for this message", job_id, extra={"job_id": job_id})
+            # Nothing may run now: the jobs are running elsewhere or over (a redelivered or duplicate
+            # message), or wait on their tenant's limit (a run of theirs ending sends a message again).
+            logger.info("no queued job may run now; nothing to do for the message of job %s", job_id,
+                        extra={"job_id": job_id})
             return
+        if claim.job_id != job_id:
+            logger.info("job %s runs before job %s: its turn came first", claim.job_id, job_id,
+                        extra={"job_id": claim.job_id})
         with Heartbeat(factory, claim, context.settings.training_heartbeat_interval_s):
             _run_claimed(factory, claim, context)
+        _send_next(factory, claim, context)
     finally:
         db_engine.dispose()
+
+
+def _send_next(factory: sessionmaker[Session], claim: Claim, context: WorkerContext) -> None:
+    """A run ended and freed its tenant's slot: ask for the next job, which may be one its tenant's
+    limit held back and whose message was spent on a turn that found nothing to run. A job that was
+    requeued instead has had its message sent again already (requeue_or_fail)."""
+    with factory() as session:
+        job = session.get(FineTuningJob, claim.job_id)
+        if job is not None and job.status is FineTuningJobStatus.queued:
+            return
+        job_id = next_job(session)
+    if job_id is not None:
+        context.send(job_id)
 
 
 def _run_claimed(factory: sessionmaker[Session], claim: Claim, context: WorkerContext) -> None:

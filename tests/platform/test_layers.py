@@ -23,10 +23,12 @@ ALLOWED: dict[str, set[str]] = {
     "registry": {"db", "storage", "settings"},
     "metering": {"accounts", "db"},
     "training": {"registry", "db", "storage", "settings", "json_input"},
-    "api": {"accounts", "registry", "metering", "training", "db", "storage", "settings", "json_input"},
+    # Rate limits and quotas: the policy in the database, the counters in memory or Redis.
+    "limits": {"db", "settings"},
+    "api": {"accounts", "registry", "metering", "training", "limits", "db", "storage", "settings", "json_input"},
     # Ray Serve's deployments put the api and the services together, as `serve` does in one process.
     "ray_serve": {"api", "registry", "training", "storage", "settings"},
-    "cli": {"api", "accounts", "registry", "training", "db", "storage", "settings", "log_format", "ray_serve"},
+    "cli": {"api", "accounts", "registry", "training", "limits", "db", "storage", "settings", "log_format", "ray_serve"},
 }
 
 

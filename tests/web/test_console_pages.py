@@ -107,3 +107,25 @@ def test_tenant_b_never_sees_tenant_a(console, console_page, acme_adapter):
         series = http.get("/v1/usage/series").json()["data"]
         assert all(point["adapter"] != SECRET for point in series)
     assert not console_page.unexpected_errors("status of 404")
+
+
+def test_operator_sets_a_tenants_limits(console, console_page):
+    console_page.sign_in(console.keys["default-admin"])
+    page = console_page.page
+    page.get_by_role("link", name="Tenants").click()
+    row = page.get_by_role("table", name="Tenants").get_by_role("row").filter(has_text="globex")
+    row.get_by_role("link", name="Rate limits").click()
+    expect(page.get_by_role("heading", name="Limits of globex")).to_be_visible()
+    page.get_by_label("Requests per minute").fill("-1")
+    page.get_by_role("button", name="Save limits").click()
+    expect(page.get_by_role("alert")).to_contain_text("requests_per_minute")  # the server's 400, shown
+    # Limits that leave globex's other tests alone: training jobs and its share of the engine.
+    page.get_by_label("Requests per minute").fill("")
+    page.get_by_label("Concurrent training jobs").fill("3")
+    page.get_by_label("Fair-share weight").fill("2")
+    page.get_by_role("button", name="Save limits").click()
+    expect(page.get_by_role("status").filter(has_text="Saved")).to_be_visible()
+    limits = httpx.get(f"{console.url}/v1/me", headers=bearer(console.keys["globex-admin"])).json()["limits"]
+    assert limits["tenant"]["max_training_jobs"] == 3 and limits["tenant"]["share_weight"] == 2.0
+    assert limits["tenant"]["requests_per_minute"] is None
+    assert not console_page.unexpected_errors("status of 400")

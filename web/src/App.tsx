@@ -6,6 +6,7 @@ import { KeysPage } from "./pages/KeysPage";
 import { PlaygroundPage } from "./pages/PlaygroundPage";
 import { ServerPage } from "./pages/ServerPage";
 import { SignInPage } from "./pages/SignInPage";
+import { TenantLimitsPage } from "./pages/TenantLimitsPage";
 import { TenantsPage } from "./pages/TenantsPage";
 import { TrainingPage } from "./pages/TrainingPage";
 import { UploadPage } from "./pages/UploadPage";
@@ -55,6 +56,7 @@ function Shell() {
           <Route path="/server" element={<ServerPage />} />
           <Route path="/keys" element={admin ? <KeysPage /> : <NotAllowed />} />
           <Route path="/tenants" element={me.operator ? <TenantsPage /> : <NotAllowed />} />
+          <Route path="/tenants/:name/limits" element={me.operator ? <TenantLimitsPage /> : <NotAllowed />} />
           <Route path="*" element={<p>No such page. <NavLink to="/adapters">Adapters</NavLink></p>} />
         </Routes>
       </main>

@@ -21,6 +21,7 @@ from loraloom.platform.api.generation import (
     token_bytes,
     usage,
 )
+from loraloom.platform.api.rate_limits import RATELIMIT_HEADERS_DOC, rate_limited_responses
 from loraloom.platform.api.schemas.chat import (
     AssistantMessage,
     ChatChoice,
@@ -109,7 +110,8 @@ async def chat_event_stream(
 @router.post(
     "/v1/chat/completions",
     response_model=ChatCompletionResponse,
-    responses={200: sse_response_doc("ChatCompletionChunk"), **ERROR_RESPONSES},
+    responses={200: {**sse_response_doc("ChatCompletionChunk"), "headers": RATELIMIT_HEADERS_DOC}, **ERROR_RESPONSES,
+               **rate_limited_responses()},
 )
 async def create_chat_completion(
     body: ChatCompletionRequest,

@@ -20,6 +20,7 @@ from loraloom.platform.api.generation import (
     respond,
     usage,
 )
+from loraloom.platform.api.rate_limits import RATELIMIT_HEADERS_DOC, rate_limited_responses
 from loraloom.platform.api.schemas.completions import (
     Completion,
     CompletionChoice,
@@ -107,7 +108,8 @@ async def completion_event_stream(
 @router.post(
     "/v1/completions",
     response_model=Completion,
-    responses={200: sse_response_doc("Completion"), **ERROR_RESPONSES},
+    responses={200: {**sse_response_doc("Completion"), "headers": RATELIMIT_HEADERS_DOC}, **ERROR_RESPONSES,
+               **rate_limited_responses()},
 )
 async def create_completion(
     body: CompletionRequest,

@@ -150,3 +150,13 @@ export interface UsageBucket {
   completion_tokens: number;
   total_tokens: number;
 }
+
+/** A tenant's rate limits and quotas (GET/PUT /v1/tenants/{tenant}/limits); null is unlimited. */
+export interface TenantLimits {
+  requests_per_minute: number | null;
+  tokens_per_minute: number | null;
+  max_concurrent_requests: number | null;
+  max_training_jobs: number | null;
+  monthly_tokens: number | null;
+  share_weight: number;
+}

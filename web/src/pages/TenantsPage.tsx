@@ -1,6 +1,7 @@
 import { useMutation, useQuery, useQueryClient } from "@tanstack/react-query";
 import { createColumnHelper } from "@tanstack/react-table";
 import { type FormEvent, useState } from "react";
+import { NavLink } from "react-router-dom";
 import type { Tenant } from "../api/types";
 import { DataTable } from "../components/DataTable";
 import { Empty, ErrorBox, Loading } from "../components/States";
@@ -12,6 +13,11 @@ const columns = [
   column.accessor("name", { header: "Name" }),
   column.accessor("id", { header: "Id", cell: (info) => <code>{info.getValue()}</code> }),
   column.accessor("created_at", { header: "Created", cell: (info) => formatDate(info.getValue()) }),
+  column.display({
+    id: "limits",
+    header: "Limits",
+    cell: (info) => <NavLink to={`/tenants/${encodeURIComponent(info.row.original.name)}/limits`}>Rate limits</NavLink>,
+  }),
 ];
 
 export function TenantsPage() {
