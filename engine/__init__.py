@@ -23,6 +23,7 @@ _PUBLIC_NAMES: dict[str, tuple[str, ...]] = {
     "request": ("SamplingParams",),
     "request_latency": ("HistogramSnapshot", "merge_histograms"),
     "structured_output": ("CompiledGrammar",),
+    "tenancy": ("DEFAULT_TENANT", "TenantTag"),
     "tokenizer": ("ChatTemplateError", "Tokenizer"),
     "torch_threads": ("reserve_for_step_thread",),
     "model.bundled": ("import_bundled",),

@@ -59,14 +59,14 @@ class SimulatedModel:
             start = request.num_computed_tokens
             for position in range(start, start + item.num_new_tokens):
                 block, offset = self._cell(request, position)
-                self.kv[block][offset] = (request.all_token_ids[position], request.cache_salt)
+                self.kv[block][offset] = (request.all_token_ids[position], request.cache_scope)
         sampled = {}
         for item in step.scheduled:
             request = item.request
             end = request.num_computed_tokens + item.num_new_tokens
             assert item.sample == (end == request.num_tokens)
             seen = [self.kv[block][offset] for block, offset in (self._cell(request, p) for p in range(end))]
-            expected = [(token, request.cache_salt) for token in request.all_token_ids[:end]]
+            expected = [(token, request.cache_scope) for token in request.all_token_ids[:end]]
             assert seen == expected, f"{request.request_id}: KV read through its block table differs from its tokens"
             if item.sample:
                 sampled[request.request_id] = next_token(request.request_id, [token for token, _ in seen])
