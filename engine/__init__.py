@@ -17,7 +17,8 @@ _PUBLIC_NAMES: dict[str, tuple[str, ...]] = {
     "async_engine": ("AsyncEngine",),
     "client": ("EngineClient", "EngineFacts"),
     "config": (
-        "EngineConfig", "FP8_ACTIVATION_TERMS", "KV_CACHE_DTYPES", "LORA_DTYPES", "ModelConfig", "QUANTIZATION_METHODS"),
+        "EngineConfig", "FP8_ACTIVATION_TERMS", "KV_CACHE_DTYPES", "LORA_DTYPES", "ModelConfig", "QUANTIZATION_METHODS",
+        "SCHEDULING_POLICIES"),
     "outputs": (
         "AdapterResidency", "EngineStats", "EngineUnavailableError", "RequestFailedError", "RequestOutput", "TokenLogprob"),
     "request": ("SamplingParams",),

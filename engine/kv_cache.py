@@ -104,11 +104,10 @@ class BlockManager:
         if request.request_id in self._holders or request.block_ids:
             raise ValueError(f"request {request.request_id!r}: already holds KV blocks; "
                              "free it before allocating again")
-        matched_blocks = self._match_prefix(request)
+        matched_blocks, taken_from_free = self._admission_need(request)
         num_cached = len(matched_blocks) * self.block_size
-        revived = sum(1 for block in matched_blocks if self._ref_counts[block] == 0)
         missing = self._blocks_for(request.num_tokens) - len(matched_blocks)
-        if revived + missing > self.num_free_blocks:
+        if taken_from_free > self.num_free_blocks:
             return False
         for block in matched_blocks:
             if self._ref_counts[block] == 0:
@@ -123,6 +122,22 @@ class BlockManager:
         request.block_ids.extend(self._take_free(missing))
         self.rows.assign(request)
         return True
+
+    def blocks_to_admit(self, request: Request) -> int:
+        """Free blocks `allocate_for_new` would take for a request without blocks (cached ones revived included)."""
+        return self._admission_need(request)[1]
+
+    def blocks_freed_by(self, request: Request) -> int:
+        """Blocks that freeing this running request would return to the free list (those only it holds)."""
+        ref_counts = self._ref_counts
+        return sum(1 for block in request.block_ids if ref_counts[block] == 1)
+
+    def _admission_need(self, request: Request) -> tuple[list[int], int]:
+        """(its cached prefix's blocks, how many blocks admitting it takes from the free list)."""
+        matched_blocks = self._match_prefix(request)
+        revived = sum(1 for block in matched_blocks if self._ref_counts[block] == 0)
+        missing = self._blocks_for(request.num_tokens) - len(matched_blocks)
+        return matched_blocks, revived + missing
 
     def ensure_capacity(self, request: Request, num_new_tokens: int) -> bool:
         """Make blocks exist for positions [0, num_computed_tokens + num_new_tokens); False (taking none) if short."""
