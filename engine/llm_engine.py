@@ -421,6 +421,7 @@ class LLMEngine:
         cache, slots, latencies = self.adapter_cache, self.slot_table, self.latencies
         # One reading of each queue: the LoRA info lists and the per-adapter counts agree.
         running, waiting = self.scheduler.running_adapter_counts(), self.scheduler.waiting_adapter_counts()
+        tenants = self.scheduler.tenant_loads()
         return EngineStats(
             num_running=self.scheduler.num_running,
             num_waiting=self.scheduler.num_waiting,
@@ -446,6 +447,10 @@ class LLMEngine:
             host_cache_evictions_total=cache.evictions,
             adapter_slot_loads_total=slots.loads,
             adapter_slot_evictions_total=slots.evictions,
+            queued_per_tenant={name: load.queued for name, load in tenants.items()},
+            running_per_tenant={name: load.running for name, load in tenants.items()},
+            served_tokens_per_tenant={name: load.served_tokens for name, load in tenants.items()},
+            share_counter_per_tenant={name: load.share_counter for name, load in tenants.items()},
             time_to_first_token=latencies.time_to_first_token.snapshot(),
             inter_token_latency=latencies.inter_token_latency.snapshot(),
             e2e_request_latency=latencies.e2e_request_latency.snapshot(),
