@@ -8,16 +8,30 @@ step that reaches `num_tokens` samples the next token.
 A step, under a token budget (`max_num_batched_tokens`) and a sequence limit
 (`max_num_seqs`):
 
+0. Fair share (policy "fair", the default; engine/fair_share.py). Each tenant
+   has a virtual token counter, charged its tokens / its weight; waiting
+   requests are admitted smallest counter first (oldest first within a tenant).
+   When the request admission serves next finds no free sequence or not enough
+   free blocks, running requests of tenants over their share are preempted by
+   recompute (as in 1), youngest first, but only if that frees enough for it,
+   only from a tenant that keeps a request running, and only from a tenant
+   that holds more sequences per weight than the waiting tenant would after
+   the move or is ahead by more than a request's worth: the reverse move then
+   needs the counters to cross by that margin again, so requests do not
+   thrash. Policy "fcfs" skips this and admits oldest first whoever asks; with
+   a single tenant both policies schedule exactly alike.
 1. Running requests, oldest first. Each takes what it still has to compute,
    capped so that one token per younger running request stays in the budget:
    a long prefill is chunked and never stalls the decodes beside it. When a
    request needs a KV block and none is free, the youngest running request
    (possibly itself) is preempted by recompute: its blocks and slot reference
    are released and it returns to the waiting queue with its arrival order,
-   so it keeps its priority.
-2. If nothing was preempted, waiting requests are admitted oldest first while
-   budget, sequences, KV blocks and adapter slots allow. Running out of blocks
-   stops admission (younger requests never overtake an older one on memory).
+   so it keeps its priority. Under fair share the victim is the youngest
+   request, not yet scheduled this step, of the tenant with the largest counter.
+2. If nothing was preempted in 1, waiting requests are admitted (in fair-share
+   order, or oldest first) while budget, sequences, KV blocks and adapter
+   slots allow. Running out of blocks stops admission (no request overtakes
+   the one admission serves on memory).
    A waiting request whose next prefix blocks a running request is computing
    right now (same tokens, same adapter) waits for them instead of computing
    them too: requests that arrive together behind one long system prompt
@@ -33,7 +47,10 @@ the slot that would be freed first, the in-use slot acquired least recently
 that adapter, its running requests finish, its reference count reaches 0 and
 the blocked request, being older than everything admitted since, takes the
 slot at the next admission. Its wait is therefore bounded by the time the
-draining adapter's running requests need to finish.
+draining adapter's running requests need to finish. Under fair share "oldest"
+reads "first in admission order": another tenant with a smaller counter may
+take the freed slot first, but its counter then grows while the blocked
+tenant's does not, so the blocked request's turn still comes.
 """
 from __future__ import annotations
 
