@@ -45,6 +45,7 @@ class Phase:
     victim_latencies: list[float]
     completion_tokens: int
     seconds: float
+    load: float  # the 1-minute load average when the phase ended: other work on the machine skews it
 
     @property
     def victim_median(self) -> float:
@@ -74,8 +75,9 @@ async def _phase(server: Server, victim_key: str | None, heavy_key: str | None, 
             nonlocal tokens
             for _ in range(args.victim_requests):
                 started = time.perf_counter()
-                tokens += await _complete(client, victim_key, VICTIM_PROMPT, VICTIM_TOKENS)
+                completed = await _complete(client, victim_key, VICTIM_PROMPT, VICTIM_TOKENS)
                 latencies.append(time.perf_counter() - started)
+                tokens += completed  # after the await: `tokens += await ...` would add to a stale value
 
         heavy_sent = 0
 
@@ -85,7 +87,8 @@ async def _phase(server: Server, victim_key: str | None, heavy_key: str | None, 
             # alone, until HEAVY_REQUESTS were sent; beside the victim, until the victim is done.
             while not stop.is_set() and (victim_key is not None or heavy_sent < args.heavy_requests):
                 heavy_sent += 1
-                tokens += await _complete(client, heavy_key, HEAVY_PROMPT, args.heavy_tokens)
+                completed = await _complete(client, heavy_key, HEAVY_PROMPT, args.heavy_tokens)
+                tokens += completed
 
         stop = asyncio.Event()
         started = time.perf_counter()
@@ -96,7 +99,7 @@ async def _phase(server: Server, victim_key: str | None, heavy_key: str | None, 
             await victim()
             stop.set()
         await asyncio.gather(*streams)
-        return Phase(latencies, tokens, time.perf_counter() - started)
+        return Phase(latencies, tokens, time.perf_counter() - started, os.getloadavg()[0])
 
 
 def run_policy(policy: str, args) -> dict[str, Phase]:
@@ -113,8 +116,8 @@ def run_policy(policy: str, args) -> dict[str, Phase]:
             }
     for name, phase in phases.items():
         median = f"victim median {phase.victim_median:.2f} s" if phase.victim_latencies else ""
-        print(f"  {policy:4} {name:12} {phase.tokens_per_s:7.1f} tok/s over {phase.seconds:6.1f} s  {median}",
-              flush=True)
+        print(f"  {policy:4} {name:12} {phase.tokens_per_s:7.1f} tok/s over {phase.seconds:6.1f} s  {median}  "
+              f"(load {phase.load:.2f} after)", flush=True)
     return phases
 
 
