@@ -72,6 +72,7 @@ bench: setup
 	$(PY) benchmarks/served_throughput.py
 	$(PY) benchmarks/served_throughput.py --adapters-saved-as bfloat16 --skip-peer
 	$(PY) benchmarks/cpu_throughput.py
+	$(PY) benchmarks/fair_share.py
 
 clean:
 	rm -rf $(VENV)

@@ -17,12 +17,14 @@ _PUBLIC_NAMES: dict[str, tuple[str, ...]] = {
     "async_engine": ("AsyncEngine",),
     "client": ("EngineClient", "EngineFacts"),
     "config": (
-        "EngineConfig", "FP8_ACTIVATION_TERMS", "KV_CACHE_DTYPES", "LORA_DTYPES", "ModelConfig", "QUANTIZATION_METHODS"),
+        "EngineConfig", "FP8_ACTIVATION_TERMS", "KV_CACHE_DTYPES", "LORA_DTYPES", "ModelConfig", "QUANTIZATION_METHODS",
+        "SCHEDULING_POLICIES"),
     "outputs": (
         "AdapterResidency", "EngineStats", "EngineUnavailableError", "RequestFailedError", "RequestOutput", "TokenLogprob"),
     "request": ("SamplingParams",),
     "request_latency": ("HistogramSnapshot", "merge_histograms"),
     "structured_output": ("CompiledGrammar",),
+    "tenancy": ("DEFAULT_TENANT", "TenantTag"),
     "tokenizer": ("ChatTemplateError", "Tokenizer"),
     "torch_threads": ("reserve_for_step_thread",),
     "model.bundled": ("import_bundled",),

@@ -29,6 +29,7 @@ from loraloom.engine.llm_engine import LLMEngine
 from loraloom.engine.outputs import AdapterResidency, EngineStats, RequestFailedError, RequestOutput
 from loraloom.engine.request import SamplingParams
 from loraloom.engine.structured_output import CompiledGrammar
+from loraloom.engine.tenancy import DEFAULT_TENANT, TenantTag
 from loraloom.engine.torch_threads import StepThread, one_torch_thread
 
 # Schemas compile on their own thread, never on the step thread; one at a time, so that a burst of
@@ -38,8 +39,9 @@ GRAMMAR_COMPILE_TIMEOUT_S = 10.0
 
 logger = logging.getLogger(__name__)
 
-# (request id, prompt, params, adapter, tenant, arrival time: time.monotonic() when generate() was called)
-PendingAdd = tuple[str, list[int], SamplingParams, AdapterHandle | None, str, float]
+# (request id, prompt, params, adapter, tenant, cache salt, arrival time: time.monotonic() when generate()
+# was called)
+PendingAdd = tuple[str, list[int], SamplingParams, AdapterHandle | None, TenantTag, str | None, float]
 
 
 class AsyncEngine:
@@ -164,10 +166,12 @@ class AsyncEngine:
         prompt_token_ids: list[int],
         params: SamplingParams,
         adapter: AdapterHandle | None,
-        tenant: str = "",
+        tenant: TenantTag | None = None,
+        cache_salt: str | None = None,
     ) -> AsyncIterator[RequestOutput]:
         """Stream a request's outputs. Errors in the request surface at the first iteration.
-        `tenant` labels the request in the stats (Request.tenant); it grants nothing."""
+        `tenant` (None: DEFAULT_TENANT) scopes its prefix cache and fair share and labels its stats; it
+        grants nothing (the gateway authorized the adapter). `cache_salt` isolates it within the tenant."""
         arrival_time = time.monotonic()  # latency metrics count the adapter fetch and the queue too
         if request_id in self._streams:
             raise ValueError(f"request_id: {request_id!r} is already running")
@@ -176,7 +180,8 @@ class AsyncEngine:
             await self._hold_adapter(adapter)  # no await from here to _submit: the hold reaches the request
         queue: asyncio.Queue[RequestOutput | BaseException] = asyncio.Queue()
         self._streams[request_id] = queue
-        self._submit(adds=[(request_id, list(prompt_token_ids), params, adapter, tenant, arrival_time)])
+        self._submit(adds=[(request_id, list(prompt_token_ids), params, adapter, tenant or DEFAULT_TENANT, cache_salt,
+                            arrival_time)])
         finished = False
         try:
             while not finished:
@@ -238,14 +243,14 @@ class AsyncEngine:
         failures: list[tuple[str, Exception]] = []
         for request_id in aborts:
             self.engine.abort_request(request_id)
-        for request_id, prompt, params, adapter, tenant, arrival_time in adds:
+        for request_id, prompt, params, adapter, tenant, cache_salt, arrival_time in adds:
             if request_id in aborts:  # gone before admission: give back the hold generate() took
                 if adapter is not None:
                     self.engine.release_adapter(adapter.key)
                 continue
             try:
                 self.engine.admit_request(request_id, prompt, params, adapter, tenant, adapter_held=True,
-                                          arrival_time=arrival_time)
+                                          arrival_time=arrival_time, cache_salt=cache_salt)
             except Exception as exc:  # validated before queueing; a late failure reaches only its stream
                 failures.append((request_id, exc))
         outputs = self.engine.step() if self.engine.has_unfinished() else []

@@ -17,6 +17,7 @@ from loraloom.engine.config import ModelConfig
 from loraloom.engine.lora.handle import AdapterHandle
 from loraloom.engine.outputs import AdapterResidency, EngineStats, RequestOutput
 from loraloom.engine.request import SamplingParams
+from loraloom.engine.tenancy import TenantTag
 from loraloom.engine.tokenizer import Tokenizer
 
 
@@ -52,9 +53,12 @@ class EngineClient(Protocol):
         prompt_token_ids: list[int],
         params: SamplingParams,
         adapter: AdapterHandle | None,
-        tenant: str = "",
+        tenant: TenantTag | None = None,
+        cache_salt: str | None = None,
     ) -> AsyncIterator[RequestOutput]:
-        """Stream a request's outputs; errors in the request surface at the first iteration (ValueError
+        """Stream a request's outputs; `tenant` (None: the default tenant) is who asks, as the gateway
+        authenticated it: the scope of its prefix cache and its fair-share account (engine/tenancy.py);
+        `cache_salt` isolates its prefix cache further within the tenant. Errors in the request surface at the first iteration (ValueError
         naming the field, AdapterLoadError, RequestFailedError). Closing the stream before its last
         output (aclose, or cancelling the task that iterates it) aborts the request: that is the abort."""
 

@@ -166,6 +166,9 @@ QUANTIZATION_METHODS = ("fp8",)
 FP8_ACTIVATION_TERMS = (1, 2)  # EngineConfig.fp8_activation_terms
 KV_CACHE_DTYPES = ("auto", "fp8")  # EngineConfig.kv_cache_dtype
 LORA_DTYPES = ("auto", "float32", "bfloat16", "float16")  # EngineConfig.lora_dtype
+# EngineConfig.scheduling_policy: "fair" shares the engine across tenants by tokens (engine/fair_share.py);
+# "fcfs" admits oldest first whoever asks (the engine before fair share; vLLM's default).
+SCHEDULING_POLICIES = ("fair", "fcfs")
 
 
 @dataclass
@@ -205,8 +208,14 @@ class EngineConfig:
     # On CUDA, decode steps replay CUDA graphs (engine/cuda_graphs.py); True runs every step eagerly
     # (for debugging, or to save the graphs' capture time and memory).
     enforce_eager: bool = False
+    # How waiting requests are admitted across tenants (SCHEDULING_POLICIES; engine/scheduler.py). With one
+    # tenant both are oldest first.
+    scheduling_policy: str = "fair"
 
     def __post_init__(self) -> None:
+        if self.scheduling_policy not in SCHEDULING_POLICIES:
+            raise ValueError(f"EngineConfig.scheduling_policy is {self.scheduling_policy!r}; "
+                             f"use one of {list(SCHEDULING_POLICIES)}")
         if self.quantization is not None and self.quantization not in QUANTIZATION_METHODS:
             raise ValueError(f"EngineConfig.quantization is {self.quantization!r}; "
                              f"use None or one of {list(QUANTIZATION_METHODS)}")

@@ -3,18 +3,21 @@
 A request's block table is `request.block_ids` (position p lives in block
 `block_ids[p // block_size]` at offset `p % block_size`). Full blocks of
 computed tokens are registered under a chained content hash, so a later request
-with the same prefix and the same `cache_salt` (base or one adapter key) reuses
-them instead of recomputing. A block whose last reference is dropped keeps its
+with the same prefix and the same `cache_scope` (one tenant, one adapter or the base
+model, one optional cache salt: Request.cache_scope) reuses them instead of
+recomputing. Nothing is shared across tenants: a hit, its `cached_tokens` and the
+time it saves would tell one tenant what another sent (docs/ARCHITECTURE.md,
+"Tenant isolation"). A block whose last reference is dropped keeps its
 hash and stays matchable until the free list hands it out again.
 
 Why sha256 and not Python's `hash`: the tuple hash is 64 bits and not
 collision resistant, so a crafted prompt could land on another tenant's block
 and read its KV. A sha256 digest chained over (parent digest, salt, tokens)
-makes a hit mean "same tokens, same adapter, same whole prefix" without
+makes a hit mean "same tokens, same scope, same whole prefix" without
 storing the tokens to verify.
 
 Blocks a running request will fill from its known tokens but has not computed yet are
-*in flight*: the scheduler holds back a waiting request whose next blocks are in flight
+*in flight* (keyed by the same scoped digests, so a wait never crosses tenants either): the scheduler holds back a waiting request whose next blocks are in flight
 (`inflight_prefix_tokens`), so that requests arriving together behind one long system prompt
 compute it once and the others reuse it a step later, instead of all computing it side by side.
 """
@@ -101,11 +104,10 @@ class BlockManager:
         if request.request_id in self._holders or request.block_ids:
             raise ValueError(f"request {request.request_id!r}: already holds KV blocks; "
                              "free it before allocating again")
-        matched_blocks = self._match_prefix(request)
+        matched_blocks, taken_from_free = self._admission_need(request)
         num_cached = len(matched_blocks) * self.block_size
-        revived = sum(1 for block in matched_blocks if self._ref_counts[block] == 0)
         missing = self._blocks_for(request.num_tokens) - len(matched_blocks)
-        if revived + missing > self.num_free_blocks:
+        if taken_from_free > self.num_free_blocks:
             return False
         for block in matched_blocks:
             if self._ref_counts[block] == 0:
@@ -120,6 +122,22 @@ class BlockManager:
         request.block_ids.extend(self._take_free(missing))
         self.rows.assign(request)
         return True
+
+    def blocks_to_admit(self, request: Request) -> int:
+        """Free blocks `allocate_for_new` would take for a request without blocks (cached ones revived included)."""
+        return self._admission_need(request)[1]
+
+    def blocks_freed_by(self, request: Request) -> int:
+        """Blocks that freeing this running request would return to the free list (those only it holds)."""
+        ref_counts = self._ref_counts
+        return sum(1 for block in request.block_ids if ref_counts[block] == 1)
+
+    def _admission_need(self, request: Request) -> tuple[list[int], int]:
+        """(its cached prefix's blocks, how many blocks admitting it takes from the free list)."""
+        matched_blocks = self._match_prefix(request)
+        revived = sum(1 for block in matched_blocks if self._ref_counts[block] == 0)
+        missing = self._blocks_for(request.num_tokens) - len(matched_blocks)
+        return matched_blocks, revived + missing
 
     def ensure_capacity(self, request: Request, num_new_tokens: int) -> bool:
         """Make blocks exist for positions [0, num_computed_tokens + num_new_tokens); False (taking none) if short."""
@@ -193,9 +211,10 @@ class BlockManager:
         if len(hashes) < num_blocks:
             token_ids = request.all_token_ids
             size = self.block_size
+            scope = request.cache_scope
             for index in range(len(hashes), num_blocks):
                 parent = hashes[-1] if hashes else _ROOT_HASH
-                hashes.append(block_hash(parent, token_ids[index * size:(index + 1) * size], request.cache_salt))
+                hashes.append(block_hash(parent, token_ids[index * size:(index + 1) * size], scope))
         return hashes
 
     def _matchable_hashes(self, request: Request) -> list[bytes]:

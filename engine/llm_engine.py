@@ -43,6 +43,7 @@ from loraloom.engine.sampler import make_generator
 from loraloom.engine.scheduler import Scheduler
 from loraloom.engine.stop import StopStringMatcher, TokenStops
 from loraloom.engine.structured_output import CompiledGrammar, GrammarCompiler, GrammarTokenStops
+from loraloom.engine.tenancy import DEFAULT_TENANT, TenantTag
 from loraloom.engine.tokenizer import Tokenizer
 from loraloom.kernels.backend import get_backend
 
@@ -226,12 +227,13 @@ class LLMEngine:
         prompt_token_ids: list[int],
         params: SamplingParams,
         adapter: AdapterHandle | None = None,
-        tenant: str = "",
+        tenant: TenantTag = DEFAULT_TENANT,
+        cache_salt: str | None = None,
     ) -> None:
         """Validate a request and admit it (raises ValueError naming the field, or AdapterLoadError).
-        `tenant` is a metrics label only (Request.tenant)."""
+        `tenant`: who asks (engine/tenancy.py); `cache_salt`: isolation within the tenant (Request.cache_salt)."""
         self.validate_request(prompt_token_ids, params)
-        self.admit_request(request_id, prompt_token_ids, params, adapter, tenant)
+        self.admit_request(request_id, prompt_token_ids, params, adapter, tenant, cache_salt=cache_salt)
 
     def admit_request(
         self,
@@ -239,9 +241,10 @@ class LLMEngine:
         prompt_token_ids: list[int],
         params: SamplingParams,
         adapter: AdapterHandle | None = None,
-        tenant: str = "",
+        tenant: TenantTag = DEFAULT_TENANT,
         adapter_held: bool = False,
         arrival_time: float | None = None,
+        cache_salt: str | None = None,
     ) -> None:
         """Admit a request that `validate_request` accepted; AsyncEngine validates before it queues one,
         so that each request is validated once. The scheduler refuses a request id already in use.
@@ -249,7 +252,7 @@ class LLMEngine:
         step thread) and hands that hold to the request, so the cache is read once per request.
         `arrival_time` (time.monotonic()): when the request reached the engine, if before now; its
         latency metrics count from there, so they include the adapter fetch and the wait to be admitted."""
-        request = Request(request_id, list(prompt_token_ids), params, adapter, tenant=tenant)
+        request = Request(request_id, list(prompt_token_ids), params, adapter, tenant=tenant, cache_salt=cache_salt)
         if params.grammar is not None:
             request.grammar = params.grammar.matcher()
         if adapter is not None and not adapter_held:
@@ -418,6 +421,7 @@ class LLMEngine:
         cache, slots, latencies = self.adapter_cache, self.slot_table, self.latencies
         # One reading of each queue: the LoRA info lists and the per-adapter counts agree.
         running, waiting = self.scheduler.running_adapter_counts(), self.scheduler.waiting_adapter_counts()
+        tenants = self.scheduler.tenant_loads()
         return EngineStats(
             num_running=self.scheduler.num_running,
             num_waiting=self.scheduler.num_waiting,
@@ -443,6 +447,10 @@ class LLMEngine:
             host_cache_evictions_total=cache.evictions,
             adapter_slot_loads_total=slots.loads,
             adapter_slot_evictions_total=slots.evictions,
+            queued_per_tenant={name: load.queued for name, load in tenants.items()},
+            running_per_tenant={name: load.running for name, load in tenants.items()},
+            served_tokens_per_tenant={name: load.served_tokens for name, load in tenants.items()},
+            share_counter_per_tenant={name: load.share_counter for name, load in tenants.items()},
             time_to_first_token=latencies.time_to_first_token.snapshot(),
             inter_token_latency=latencies.inter_token_latency.snapshot(),
             e2e_request_latency=latencies.e2e_request_latency.snapshot(),

@@ -100,6 +100,14 @@ class EngineStats:
     host_cache_evictions_total: int = 0
     adapter_slot_loads_total: int = 0  # copies of an adapter into a GPU slot
     adapter_slot_evictions_total: int = 0  # loads that replaced another adapter
+    # Per tenant name (TenantTag.name; engine/fair_share.py): requests queued and running now, tokens served
+    # (prompt tokens at first admission + output tokens) since start, and the fair-share counter (virtual
+    # tokens: served / weight, plus lifts). Summed over replicas, as everything here: each replica keeps
+    # its own counter, so the sum is the tenant's weighted service across the set.
+    queued_per_tenant: dict[str, int] = field(default_factory=dict)
+    running_per_tenant: dict[str, int] = field(default_factory=dict)
+    served_tokens_per_tenant: dict[str, int] = field(default_factory=dict)
+    share_counter_per_tenant: dict[str, float] = field(default_factory=dict)
     # Per-request latencies since start (engine/request_latency.py); None from an engine that keeps none.
     time_to_first_token: HistogramSnapshot | None = None
     inter_token_latency: HistogramSnapshot | None = None

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from loraloom.engine.lora.handle import AdapterHandle
+from loraloom.engine.tenancy import DEFAULT_TENANT, TenantTag
 
 if TYPE_CHECKING:  # llguidance is imported by the requests that use it, not by the scheduler
     from loraloom.engine.structured_output import CompiledGrammar, GrammarMatcher
@@ -113,9 +114,12 @@ class Request:
     sampling_params: SamplingParams
     # None = the base model. The handle carries the runtime adapter key.
     adapter: AdapterHandle | None = None
-    # Who asked, as the API shows it (the tenant's name): a metrics label only, never part of an
-    # identity (the adapter's key is what slots, caches and prefix hashes go by). "" = unnamed.
-    tenant: str = ""
+    # Who asked (engine/tenancy.py): its id scopes the prefix cache and names its fair-share account,
+    # its name labels the metrics, its weight is its fair share.
+    tenant: TenantTag = DEFAULT_TENANT
+    # Optional isolation within the tenant (the API's cache_salt / prompt_cache_key): requests with
+    # different salts never share KV blocks (None and "" are the same: no salt).
+    cache_salt: str | None = None
     # Monotonic arrival order: lower = older = higher priority (never reset on preemption).
     arrival_order: int = field(default_factory=lambda: next(_arrival_counter))
 
@@ -129,7 +133,7 @@ class Request:
     num_cached_tokens: int = 0  # tokens served from the prefix cache at first schedule
     block_ids: list[int] = field(default_factory=list)
     block_row: int = -1  # its row in the block manager's BlockRows mirror of block_ids (-1: none)
-    # Prefix-cache digests of its leading full blocks of all_token_ids (with cache_salt), extended as
+    # Prefix-cache digests of its leading full blocks of all_token_ids (with cache_scope), extended as
     # the block manager needs them: tokens are only ever appended, so a digest never goes stale.
     block_hashes: list[bytes] = field(default_factory=list)
     adapter_slot: int = -1  # the GPU slot of its adapter while running (-1: the base model)
@@ -162,9 +166,12 @@ class Request:
     def metrics_labels(self) -> tuple[str, str]:
         """(tenant, adapter name) reported in metrics and stats ("base" for no adapter): two tenants'
         adapters of the same name are counted apart."""
-        return self.tenant, BASE_ADAPTER_LABEL if self.adapter is None else self.adapter.name
+        return self.tenant.name, BASE_ADAPTER_LABEL if self.adapter is None else self.adapter.name
 
     @property
-    def cache_salt(self) -> str:
-        """Identity mixed into every prefix-cache block hash: KV is never shared across adapters."""
-        return "base" if self.adapter is None else f"adapter:{self.adapter.key}"
+    def cache_scope(self) -> str:
+        """What is mixed into every prefix-cache block hash besides the tokens: the tenant's id, the adapter's
+        key and the request's cache salt. KV is never shared across tenants (the base model included), nor
+        across adapters, nor across salts. repr() of the tuple keeps the parts apart: no choice of salt can
+        make one scope's string equal another's."""
+        return repr((self.tenant.id, self.adapter_key, self.cache_salt or ""))

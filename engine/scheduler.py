@@ -8,16 +8,30 @@ step that reaches `num_tokens` samples the next token.
 A step, under a token budget (`max_num_batched_tokens`) and a sequence limit
 (`max_num_seqs`):
 
+0. Fair share (policy "fair", the default; engine/fair_share.py). Each tenant
+   has a virtual token counter, charged its tokens / its weight; waiting
+   requests are admitted smallest counter first (oldest first within a tenant).
+   When the request admission serves next finds no free sequence or not enough
+   free blocks, running requests of tenants over their share are preempted by
+   recompute (as in 1), youngest first, but only if that frees enough for it,
+   only from a tenant that keeps a request running, and only from a tenant
+   that holds more sequences per weight than the waiting tenant would after
+   the move or is ahead by more than a request's worth: the reverse move then
+   needs the counters to cross by that margin again, so requests do not
+   thrash. Policy "fcfs" skips this and admits oldest first whoever asks; with
+   a single tenant both policies schedule exactly alike.
 1. Running requests, oldest first. Each takes what it still has to compute,
    capped so that one token per younger running request stays in the budget:
    a long prefill is chunked and never stalls the decodes beside it. When a
    request needs a KV block and none is free, the youngest running request
    (possibly itself) is preempted by recompute: its blocks and slot reference
    are released and it returns to the waiting queue with its arrival order,
-   so it keeps its priority.
-2. If nothing was preempted, waiting requests are admitted oldest first while
-   budget, sequences, KV blocks and adapter slots allow. Running out of blocks
-   stops admission (younger requests never overtake an older one on memory).
+   so it keeps its priority. Under fair share the victim is the youngest
+   request, not yet scheduled this step, of the tenant with the largest counter.
+2. If nothing was preempted in 1, waiting requests are admitted (in fair-share
+   order, or oldest first) while budget, sequences, KV blocks and adapter
+   slots allow. Running out of blocks stops admission (no request overtakes
+   the one admission serves on memory).
    A waiting request whose next prefix blocks a running request is computing
    right now (same tokens, same adapter) waits for them instead of computing
    them too: requests that arrive together behind one long system prompt
@@ -33,12 +47,16 @@ the slot that would be freed first, the in-use slot acquired least recently
 that adapter, its running requests finish, its reference count reaches 0 and
 the blocked request, being older than everything admitted since, takes the
 slot at the next admission. Its wait is therefore bounded by the time the
-draining adapter's running requests need to finish.
+draining adapter's running requests need to finish. Under fair share "oldest"
+reads "first in admission order": another tenant with a smaller counter may
+take the freed slot first, but its counter then grows while the blocked
+tenant's does not, so the blocked request's turn still comes.
 """
 from __future__ import annotations
 
 import bisect
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -47,6 +65,7 @@ import numpy as np
 from loraloom.engine.lora.slots import AdapterSlotTable
 from loraloom.engine.lora.handle import AdapterHandle
 from loraloom.engine.config import EngineConfig
+from loraloom.engine.fair_share import FairShare, TenantLoad
 from loraloom.engine.kv_cache import BlockManager
 from loraloom.engine.request import Request, RequestStatus
 
@@ -107,6 +126,9 @@ class Scheduler:
         self._waiting: list[Request] = []  # by arrival_order, oldest first
         self._running: list[Request] = []  # by arrival_order, oldest first
         self._requests: dict[str, Request] = {}  # every unfinished request, waiting or running
+        # Per-tenant accounts, kept under either policy (the stats read them); "fair" also orders by them.
+        self.fair_share = FairShare()
+        self._fair = config.scheduling_policy == "fair"
 
     # ------------------------------------------------------------------ queue
     @property
@@ -126,6 +148,11 @@ class Scheduler:
 
     def waiting_adapter_counts(self) -> dict[tuple[str, str], int]:
         return _count_by_adapter(self._waiting)
+
+    def tenant_loads(self) -> dict[str, TenantLoad]:
+        """Per tenant name: queued and running requests, served tokens, fair-share counter (thread-safe)."""
+        return self.fair_share.loads()
+
     def add_request(self, request: Request) -> None:
         if request.request_id in self._requests:
             raise ValueError(f"request_id: {request.request_id!r} is already scheduled; use a unique id")
@@ -136,6 +163,7 @@ class Scheduler:
                              f"raise max_loras to serve adapter {request.adapter.name!r}")
         request.status = RequestStatus.WAITING
         bisect.insort(self._waiting, request, key=_arrival)
+        self.fair_share.enqueue(request, arriving=True)
         self._requests[request.request_id] = request
 
     def abort_request(self, request_id: str) -> Request | None:
@@ -158,6 +186,8 @@ class Scheduler:
         budget = self.config.max_num_batched_tokens
         scheduled: list[ScheduledRequest] = []
         preempted: list[Request] = []
+        # Preempted for another tenant's share (rule 0 of the module docstring): admission still runs.
+        rebalanced = self._preempt_for_fair_share() if self._fair and self._waiting else []
         index = 0
         # This loop runs once per running request every step (hundreds): it reads each request's
         # fields directly, and asks the block manager only when the request's blocks are full.
@@ -172,10 +202,10 @@ class Scheduler:
             num_new = remaining if remaining <= cap else (cap if cap > 1 else 1)
             if computed + num_new > len(request.block_ids) * block_size:
                 if not self.block_manager.ensure_capacity(request, num_new):
-                    made_room = self._make_room(request, num_new, preempted)
+                    made_room = self._make_room(request, num_new, index, preempted)
                     num_running = len(running)
                     if not made_room:
-                        break  # it preempted itself, so it was the youngest: nobody is left after it
+                        continue  # it preempted itself: the request after it (if any) now sits at `index`
             scheduled.append(ScheduledRequest(request, num_new, request.adapter_slot, num_new == remaining))
             budget -= num_new
             index += 1
@@ -192,7 +222,7 @@ class Scheduler:
         return SchedulerOutput(
             scheduled=scheduled,
             adapter_loads=adapter_loads,
-            preempted_ids=[request.request_id for request in preempted],
+            preempted_ids=[request.request_id for request in rebalanced + preempted],
             num_batched_tokens=self.config.max_num_batched_tokens - budget,
             block_table=self.block_manager.rows.array,
         )
@@ -208,6 +238,7 @@ class Scheduler:
                              "requests this step scheduled with sample=True; pass one per request, in order")
         block_size = self.block_manager.block_size
         requests = self._requests
+        charge_output = self.fair_share.charge_output
         sampled_index = 0
         for item in output.scheduled:
             request = item.request
@@ -221,16 +252,20 @@ class Scheduler:
                 self.block_manager.commit(request)  # a block became full: register its prefix hash
             if item.sample:
                 request.output_token_ids.append(sampled_token_ids[sampled_index])
+                charge_output(request)
                 sampled_index += 1
 
     # -------------------------------------------------------------- internals
-    def _admit_waiting(self, budget: int, scheduled: list[ScheduledRequest],
-                       adapter_loads: list[tuple[int, AdapterHandle]]) -> int:
-        """Admit waiting requests oldest first; return the budget left."""
-        draining_key: str | None = None  # reserved for the oldest slot-blocked request (module docstring)
-        for request in list(self._waiting):
-            if budget == 0 or len(self._running) >= self.config.max_num_seqs:
-                break
+    def _admission_order(self) -> Iterator[Request]:
+        """Waiting requests in the order admission considers them: by fair share, or oldest first."""
+        return self.fair_share.admission_order() if self._fair else iter(list(self._waiting))
+
+    def _candidates(self) -> Iterator[Request]:
+        """The waiting requests admission may take now, in its order: slot-blocked requests, requests
+        for the adapter reserved for them, and requests whose prefix a running request is computing are
+        passed over (module docstring). Capacity (budget, sequences, blocks) is the consumer's to check."""
+        draining_key: str | None = None  # reserved for the first slot-blocked request (module docstring)
+        for request in self._admission_order():
             key = request.adapter_key
             if key is not None:
                 if not self.slot_table.can_acquire(key):
@@ -241,8 +276,17 @@ class Scheduler:
                     continue
             if self.block_manager.inflight_prefix_tokens(request) >= MIN_SHARED_INFLIGHT_TOKENS:
                 continue  # its prefix is being computed by a running request: reuse it next step
+            yield request
+
+    def _admit_waiting(self, budget: int, scheduled: list[ScheduledRequest],
+                       adapter_loads: list[tuple[int, AdapterHandle]]) -> int:
+        """Admit waiting requests in admission order; return the budget left."""
+        if budget == 0 or len(self._running) >= self.config.max_num_seqs:
+            return budget
+        for request in self._candidates():
             if not self.block_manager.allocate_for_new(request):
                 break
+            key = request.adapter_key
             slot = BASE_SLOT
             if key is not None:
                 slot, needs_load = self.slot_table.acquire(key)
@@ -250,25 +294,71 @@ class Scheduler:
                     adapter_loads.append((slot, request.adapter))
             request.adapter_slot = slot  # fixed while it runs: a slot with references is never evicted
             self._waiting.remove(request)
+            self.fair_share.dequeue(request)
+            self.fair_share.admitted(request)
             request.status = RequestStatus.RUNNING
             bisect.insort(self._running, request, key=_arrival)
             num_new = min(request.num_tokens - request.num_computed_tokens, budget)
             scheduled.append(self._scheduled(request, num_new, slot))
             budget -= num_new
+            if budget == 0 or len(self._running) >= self.config.max_num_seqs:
+                break
         return budget
 
-    def _make_room(self, request: Request, num_new: int, preempted: list[Request]) -> bool:
-        """Preempt the youngest running requests until `request` has blocks for `num_new` tokens.
+    def _preempt_for_fair_share(self) -> list[Request]:
+        """Rule 0 (module docstring): when the request admission serves next finds no free sequence or
+        not enough free blocks, preempt running requests of tenants over their share, youngest first,
+        if that frees enough for it; else nothing. Returns the preempted requests."""
+        if not self._running:
+            return []
+        waiting = next(self._candidates(), None)
+        if waiting is None:
+            return []
+        free_seqs = self.config.max_num_seqs - len(self._running)
+        short_blocks = self.block_manager.blocks_to_admit(waiting) - self.block_manager.num_free_blocks
+        if free_seqs > 0 and short_blocks <= 0:
+            return []  # admission takes it as it is
+        planned: dict[str, int] = {}
+        victims: list[Request] = []
+        while free_seqs <= 0 or short_blocks > 0:
+            youngest: dict[str, Request] = {}
+            for request in reversed(self._running):
+                if request.tenant.id not in youngest and request not in victims:
+                    youngest[request.tenant.id] = request
+            victim = self.fair_share.preemption_victim(waiting, youngest, planned)
+            if victim is None:
+                return []  # what would go does not make room: preempt nothing rather than in vain
+            planned[victim.tenant.id] = planned.get(victim.tenant.id, 0) + 1
+            victims.append(victim)
+            free_seqs += 1
+            short_blocks -= self.block_manager.blocks_freed_by(victim)
+        for victim in victims:
+            self._preempt(victim)
+        return victims
 
-        Returns False when `request` itself had to go.
-        """
+    def _make_room(self, request: Request, num_new: int, index: int, preempted: list[Request]) -> bool:
+        """Preempt running requests not yet scheduled this step (those from `index`, `request` first)
+        until `request` has blocks for `num_new` tokens: the youngest, or under fair share the youngest
+        of the tenant with the largest counter among them. Returns False when `request` itself had to go."""
         while not self.block_manager.ensure_capacity(request, num_new):
-            victim = self._running[-1]
+            victim = self._pressure_victim(index)
             self._preempt(victim)
             preempted.append(victim)
             if victim is request:
                 return False
         return True
+
+    def _pressure_victim(self, index: int) -> Request:
+        running = self._running
+        if not self._fair:
+            return running[-1]
+        counter = self.fair_share.counter
+        victim, most = running[-1], counter(running[-1])
+        for candidate in reversed(running[index:-1]):  # youngest first: a tie keeps the younger
+            served = counter(candidate)
+            if served > most:
+                victim, most = candidate, served
+        return victim
 
     def _preempt(self, request: Request) -> None:
         self._running.remove(request)
@@ -277,6 +367,7 @@ class Scheduler:
         request.num_preemptions += 1
         request.status = RequestStatus.WAITING
         bisect.insort(self._waiting, request, key=_arrival)
+        self.fair_share.enqueue(request, arriving=False)
 
     def _remove(self, request_id: str) -> Request | None:
         request = self._requests.pop(request_id, None)
@@ -287,10 +378,12 @@ class Scheduler:
             self._release(request)
         else:
             self._waiting.remove(request)
+            self.fair_share.dequeue(request)
         return request
 
     def _release(self, request: Request) -> None:
         """Give back a running request's KV blocks and its adapter slot reference."""
+        self.fair_share.stopped_running(request)
         self.block_manager.free(request)
         if request.adapter_key is not None:
             self.slot_table.release(request.adapter_key)

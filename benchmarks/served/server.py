@@ -54,15 +54,20 @@ def running_server(data_dir: Path, serve_args: list[str], log_path: Path) -> Ite
             if time.monotonic() > deadline:
                 raise RuntimeError(f"loraloom serve did not answer /health; see {log_path}")
             time.sleep(0.5)
-        key = subprocess.run([str(LORALOOM), "admin", "create-key", "--tenant", "bench", "--role", "developer"],
-                             env=env, check=True, capture_output=True, text=True).stdout.strip()
-        yield Server(url, key, process)
+        yield Server(url, tenant_key(data_dir, "bench"), process)
     finally:
         process.terminate()
         try:
             process.wait(timeout=60)
         except subprocess.TimeoutExpired:
             process.kill()
+
+
+def tenant_key(data_dir: Path, tenant: str) -> str:
+    """A developer key of `tenant` (created if new), made with `loraloom admin` on the server's data dir."""
+    env = {**os.environ, "LORALOOM_DATA_DIR": str(data_dir)}
+    return subprocess.run([str(LORALOOM), "admin", "create-key", "--tenant", tenant, "--role", "developer"],
+                          env=env, check=True, capture_output=True, text=True).stdout.strip()
 
 
 @dataclass

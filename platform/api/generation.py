@@ -22,8 +22,10 @@ from loraloom.engine import (
     EngineClient,
     RequestOutput,
     SamplingParams,
+    TenantTag,
     TokenLogprob,
 )
+from loraloom.platform.accounts.keys import Caller
 from loraloom.platform.api.errors import APIError, field_error
 from loraloom.platform.api.revocation import revocable
 from loraloom.platform.api.schemas.generation import DEFAULT_MAX_TOKENS, GenerationRequest, PromptTokensDetails, Usage
@@ -120,6 +122,13 @@ def sampling_params(
     )
 
 
+def tenant_tag(caller: Caller) -> TenantTag:
+    """Who asks, as the engine sees it: the tenant's id scopes its prefix cache and fair-share account,
+    its name labels the engine's metrics, its operator-set weight is its fair share (engine/tenancy.py).
+    All of a tenant's keys share one tag: the tenant, not the key, is the unit of isolation."""
+    return TenantTag(id=str(caller.tenant_id), name=caller.tenant_name, weight=caller.share_weight)
+
+
 def choice_params(params: SamplingParams, n: int) -> list[SamplingParams]:
     """One SamplingParams per choice. With a seed, choice i draws with seed + i: the choices differ,
     and each is reproducible (the same as an n=1 request with that seed)."""
@@ -144,6 +153,7 @@ async def open_generation(
     adapter_param: str,
     model: str,
     meter: UsageMeter,
+    cache_salt: str | None = None,
 ) -> AsyncGenerator[ChoiceOutput, None]:
     """Start choice 0 and wait for its first output, so that what the engine refuses becomes a 400
     before any response (or SSE header) is sent. The other choices have the same prompt and
@@ -156,14 +166,17 @@ async def open_generation(
     `field_names` maps the engine's field names in its error messages to this endpoint's request
     fields. The returned stream yields (choice index, output) and aborts every unfinished choice
     when it is closed or cancelled before the end. `meter` sees every output and is finished
-    when the stream ends, however it ends.
+    when the stream ends, however it ends. `cache_salt` (GenerationRequest.engine_cache_salt) isolates the
+    prefix cache within the caller's tenant; across tenants it is never shared.
     """
     meter.begin(request_id=request_id, model=model, adapter=adapter, num_choices=len(params))
+
+    tenant = tenant_tag(meter.caller)
 
     def start(index: int) -> AsyncGenerator[RequestOutput, None]:
         return engine.generate(request_id=choice_request_id(request_id, index), prompt_token_ids=prompt_token_ids,
                                params=params[index], adapter=None if adapter is None else adapter.handle,
-                               tenant=meter.caller.tenant_name)
+                               tenant=tenant, cache_salt=cache_salt)
 
     outputs = start(0)
     try:
@@ -353,6 +366,7 @@ async def respond(
         adapter_param=adapter_reference(body)[1],
         model=body.model,
         meter=meter,
+        cache_salt=body.engine_cache_salt(),
     )
     # Revoking the key (or its expiry) ends the generation, from its queueing to its last token.
     revocation = request.app.state.key_watch.watch(meter.caller.api_key_id)

@@ -10,7 +10,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from loraloom.engine import FP8_ACTIVATION_TERMS, KV_CACHE_DTYPES, LORA_DTYPES, QUANTIZATION_METHODS, EngineConfig
+from loraloom.engine import (FP8_ACTIVATION_TERMS, KV_CACHE_DTYPES, LORA_DTYPES, QUANTIZATION_METHODS,
+                             SCHEDULING_POLICIES, EngineConfig)
 from loraloom.platform.cli.options import adapter_argument, fraction, load_settings, positive_int
 from loraloom.platform.log_format import configure_logging
 
@@ -70,6 +71,10 @@ def add_serve_command(commands: argparse._SubParsersAction) -> None:
     serve.add_argument("--gpu-memory-utilization", type=fraction, default=defaults.gpu_memory_utilization,
                        help="share of the GPU's memory the engine may use; the KV cache gets what the weights, "
                        "adapter slots and activations leave of it")
+    serve.add_argument("--scheduling-policy", choices=SCHEDULING_POLICIES, default=defaults.scheduling_policy,
+                       help="how waiting requests are admitted: fair shares the engine across tenants by tokens "
+                       "(each tenant's counter charged per token / its weight; the smallest counter goes first, and "
+                       "a tenant under its share may preempt one over it); fcfs admits oldest first whoever asks")
     serve.add_argument("--enforce-eager", action="store_true",
                        help="run every step eagerly instead of replaying decode steps from CUDA graphs")
     serve.add_argument(
@@ -132,6 +137,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         dtype=dtype,
         gpu_memory_utilization=args.gpu_memory_utilization,
         enforce_eager=args.enforce_eager,
+        scheduling_policy=args.scheduling_policy,
         block_size=args.block_size,
         num_kv_blocks=args.num_kv_blocks,
         max_num_seqs=args.max_num_seqs,

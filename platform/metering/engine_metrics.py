@@ -20,6 +20,12 @@ name matches once an InferenceModelRewrite (or the client) pins it to `name@N`. 
 tenant-scoped and the router is tenant-blind: two tenants' `support-bot@3` share one entry, which
 costs at most a misplaced affinity, never access (the gateway in the pod still authorizes).
 
+Per-tenant metrics carry one label, `tenant` (its name), one series per tenant that used the engine
+(tenants are made by the operator, so they are bounded): requests queued and running, tokens served
+(prompt + output), and the fair-share counter (engine/fair_share.py: served tokens / weight, plus the
+lifts that keep idle time from being banked). Two counters far apart while both tenants queue mean the
+fair share is not holding; a tenant's counter far below the others' with requests queued is starved.
+
 Per-adapter metrics carry two labels: `tenant` (the name of the tenant whose requests they count,
 as the API shows it) and `adapter` (the name the request resolved to: `name@N` for a registry
 version, a checkpoint id, a server-local adapter's name, or `base`), so two tenants' adapters of
@@ -99,6 +105,7 @@ class EngineStatsCollector(Collector):
         yield CounterMetricFamily(
             "loraloom_generation_tokens", "Tokens generated.", value=stats.generation_tokens_total
         )
+        yield from _per_tenant(stats)
         yield _per_adapter(
             GaugeMetricFamily(
                 "loraloom_adapter_requests_running", "Requests being generated, per adapter.", labels=ADAPTER_LABELS
@@ -160,6 +167,24 @@ def _residency(stats: EngineStats) -> Iterator[Metric]:
          stats.adapter_slot_evictions_total),
     ):
         yield family(name, help_text, value=value)
+
+
+def _per_tenant(stats: EngineStats) -> Iterator[Metric]:
+    for family, name, help_text, values in (
+        (GaugeMetricFamily, "loraloom_tenant_requests_waiting", "Requests queued for admission, per tenant.",
+         stats.queued_per_tenant),
+        (GaugeMetricFamily, "loraloom_tenant_requests_running", "Requests being generated, per tenant.",
+         stats.running_per_tenant),
+        (CounterMetricFamily, "loraloom_tenant_served_tokens", "Tokens served (prompt + output), per tenant.",
+         stats.served_tokens_per_tenant),
+        (GaugeMetricFamily, "loraloom_tenant_share_counter",
+         "Fair-share virtual token counter (served tokens / weight, plus lifts), per tenant.",
+         stats.share_counter_per_tenant),
+    ):
+        metric = family(name, help_text, labels=["tenant"])
+        for tenant, value in sorted(values.items()):
+            metric.add_metric([tenant], value)
+        yield metric
 
 
 def _per_adapter(family: GaugeMetricFamily | CounterMetricFamily, counts: dict[tuple[str, str], int]) -> Metric:

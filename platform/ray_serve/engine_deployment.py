@@ -68,7 +68,7 @@ class EngineDeployment:
         first = True
         async for output in self.engine.generate(
             request_id=request.request_id, prompt_token_ids=request.prompt_token_ids, params=params,
-            adapter=request.adapter, tenant=request.tenant,
+            adapter=request.adapter, tenant=request.tenant, cache_salt=request.cache_salt,
         ):
             if first or output.finished:
                 await self._post_status()  # before the output: whoever has it reads a board that counts it

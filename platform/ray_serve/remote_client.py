@@ -24,6 +24,7 @@ from loraloom.engine import (
     EngineUnavailableError,
     RequestOutput,
     SamplingParams,
+    TenantTag,
     Tokenizer,
     merge_histograms,
 )
@@ -61,13 +62,14 @@ class RayEngineClient:
         prompt_token_ids: list[int],
         params: SamplingParams,
         adapter: AdapterHandle | None,
-        tenant: str = "",
+        tenant: TenantTag | None = None,
+        cache_salt: str | None = None,
     ) -> AsyncIterator[RequestOutput]:
         grammar = params.grammar
         request = RemoteRequest(
             request_id=request_id, prompt_token_ids=list(prompt_token_ids),
             params=dataclasses.replace(params, grammar=None), adapter=adapter, tenant=tenant,
-            grammar=grammar if isinstance(grammar, RemoteGrammar) else None,
+            grammar=grammar if isinstance(grammar, RemoteGrammar) else None, cache_salt=cache_salt,
         )
         stream = self._handle.options(stream=True, multiplexed_model_id=multiplexed_model_id(adapter)).generate.remote(
             request

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from loraloom.engine import AdapterHandle, AdapterResidency, EngineStats, SamplingParams
+from loraloom.engine import AdapterHandle, AdapterResidency, EngineStats, SamplingParams, TenantTag
 
 BASE_MODEL_ID = ""  # the multiplexed model id of a request without an adapter: no affinity
 
@@ -23,8 +23,9 @@ class RemoteRequest:
     prompt_token_ids: list[int]
     params: SamplingParams  # its grammar travels apart, in `grammar`
     adapter: AdapterHandle | None
-    tenant: str
+    tenant: TenantTag | None  # None: the engine's default tenant
     grammar: RemoteGrammar | None
+    cache_salt: str | None = None
 
 
 @dataclass(frozen=True)

@@ -11,13 +11,18 @@ import sys
 from loraloom.engine.lora.handle import AdapterHandle
 from loraloom.engine.kv_cache import BlockManager
 from loraloom.engine.request import Request, SamplingParams
+from loraloom.engine.tenancy import DEFAULT_TENANT, TenantTag
+
+ACME, GLOBEX = TenantTag("id-acme", "acme"), TenantTag("id-globex", "globex")
 
 
-def make_request(request_id: str, prompt: list[int], adapter_key: str | None = None) -> Request:
+def make_request(request_id: str, prompt: list[int], adapter_key: str | None = None,
+                 tenant: TenantTag = DEFAULT_TENANT, cache_salt: str | None = None) -> Request:
     adapter = None
     if adapter_key is not None:
         adapter = AdapterHandle(key=adapter_key, name=adapter_key, uri=f"file:///adapters/{adapter_key}")
-    return Request(request_id, list(prompt), SamplingParams(max_tokens=64), adapter)
+    return Request(request_id, list(prompt), SamplingParams(max_tokens=64), adapter, tenant=tenant,
+                   cache_salt=cache_salt)
 
 
 def compute_all(manager: BlockManager, request: Request) -> None:
@@ -107,6 +112,47 @@ def test_different_salt_shares_nothing():
     assert manager.allocate_for_new(same_adapter)
     assert same_adapter.num_cached_tokens == 12
     manager.check_invariants()
+
+
+def test_tenants_never_share_blocks_on_the_base_model_nor_on_one_adapter_key():
+    # A server-local adapter's runtime key is the same for every tenant: only the tenant id tells them apart.
+    manager = BlockManager(num_blocks=64, block_size=4, enable_prefix_caching=True)
+    prompt = list(range(13))
+    for adapter_key in (None, "server/local-adapter"):
+        start(manager, make_request(f"acme-{adapter_key}", prompt, adapter_key, tenant=ACME))
+        same_name = TenantTag("id-initech", "acme")  # a name is a label: equal names are still two tenants
+        for request_id, tenant in [("globex", GLOBEX), ("same-name", same_name), ("default", DEFAULT_TENANT)]:
+            other = make_request(f"{request_id}-{adapter_key}", prompt, adapter_key, tenant=tenant)
+            assert manager.allocate_for_new(other)
+            assert other.num_cached_tokens == 0, f"{request_id} read acme's KV ({adapter_key})"
+            compute_all(manager, other)
+        repeat = make_request(f"acme-again-{adapter_key}", prompt, adapter_key, tenant=ACME)
+        assert manager.allocate_for_new(repeat)
+        assert repeat.num_cached_tokens == 12, "a tenant's own repeat must still hit"
+    manager.check_invariants()
+
+
+def test_a_cache_salt_isolates_within_a_tenant_and_the_same_salt_shares():
+    manager = BlockManager(num_blocks=64, block_size=4, enable_prefix_caching=True)
+    prompt = list(range(13))
+    start(manager, make_request("salted", prompt, tenant=ACME, cache_salt="user-1"))
+    for request_id, salt, expected in [("unsalted", None, 0), ("other-salt", "user-2", 0), ("empty", "", 12),
+                                       ("same-salt", "user-1", 12)]:
+        request = make_request(request_id, prompt, tenant=ACME, cache_salt=salt)
+        assert manager.allocate_for_new(request)
+        assert request.num_cached_tokens == expected, request_id
+        compute_all(manager, request)  # "empty" computes the unsalted blocks that "same-salt" never sees
+    manager.check_invariants()
+
+
+def test_a_prefix_in_flight_for_one_tenant_is_not_in_flight_for_another():
+    manager = BlockManager(num_blocks=64, block_size=4, enable_prefix_caching=True)
+    prompt = list(range(40))
+    leader = make_request("leader", prompt + [1], tenant=ACME)
+    assert manager.allocate_for_new(leader)  # admitted, nothing computed: its blocks are in flight
+    assert manager.inflight_prefix_tokens(make_request("follower", prompt + [2], tenant=ACME)) == 40
+    assert manager.inflight_prefix_tokens(make_request("other", prompt + [2], tenant=GLOBEX)) == 0
+    assert manager.inflight_prefix_tokens(make_request("salted", prompt + [2], tenant=ACME, cache_salt="s")) == 0
 
 
 def test_same_block_after_another_prefix_or_at_another_position_never_matches():

@@ -24,6 +24,7 @@ from loraloom.engine.config import EngineConfig
 from loraloom.engine.kv_cache import BlockManager
 from loraloom.engine.request import Request, RequestStatus, SamplingParams
 from loraloom.engine.scheduler import Scheduler, SchedulerOutput
+from loraloom.engine.tenancy import DEFAULT_TENANT, TenantTag
 
 VOCAB = 50
 STOP_TOKEN = 0  # random workloads list it in stop_token_ids, so some requests end early, as on an EOS
@@ -59,14 +60,14 @@ class SimulatedModel:
             start = request.num_computed_tokens
             for position in range(start, start + item.num_new_tokens):
                 block, offset = self._cell(request, position)
-                self.kv[block][offset] = (request.all_token_ids[position], request.cache_salt)
+                self.kv[block][offset] = (request.all_token_ids[position], request.cache_scope)
         sampled = {}
         for item in step.scheduled:
             request = item.request
             end = request.num_computed_tokens + item.num_new_tokens
             assert item.sample == (end == request.num_tokens)
             seen = [self.kv[block][offset] for block, offset in (self._cell(request, p) for p in range(end))]
-            expected = [(token, request.cache_salt) for token in request.all_token_ids[:end]]
+            expected = [(token, request.cache_scope) for token in request.all_token_ids[:end]]
             assert seen == expected, f"{request.request_id}: KV read through its block table differs from its tokens"
             if item.sample:
                 sampled[request.request_id] = next_token(request.request_id, [token for token, _ in seen])
@@ -92,9 +93,10 @@ class Simulation:
         self.aborted_while: dict[str, RequestStatus] = {}  # aborted request -> its status when aborted
 
     def add(self, request_id: str, prompt: list[int], max_tokens: int, adapter: str | None = None,
-            stop_token_ids: tuple[int, ...] = ()) -> Request:
+            stop_token_ids: tuple[int, ...] = (), tenant: TenantTag = DEFAULT_TENANT) -> Request:
         params = SamplingParams(max_tokens=max_tokens, stop_token_ids=list(stop_token_ids))
-        request = Request(request_id, list(prompt), params, None if adapter is None else adapter_handle(adapter))
+        request = Request(request_id, list(prompt), params, None if adapter is None else adapter_handle(adapter),
+                          tenant=tenant)
         self.requests[request_id] = request
         self.added_at[request_id] = self.step_index
         self.scheduler.add_request(request)
@@ -150,6 +152,8 @@ class Simulation:
         if output.preempted_ids:
             self.preemption_steps += 1
             preempted = [self.requests[rid] for rid in output.preempted_ids]
+            if len({r.tenant for r in self.requests.values()}) > 1:
+                return  # the rules below are one tenant's; several tenants' preemptions follow fair share
             still_running = [r for r in self.requests.values() if r.status is RequestStatus.RUNNING]
             # Only the youngest are preempted: every survivor is older than every victim.
             assert all(r.arrival_order < p.arrival_order for r in still_running for p in preempted)
@@ -168,18 +172,20 @@ class Spec:
     adapter: str | None
     abort_step: int | None = None
     stop_token_ids: tuple[int, ...] = ()
+    tenant: TenantTag = DEFAULT_TENANT
 
 
-def play(config: EngineConfig, specs: list[Spec], max_steps: int) -> Simulation:
+def play(config: EngineConfig, specs: list[Spec], max_steps: int, slot_table: AdapterSlotTable | None = None) -> Simulation:
     """Add each request at its arrival step, abort at its abort step, step until everything is done."""
-    simulation = Simulation(config)
+    simulation = Simulation(config, slot_table)
     pending = sorted(specs, key=lambda spec: spec.arrival_step)
     aborts = {spec.request_id: spec.abort_step for spec in specs if spec.abort_step is not None}
     while pending or simulation.scheduler.has_unfinished():
         assert simulation.step_index < max_steps, f"unfinished after {max_steps} steps"
         while pending and pending[0].arrival_step <= simulation.step_index:
             spec = pending.pop(0)
-            simulation.add(spec.request_id, list(spec.prompt), spec.max_tokens, spec.adapter, spec.stop_token_ids)
+            simulation.add(spec.request_id, list(spec.prompt), spec.max_tokens, spec.adapter, spec.stop_token_ids,
+                           spec.tenant)
         for request_id, abort_step in aborts.items():
             if abort_step == simulation.step_index and request_id in simulation.requests:
                 status = simulation.requests[request_id].status

@@ -23,7 +23,7 @@ GATEWAY_NAMES = {
     "EngineClient", "AdapterHandle", "AdapterLoadError", "AdapterResidency", "ChatTemplateError", "CompiledGrammar",
     "EngineUnavailableError",
     "EngineStats", "ModelConfig", "RequestFailedError", "RequestOutput", "SamplingParams", "TokenLogprob",
-    "Tokenizer", "ADAPTER_CONFIG_FILE", "ADAPTER_FILES", "ADAPTER_WEIGHTS_FILE",
+    "TenantTag", "Tokenizer", "ADAPTER_CONFIG_FILE", "ADAPTER_FILES", "ADAPTER_WEIGHTS_FILE",
 }
 
 

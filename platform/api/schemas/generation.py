@@ -58,6 +58,15 @@ def refuse_unsupported(value: Any, info: ValidationInfo) -> Any:
 MAX_STOP_STRINGS = 16
 MAX_STOP_STRING_CHARS = 256
 
+# cache_salt and prompt_cache_key only name a cache scope: bounded, as a key would be, so that what a
+# request hashes per KV block stays small.
+MAX_CACHE_KEY_CHARS = 256
+CACHE_KEY_DESCRIPTION = (
+    "Requests of one tenant with different values never share cached prompt blocks; the same value shares them "
+    "(as no value does). The cache is never shared across tenants whatever this says. At most "
+    f"{MAX_CACHE_KEY_CHARS} characters."
+)
+
 # Strict types throughout (StrictInt, StrictBool, StrictFloat): as OpenAI does, "5" is not a
 # max_tokens nor "yes" a boolean; pydantic would otherwise coerce them.
 
@@ -153,6 +162,25 @@ class GenerationRequest(StrictBody):
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
     user: str | None = None
+    cache_salt: str | None = Field(default=None, description="Extension (vLLM): isolates this request's prefix "
+                                   "cache within the tenant. " + CACHE_KEY_DESCRIPTION)
+    prompt_cache_key: str | None = Field(default=None, description="OpenAI's cache key: isolates this request's "
+                                         "prefix cache within the tenant, as cache_salt does. " + CACHE_KEY_DESCRIPTION)
+
+    @field_validator("cache_salt", "prompt_cache_key")
+    @classmethod
+    def _bounded_cache_key(cls, value: str | None) -> str | None:
+        if value is not None and len(value) > MAX_CACHE_KEY_CHARS:
+            raise ValueError(f"at most {MAX_CACHE_KEY_CHARS} characters, got {len(value)}; use a shorter key "
+                             "(a hash of a longer one isolates as well)")
+        return value
+
+    def engine_cache_salt(self) -> str | None:
+        """The engine's per-request salt (Request.cache_salt) from both fields: None when neither is set.
+        repr() keeps them apart, so cache_salt "a" and prompt_cache_key "a" are two scopes."""
+        if not self.cache_salt and not self.prompt_cache_key:
+            return None
+        return repr((self.cache_salt or "", self.prompt_cache_key or ""))
 
     @field_validator("n")
     @classmethod

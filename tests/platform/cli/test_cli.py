@@ -69,6 +69,15 @@ def test_serve_device_flags_map_onto_engine_config():
     assert (config.device, config.dtype) == ("cpu", "bfloat16")
 
 
+def test_scheduling_policy_flag_maps_onto_engine_config(capsys):
+    assert engine_config(build_parser().parse_args(["serve"])).scheduling_policy == "fair"
+    config = engine_config(build_parser().parse_args(["serve", "--device", "cpu", "--scheduling-policy", "fcfs"]))
+    assert config.scheduling_policy == "fcfs"
+    with pytest.raises(SystemExit):
+        main(["serve", "--scheduling-policy", "lottery"])
+    assert "--scheduling-policy" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("value", ["0", "1.5", "most"])
 def test_gpu_memory_utilization_must_be_a_fraction(capsys, value):
     with pytest.raises(SystemExit):

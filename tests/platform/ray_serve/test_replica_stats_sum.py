@@ -44,3 +44,16 @@ def test_two_replicas_read_as_one_engine():
 def test_a_replica_without_histograms_leaves_the_others_counted():
     merged = sum_stats([replica(1, [], {}, None), replica(1, [], {}, histogram((1, 1, 1), 0.05))])
     assert merged.time_to_first_token.count == 1
+
+
+def test_per_tenant_loads_are_added_per_tenant():
+    a, b = replica(1, [], {}, None), replica(1, [], {}, None)
+    a.queued_per_tenant, b.queued_per_tenant = {"acme": 2}, {"acme": 1, "globex": 4}
+    a.running_per_tenant, b.running_per_tenant = {"acme": 1}, {"globex": 3}
+    a.served_tokens_per_tenant, b.served_tokens_per_tenant = {"acme": 100}, {"acme": 20, "globex": 7}
+    a.share_counter_per_tenant, b.share_counter_per_tenant = {"acme": 50.0}, {"acme": 10.0, "globex": 3.5}
+    merged = sum_stats([a, b])
+    assert merged.queued_per_tenant == {"acme": 3, "globex": 4}
+    assert merged.running_per_tenant == {"acme": 1, "globex": 3}
+    assert merged.served_tokens_per_tenant == {"acme": 120, "globex": 7}
+    assert merged.share_counter_per_tenant == {"acme": 60.0, "globex": 3.5}

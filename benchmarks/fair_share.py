@@ -1,0 +1,150 @@
+"""Fair share over HTTP: does one tenant's burst slow another? `loraloom serve` on the bundled model,
+once per scheduling policy ("fair", the default, and "fcfs", oldest first), the same three phases:
+
+1. victim alone: a tenant sends short requests (12 new tokens) one after another; its median latency;
+2. heavy alone: another tenant keeps HEAVY_IN_FLIGHT long requests in flight (5x --max-num-seqs), for
+   HEAVY_REQUESTS requests in all; its throughput (completion tokens / wall time);
+3. both: the heavy tenant's load as in 2 while the victim sends its requests as in 1; the victim's median
+   latency and the total throughput (every completion token of both tenants / wall time to the last).
+
+Targets (issue 35): under fair share the victim's median under load <= 1.5x alone (oldest first: over
+100x); total throughput under load >= 0.95x oldest first's; the heavy tenant alone >= 0.98x (a tenant
+alone is scheduled exactly as before).
+
+    python benchmarks/fair_share.py [--max-num-seqs 8] [--victim-requests 6] [--heavy-tokens 48]
+
+Not a test: figures go to BENCHMARKS.md with the machine and its load.
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE), str(HERE.parent / "tests")]
+
+from served.server import Server, running_server, tenant_key  # noqa: E402
+
+VICTIM_TOKENS = 12
+VICTIM_PROMPT = "Give one word for a sunny day:"
+HEAVY_PROMPT = ("Write a long, detailed report on the history of the printing press, its inventors, the spread "
+                "of printing across Europe, and what it changed for science, religion and politics. ")
+
+
+@dataclass
+class Phase:
+    victim_latencies: list[float]
+    completion_tokens: int
+    seconds: float
+    load: float  # the 1-minute load average when the phase ended: other work on the machine skews it
+
+    @property
+    def victim_median(self) -> float:
+        return statistics.median(self.victim_latencies)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.completion_tokens / self.seconds
+
+
+async def _complete(client: httpx.AsyncClient, key: str, prompt: str, max_tokens: int) -> int:
+    response = await client.post("/v1/completions", headers={"Authorization": f"Bearer {key}"},
+                                 json={"model": "base", "prompt": prompt, "max_tokens": max_tokens,
+                                       "temperature": 0, "ignore_eos": True})
+    if response.status_code != 200:
+        raise RuntimeError(f"{response.status_code}: {response.text}")
+    return response.json()["usage"]["completion_tokens"]
+
+
+async def _phase(server: Server, victim_key: str | None, heavy_key: str | None, args) -> Phase:
+    limits = httpx.Limits(max_connections=args.heavy_in_flight + 8)
+    async with httpx.AsyncClient(base_url=server.url, limits=limits, timeout=None) as client:
+        tokens = 0
+        latencies: list[float] = []
+
+        async def victim() -> None:
+            nonlocal tokens
+            for _ in range(args.victim_requests):
+                started = time.perf_counter()
+                completed = await _complete(client, victim_key, VICTIM_PROMPT, VICTIM_TOKENS)
+                latencies.append(time.perf_counter() - started)
+                tokens += completed  # after the await: `tokens += await ...` would add to a stale value
+
+        heavy_sent = 0
+
+        async def heavy_stream(stop: asyncio.Event) -> None:
+            nonlocal tokens, heavy_sent
+            # Closed loop: each of HEAVY_IN_FLIGHT streams sends its next request when the last one ends;
+            # alone, until HEAVY_REQUESTS were sent; beside the victim, until the victim is done.
+            while not stop.is_set() and (victim_key is not None or heavy_sent < args.heavy_requests):
+                heavy_sent += 1
+                completed = await _complete(client, heavy_key, HEAVY_PROMPT, args.heavy_tokens)
+                tokens += completed
+
+        stop = asyncio.Event()
+        started = time.perf_counter()
+        streams = [asyncio.create_task(heavy_stream(stop)) for _ in range(args.heavy_in_flight if heavy_key else 0)]
+        if victim_key is not None:
+            if streams:
+                await asyncio.sleep(args.warmup_s)  # the heavy tenant's queue fills first
+            await victim()
+            stop.set()
+        await asyncio.gather(*streams)
+        return Phase(latencies, tokens, time.perf_counter() - started, os.getloadavg()[0])
+
+
+def run_policy(policy: str, args) -> dict[str, Phase]:
+    with tempfile.TemporaryDirectory() as data_dir:
+        serve_args = ["--scheduling-policy", policy, "--max-num-seqs", str(args.max_num_seqs),
+                      "--num-kv-blocks", str(args.num_kv_blocks)]
+        with running_server(Path(data_dir), serve_args, Path(data_dir) / "serve.log") as server:
+            victim, heavy = tenant_key(Path(data_dir), "victim"), tenant_key(Path(data_dir), "heavy")
+            asyncio.run(_phase(server, victim, None, args))  # warm-up: first requests pay one-time costs
+            phases = {
+                "victim alone": asyncio.run(_phase(server, victim, None, args)),
+                "heavy alone": asyncio.run(_phase(server, None, heavy, args)),
+                "both": asyncio.run(_phase(server, victim, heavy, args)),
+            }
+    for name, phase in phases.items():
+        median = f"victim median {phase.victim_median:.2f} s" if phase.victim_latencies else ""
+        print(f"  {policy:4} {name:12} {phase.tokens_per_s:7.1f} tok/s over {phase.seconds:6.1f} s  {median}  "
+              f"(load {phase.load:.2f} after)", flush=True)
+    return phases
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--max-num-seqs", type=int, default=8)
+    parser.add_argument("--num-kv-blocks", type=int, default=512)
+    parser.add_argument("--victim-requests", type=int, default=6)
+    parser.add_argument("--heavy-tokens", type=int, default=48, help="max_tokens of each heavy request")
+    parser.add_argument("--heavy-requests", type=int, default=48, help="heavy requests of the heavy-alone phase")
+    parser.add_argument("--warmup-s", type=float, default=2.0, help="the heavy load's head start under load")
+    args = parser.parse_args()
+    args.heavy_in_flight = 5 * args.max_num_seqs
+    print(f"fair share over HTTP: max_num_seqs {args.max_num_seqs}, heavy tenant {args.heavy_in_flight} in flight "
+          f"x {args.heavy_tokens} tokens, victim {args.victim_requests} x {VICTIM_TOKENS} tokens; "
+          f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}", flush=True)
+    results = {policy: run_policy(policy, args) for policy in ("fair", "fcfs")}
+    fair, fcfs = results["fair"], results["fcfs"]
+    slowdown = {policy: phases["both"].victim_median / phases["victim alone"].victim_median
+                for policy, phases in results.items()}
+    print(f"victim median under load / alone: fair {slowdown['fair']:.2f}x (target <= 1.5x), "
+          f"fcfs {slowdown['fcfs']:.1f}x")
+    print(f"total throughput under load, fair / fcfs: {fair['both'].tokens_per_s / fcfs['both'].tokens_per_s:.3f} "
+          "(target >= 0.95)")
+    print(f"a tenant alone, fair / fcfs: {fair['heavy alone'].tokens_per_s / fcfs['heavy alone'].tokens_per_s:.3f} "
+          "(target >= 0.98)")
+
+
+if __name__ == "__main__":
+    main()
