@@ -81,6 +81,11 @@ ROUTE_ACCESS: dict[tuple[str, str], Access] = {
     # Tenants and server-wide telemetry: the operator's.
     ("POST", "/v1/tenants"): O,
     ("GET", "/v1/tenants"): O,
+    # Rate limits, quotas and fair-share weights (platform/limits): set by the operator only.
+    ("GET", "/v1/tenants/{tenant}/limits"): O,
+    ("PUT", "/v1/tenants/{tenant}/limits"): O,
+    ("GET", "/v1/keys/{key_id}/limits"): O,
+    ("PUT", "/v1/keys/{key_id}/limits"): O,
     ("GET", "/metrics"): O,
     # Served without a key: liveness, the API's description, and the console's files (which hold no data).
     ("GET", "/health"): P,
