@@ -167,7 +167,7 @@ def test_throttled_requests_are_counted_per_tenant_for_operators(limits_server):
     tenant, key = limits_server.tenant_key(Limits(requests_per_minute=1))
     assert complete(limits_server, key).status_code == 200
     assert complete(limits_server, key).status_code == 429
-    metrics = httpx.get(f"{limits_server.url}/metrics").text
+    metrics = httpx.get(f"{limits_server.url}/metrics", headers=bearer(limits_server.operator_key)).text
     assert f'loraloom_tenant_throttled_requests_total{{limit="requests",tenant="{tenant}"}} 1.0' in metrics
 
 
