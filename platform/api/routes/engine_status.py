@@ -79,11 +79,6 @@ def resident_adapters(residency: AdapterResidency, session: Session, tenant_id: 
     return sorted(found, key=lambda resident: resident.reference)
 
 
-def tenant_requests(per_adapter: dict[tuple[str, str], int], tenant: str) -> int:
-    """The tenant's requests in a (tenant, adapter) -> requests count."""
-    return sum(count for (owner, _), count in per_adapter.items() if owner == tenant)
-
-
 def server_view(stats: EngineStats, residency: AdapterResidency) -> ServerEngineStatus:
     return ServerEngineStatus(
         num_running=stats.num_running, num_waiting=stats.num_waiting,
@@ -103,8 +98,9 @@ def get_engine_status(caller: CallerDep, engine: EngineDep, session: SessionDep)
     residency = engine.adapter_residency()
     return EngineStatus(
         model=engine.model_name,
-        num_running=tenant_requests(stats.running_per_adapter, caller.tenant_name),
-        num_waiting=tenant_requests(stats.waiting_per_adapter, caller.tenant_name),
+        # The engine's own per-tenant counts (engine/fair_share.py), keyed by the tenant's name.
+        num_running=stats.running_per_tenant.get(caller.tenant_name, 0),
+        num_waiting=stats.queued_per_tenant.get(caller.tenant_name, 0),
         adapters=resident_adapters(residency, session, caller.tenant_id),
         server=server_view(stats, residency) if caller.operator else None,
     )
