@@ -7,11 +7,14 @@ references: slower, never wrong. LORALOOM_CPU_EXTENSION=0 turns the extension of
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
 import hashlib
 import logging
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
@@ -40,6 +43,27 @@ def build_directory() -> Path:
     return root / "cpu_extension" / digest.hexdigest()[:16]
 
 
+# torch's own guard against two processes building at once: a plain file it creates and deletes. A
+# process killed mid-build leaves it behind, and every later load waits on it forever.
+TORCH_BATON = "lock"
+
+
+@contextlib.contextmanager
+def exclusive_build(directory: Path) -> Iterator[None]:
+    """Hold the build directory alone, clearing a baton left by a killed build.
+
+    The kernel releases an flock when its holder dies, so whoever holds ours is the only process that
+    can be building here: a baton found then belongs to nobody and is removed instead of waited on.
+    """
+    with open(directory / "build.flock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        baton = directory / TORCH_BATON
+        if baton.exists():
+            log.warning("removing %s, left by a build that was killed", baton)
+            baton.unlink(missing_ok=True)
+        yield
+
+
 @functools.cache
 def load() -> ModuleType | None:
     """The compiled module, or None (disabled, no compiler, or the build failed: logged once)."""
@@ -54,9 +78,10 @@ def load() -> ModuleType | None:
     if scripts not in os.environ.get("PATH", "").split(os.pathsep):
         os.environ["PATH"] = os.pathsep.join([scripts, os.environ.get("PATH", "")])
     try:
-        return cpp_extension.load(name="loraloom_cpu_ops", sources=[str(s) for s in SOURCES],
-                                  extra_cflags=FLAGS, extra_ldflags=["-fopenmp"],
-                                  build_directory=str(directory), verbose=False)
+        with exclusive_build(directory):
+            return cpp_extension.load(name="loraloom_cpu_ops", sources=[str(s) for s in SOURCES],
+                                      extra_cflags=FLAGS, extra_ldflags=["-fopenmp"],
+                                      build_directory=str(directory), verbose=False)
     except Exception as error:  # a compiler error, a missing compiler, or a linker problem
         log.warning("CPU extension unavailable, using the plain-torch LoRA path: %s", error)
         return None
