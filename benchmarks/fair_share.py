@@ -1,5 +1,6 @@
 """Fair share over HTTP: does one tenant's burst slow another? `loraloom serve` on the bundled model,
-once per scheduling policy ("fair", the default, and "fcfs", oldest first), the same three phases:
+one server per scheduling policy ("fair", the default, and "fcfs", oldest first), the same three phases
+on each, in rounds that alternate which policy goes first (ABBA: load drift weighs on both alike):
 
 1. victim alone: a tenant sends short requests (12 new tokens) one after another; its median latency;
 2. heavy alone: another tenant keeps HEAVY_IN_FLIGHT long requests in flight (5x --max-num-seqs), for
@@ -11,7 +12,7 @@ Targets (issue 35): under fair share the victim's median under load <= 1.5x alon
 100x); total throughput under load >= 0.95x oldest first's; the heavy tenant alone >= 0.98x (a tenant
 alone is scheduled exactly as before).
 
-    python benchmarks/fair_share.py [--max-num-seqs 8] [--victim-requests 6] [--heavy-tokens 48]
+    python benchmarks/fair_share.py [--max-num-seqs 8] [--victim-requests 6] [--heavy-tokens 48] [--rounds 2]
 
 Not a test: figures go to BENCHMARKS.md with the machine and its load.
 """
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import statistics
 import sys
@@ -102,23 +104,43 @@ async def _phase(server: Server, victim_key: str | None, heavy_key: str | None, 
         return Phase(latencies, tokens, time.perf_counter() - started, os.getloadavg()[0])
 
 
-def run_policy(policy: str, args) -> dict[str, Phase]:
-    with tempfile.TemporaryDirectory() as data_dir:
-        serve_args = ["--scheduling-policy", policy, "--max-num-seqs", str(args.max_num_seqs),
-                      "--num-kv-blocks", str(args.num_kv_blocks)]
-        with running_server(Path(data_dir), serve_args, Path(data_dir) / "serve.log") as server:
-            victim, heavy = tenant_key(Path(data_dir), "victim"), tenant_key(Path(data_dir), "heavy")
-            asyncio.run(_phase(server, victim, None, args))  # warm-up: first requests pay one-time costs
-            phases = {
-                "victim alone": asyncio.run(_phase(server, victim, None, args)),
-                "heavy alone": asyncio.run(_phase(server, None, heavy, args)),
-                "both": asyncio.run(_phase(server, victim, heavy, args)),
-            }
-    for name, phase in phases.items():
-        median = f"victim median {phase.victim_median:.2f} s" if phase.victim_latencies else ""
-        print(f"  {policy:4} {name:12} {phase.tokens_per_s:7.1f} tok/s over {phase.seconds:6.1f} s  {median}  "
-              f"(load {phase.load:.2f} after)", flush=True)
-    return phases
+POLICIES = ("fair", "fcfs")
+PHASES = ("victim alone", "heavy alone", "both")
+
+
+def pooled(phases: list[Phase]) -> Phase:
+    """One policy's rounds of a phase as one: latencies pooled, tokens and seconds summed."""
+    return Phase([latency for phase in phases for latency in phase.victim_latencies],
+                 sum(phase.completion_tokens for phase in phases), sum(phase.seconds for phase in phases),
+                 max(phase.load for phase in phases))
+
+
+def run_rounds(args) -> dict[str, dict[str, Phase]]:
+    """Both policies' servers up at once (an idle server costs nothing), their phases run in ABBA order:
+    round r runs fair then fcfs when r is even, fcfs then fair when odd, so a load that drifts during
+    the run weighs on both policies alike instead of on whichever ran first."""
+    runs: dict[str, dict[str, list[Phase]]] = {policy: {phase: [] for phase in PHASES} for policy in POLICIES}
+    with tempfile.TemporaryDirectory() as root, contextlib.ExitStack() as stack:
+        servers = {}
+        for policy in POLICIES:
+            data_dir = Path(root) / policy
+            data_dir.mkdir()
+            serve_args = ["--scheduling-policy", policy, "--max-num-seqs", str(args.max_num_seqs),
+                          "--num-kv-blocks", str(args.num_kv_blocks)]
+            server = stack.enter_context(running_server(data_dir, serve_args, data_dir / "serve.log"))
+            servers[policy] = (server, tenant_key(data_dir, "victim"), tenant_key(data_dir, "heavy"))
+            asyncio.run(_phase(server, servers[policy][1], None, args))  # warm-up: one-time costs
+        for round_number in range(args.rounds):
+            order = POLICIES if round_number % 2 == 0 else POLICIES[::-1]
+            for policy in order:
+                server, victim, heavy = servers[policy]
+                for name, (victim_key, heavy_key) in zip(PHASES, ((victim, None), (None, heavy), (victim, heavy))):
+                    phase = asyncio.run(_phase(server, victim_key, heavy_key, args))
+                    runs[policy][name].append(phase)
+                    median = f"victim median {phase.victim_median:.2f} s" if phase.victim_latencies else ""
+                    print(f"  round {round_number} {policy:4} {name:12} {phase.tokens_per_s:7.1f} tok/s over "
+                          f"{phase.seconds:6.1f} s  {median}  (load {phase.load:.2f} after)", flush=True)
+    return {policy: {name: pooled(phases) for name, phases in by_phase.items()} for policy, by_phase in runs.items()}
 
 
 def main() -> None:
@@ -129,17 +151,29 @@ def main() -> None:
     parser.add_argument("--heavy-tokens", type=int, default=48, help="max_tokens of each heavy request")
     parser.add_argument("--heavy-requests", type=int, default=48, help="heavy requests of the heavy-alone phase")
     parser.add_argument("--warmup-s", type=float, default=2.0, help="the heavy load's head start under load")
+    parser.add_argument("--rounds", type=int, default=2, help="rounds, alternating which policy goes first")
     args = parser.parse_args()
     args.heavy_in_flight = 5 * args.max_num_seqs
     print(f"fair share over HTTP: max_num_seqs {args.max_num_seqs}, heavy tenant {args.heavy_in_flight} in flight "
-          f"x {args.heavy_tokens} tokens, victim {args.victim_requests} x {VICTIM_TOKENS} tokens; "
-          f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}", flush=True)
-    results = {policy: run_policy(policy, args) for policy in ("fair", "fcfs")}
+          f"x {args.heavy_tokens} tokens, victim {args.victim_requests} x {VICTIM_TOKENS} tokens, "
+          f"{args.rounds} rounds; {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.2f}", flush=True)
+    results = run_rounds(args)
+    for policy in POLICIES:
+        for name, phase in results[policy].items():
+            median = f"victim median {phase.victim_median:.2f} s" if phase.victim_latencies else ""
+            print(f"{policy:4} {name:12} {phase.tokens_per_s:7.1f} tok/s  {median}")
     fair, fcfs = results["fair"], results["fcfs"]
     slowdown = {policy: phases["both"].victim_median / phases["victim alone"].victim_median
                 for policy, phases in results.items()}
     print(f"victim median under load / alone: fair {slowdown['fair']:.2f}x (target <= 1.5x), "
           f"fcfs {slowdown['fcfs']:.1f}x")
+    # What the hardware allows: under load the victim's tokens come from steps of max_num_seqs + 1
+    # sequences instead of 1. Estimated from this run: a heavy-alone step makes max_num_seqs tokens, a
+    # victim-alone request makes VICTIM_TOKENS tokens one step each (its prefill folded in).
+    batch_step = args.max_num_seqs / fair["heavy alone"].tokens_per_s
+    single_step = fair["victim alone"].victim_median / VICTIM_TOKENS
+    print(f"  a step of {args.max_num_seqs} sequences / a step of 1 on this machine: {batch_step / single_step:.2f}x "
+          "(the victim's floor under load when every one of its steps is batched)")
     print(f"total throughput under load, fair / fcfs: {fair['both'].tokens_per_s / fcfs['both'].tokens_per_s:.3f} "
           "(target >= 0.95)")
     print(f"a tenant alone, fair / fcfs: {fair['heavy alone'].tokens_per_s / fcfs['heavy alone'].tokens_per_s:.3f} "
