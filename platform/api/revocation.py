@@ -15,7 +15,7 @@ import contextlib
 import logging
 import uuid
 import weakref
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import TypeVar
 
 from sqlalchemy import select
@@ -24,6 +24,7 @@ from starlette.concurrency import run_in_threadpool
 
 from loraloom.platform.api.auth import check_usable
 from loraloom.platform.api.errors import APIError
+from loraloom.platform.api.inbox import Inbox
 from loraloom.platform.db.models import ApiKey, utcnow
 
 logger = logging.getLogger(__name__)
@@ -38,14 +39,25 @@ class Revocation:
     def __init__(self) -> None:
         self._ended = asyncio.Event()
         self.error: APIError | None = None
+        self._listeners: list[Callable[[], None]] = []
 
     def end(self, error: APIError) -> None:
         if not self._ended.is_set():
             self.error = error
             self._ended.set()
+            for listener in list(self._listeners):
+                listener()
+
+    def on_end(self, listener: Callable[[], None]) -> Callable[[], None]:
+        """Call `listener` when the key ends (at once if it already has); returns the unsubscribe."""
+        self._listeners.append(listener)
+        if self.error is not None:
+            listener()
+        return lambda: self._listeners.remove(listener)
 
     async def guard(self, work: Awaitable[T]) -> T:
-        """`work`'s result; if the key is revoked first, `work` is cancelled and the 401 raised."""
+        """`work`'s result; if the key is revoked first, `work` is cancelled and the 401 raised.
+        Two tasks a call: for one-off waits (a generation's start); a stream's tokens use revocable."""
         task = asyncio.ensure_future(work)
         ended = asyncio.ensure_future(self._ended.wait())
         try:
@@ -64,16 +76,20 @@ class Revocation:
 
 
 async def revocable(outputs: AsyncGenerator[T, None], revocation: Revocation) -> AsyncIterator[T]:
-    """`outputs`, until they end or the key is revoked (then the revocation's 401 is raised)."""
+    """`outputs`, until they end or the key is revoked (then the revocation's 401 is raised). Leaving
+    early (a revocation, the client gone) closes `outputs`, which aborts the engine's requests."""
+    inbox = Inbox(outputs)  # one task per stream, none per token (api/inbox.py)
+    unsubscribe = revocation.on_end(lambda: inbox.interrupt(revocation.error))
     try:
         while True:
             try:
-                item = await revocation.guard(anext(outputs))
+                item = await inbox.next()
             except StopAsyncIteration:
                 return
             yield item
     finally:
-        await outputs.aclose()
+        unsubscribe()
+        await inbox.close()
 
 
 class KeyWatch:

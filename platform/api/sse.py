@@ -7,7 +7,6 @@ Clients skip comment lines (the SSE specification; the openai package does).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TypeVar
@@ -15,6 +14,7 @@ from typing import TypeVar
 from fastapi.responses import StreamingResponse
 
 from loraloom.platform.api.errors import APIError, api_error_for
+from loraloom.platform.api.inbox import Inbox
 from loraloom.platform.api.schemas.common import ErrorDetail, ErrorResponse
 
 logger = logging.getLogger(__name__)
@@ -32,30 +32,22 @@ def sse_response(events: AsyncIterator[str], keepalive_s: float) -> StreamingRes
 
 async def with_keepalive(events: AsyncIterator[str], interval_s: float) -> AsyncIterator[str]:
     """`events`, with KEEP_ALIVE sent after every `interval_s` that passes without one."""
-    pending: asyncio.Future[str] | None = None
+    inbox = Inbox(events)  # one task per stream, none per event (api/inbox.py)
     try:
         while True:
-            if pending is None:
-                pending = asyncio.ensure_future(anext(events))
-            done, _ = await asyncio.wait({pending}, timeout=interval_s)
-            if not done:
-                yield KEEP_ALIVE
-                continue
             try:
-                event = pending.result()
+                async with asyncio.timeout(interval_s) as waited:
+                    event = await inbox.next()
             except StopAsyncIteration:
                 return
-            finally:
-                pending = None
+            except TimeoutError:
+                if not waited.expired():  # the stream's own error, not the interval passing
+                    raise
+                yield KEEP_ALIVE
+                continue
             yield event
-    finally:
-        if pending is not None:  # the client left while an event was awaited
-            pending.cancel()
-            with contextlib.suppress(BaseException):
-                await pending
-        aclose = getattr(events, "aclose", None)
-        if aclose is not None:
-            await aclose()
+    finally:  # the end, or the client left while an event was awaited
+        await inbox.close()
 
 
 def error_event(error: APIError) -> str:
