@@ -55,10 +55,11 @@ use_source_tree()
 from gpusuite.adapters import write_random_adapter  # noqa: E402
 from gpusuite.shapes import SMOLLM2_135M  # noqa: E402
 from loraloom.engine.lora.handle import AdapterHandle  # noqa: E402
-from loraloom.engine.config import EngineConfig  # noqa: E402
+from loraloom.engine.config import SCHEDULING_POLICIES, EngineConfig  # noqa: E402
 from loraloom.engine.llm_engine import LLMEngine  # noqa: E402
 from loraloom.engine.model.random_model import random_model  # noqa: E402
 from loraloom.engine.request import SamplingParams  # noqa: E402
+from loraloom.engine.tenancy import TenantTag  # noqa: E402
 from loraloom.engine.tokenizer import Tokenizer  # noqa: E402
 
 # What the stub "generates": ordinary prose with some non-ASCII characters, so that some
@@ -127,11 +128,11 @@ def scenario_params(name: str, index: int, max_tokens: int) -> SamplingParams:
 
 
 def run_scenario(engine: LLMEngine, name: str, requests: int, adapters: list[AdapterHandle],
-                 warmup: int, steps: int) -> dict[str, float]:
+                 warmup: int, steps: int, tenants: list[TenantTag]) -> dict[str, float]:
     for i in range(requests):
         prompt = [1 + (i * 7 + j) % 1000 for j in range(8)]
         engine.add_request(f"{name}-{i}", prompt, scenario_params(name, i, warmup + steps + 2),
-                           adapters[i % len(adapters)])
+                           adapters[i % len(adapters)], tenants[i % len(tenants)])
     # Prefill, then a few decode steps so every request is decoding and caches are warm.
     while engine.scheduler.num_waiting or any(t.request.num_computed_tokens == 0 for t in engine._tracked.values()):
         engine.step()
@@ -155,7 +156,7 @@ def run_scenario(engine: LLMEngine, name: str, requests: int, adapters: list[Ada
 
 
 def build_engine(tokenizer_dir: Path, requests: int, num_adapters: int, device: str,
-                 stub_vocab: int | None = None) -> tuple[LLMEngine, list[AdapterHandle]]:
+                 stub_vocab: int | None = None, scheduling_policy: str = "fair") -> tuple[LLMEngine, list[AdapterHandle]]:
     model_config = SMOLLM2_135M
     root = Path(tempfile.mkdtemp(prefix="host_overhead_"))
     # One adapter file, many keys: the engine treats each key as a distinct adapter (own slot,
@@ -164,7 +165,8 @@ def build_engine(tokenizer_dir: Path, requests: int, num_adapters: int, device: 
     adapters = [AdapterHandle(key=f"host{i}", name=f"adapter{i}", uri=path.as_uri()) for i in range(num_adapters)]
     dtype = "float32" if device == "cpu" else "bfloat16"
     config = EngineConfig(device=device, dtype=dtype, max_loras=num_adapters, max_lora_rank=8, max_num_seqs=requests,
-                          max_num_batched_tokens=max(2048, requests * 16), num_kv_blocks=requests * 8)
+                          max_num_batched_tokens=max(2048, requests * 16), num_kv_blocks=requests * 8,
+                          scheduling_policy=scheduling_policy)
     model = random_model(model_config, getattr(torch, dtype), device, seed=0)
     engine = LLMEngine.from_model(model, config, Tokenizer.from_dir(tokenizer_dir))
     vocab = stub_vocab or engine.model_config.vocab_size
@@ -202,6 +204,8 @@ def main() -> None:
     parser.add_argument("--stub-vocab", type=int, default=None,
                         help="width of the stub's logits (default: the model's vocabulary on a GPU, 1024 on the CPU)")
     parser.add_argument("--tokenizer-dir", type=Path, default=None)
+    parser.add_argument("--tenants", type=int, default=16, help="tenants the requests are spread over (round robin)")
+    parser.add_argument("--scheduling-policy", choices=SCHEDULING_POLICIES, default="fair")
     args = parser.parse_args()
     torch.manual_seed(0)
     if args.tokenizer_dir is None:
@@ -210,14 +214,16 @@ def main() -> None:
         args.tokenizer_dir = import_bundled()
     if args.stub_vocab is None and torch.device(args.device).type == "cpu":
         args.stub_vocab = CPU_STUB_VOCAB
-    engine, adapters = build_engine(args.tokenizer_dir, args.requests, args.adapters, args.device, args.stub_vocab)
+    engine, adapters = build_engine(args.tokenizer_dir, args.requests, args.adapters, args.device, args.stub_vocab,
+                                    args.scheduling_policy)
+    tenants = [TenantTag(id=f"tenant{i}", name=f"tenant{i}") for i in range(args.tenants)]
     print(f"decode step host overhead, median ms over {args.steps} steps, {args.requests} requests over "
-          f"{args.adapters} adapters, device {args.device}, {args.clock} clock, stub logits "
+          f"{args.adapters} adapters and {args.tenants} tenants ({args.scheduling_policy}), device {args.device}, {args.clock} clock, stub logits "
           f"{args.stub_vocab or engine.model_config.vocab_size} wide, torch {torch.__version__}")
     print(f"{'scenario':<12} {'running':>7} " + " ".join(f"{phase:>11}" for phase in PHASES))
     with engine_clock(args.clock):
         for name in args.scenarios.split(","):
-            result = run_scenario(engine, name, args.requests, adapters, args.warmup, args.steps)
+            result = run_scenario(engine, name, args.requests, adapters, args.warmup, args.steps, tenants)
             print(f"{name:<12} {result['running']:>7} " + " ".join(f"{result[phase]:>11.3f}" for phase in PHASES))
 
 
