@@ -59,7 +59,8 @@ def run_in_foreground(config: dict[str, Any], *, ray_address: str | None, out: T
         )
         client.deploy_apps(schema, _blocking=False)
         host, port = schema.http_options.host, schema.http_options.port
-        out.write(f"loraloom ray: deploying {[app.name for app in schema.applications]}; Ctrl-C stops\n")
+        out.write(f"loraloom ray: Ray cluster at {ray.get_runtime_context().gcs_address} (RAY_ADDRESS for `ray status`); "
+                  f"deploying {[app.name for app in schema.applications]}; Ctrl-C stops\n")
         _wait_serving(schema, stop, out, f"http://{host}:{port}")
         stop.wait()
         out.write("loraloom ray: stopping\n")
