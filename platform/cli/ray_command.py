@@ -17,6 +17,7 @@ from pathlib import Path
 
 DEFAULT_CONFIG = Path("deploy/ray/serve_config.yaml")
 SETTINGS_PREFIX = "LORALOOM_"
+BUILDER = "loraloom.platform.ray_serve.app:build_app"
 POSTGRES_EXAMPLE = "postgresql+psycopg://loraloom@127.0.0.1:5432/loraloom"
 
 
@@ -65,6 +66,19 @@ def with_settings_env(config: dict, env: dict[str, str]) -> dict:
     return filled
 
 
+def check_application_args(config: dict) -> None:
+    """Refuse bad `args` of our applications here, named, before a cluster starts: Ray would report
+    them only once its build task ran (and `serve run` retried the build forever)."""
+    from loraloom.platform.ray_serve.options import AppOptions  # imported here: it needs torch
+
+    for application in config.get("applications") or []:
+        if application.get("import_path") == BUILDER:
+            try:
+                AppOptions.from_args(application.get("args") or {})
+            except ValueError as error:
+                sys.exit(f"loraloom ray: application {application.get('name', '')!r}: {error}")
+
+
 def refuse_unshareable(settings, command: str) -> None:
     """Exit naming what to start when the settings name something the cluster's processes cannot share."""
     if settings.database_url.startswith("sqlite"):
@@ -105,6 +119,7 @@ def run_ray_command(args: argparse.Namespace) -> None:
         config_schema(config)
     except ValidationError as error:
         sys.exit(f"loraloom ray: {args.config} is not a Ray Serve config: {error}")
+    check_application_args(config)
     os.environ.update(config_settings_env(config))  # the file's settings win over the caller's, as in Ray
     settings = load_settings()
     refuse_unshareable(settings, args.ray_command)

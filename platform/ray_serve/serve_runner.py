@@ -23,6 +23,7 @@ from ray.serve.context import _get_global_client
 from ray.serve.schema import ApplicationStatus, ServeDeploySchema
 
 STATUS_POLL_S = 1.0
+STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 # Bounds the stop on a cluster this command joined: Serve is told to shut down, and the command returns
 # after this long even if a replica is still draining (Ray finishes that on its own).
 JOINED_SHUTDOWN_TIMEOUT_S = 6.0
@@ -50,9 +51,13 @@ def run_in_foreground(config: dict[str, Any], *, ray_address: str | None, out: T
     Serve is shut down on it at the end, as `serve run` does."""
     schema = config_schema(config)
     stop = threading.Event()
-    previous = {number: signal.signal(number, lambda *_: stop.set()) for number in (signal.SIGINT, signal.SIGTERM)}
+    previous = {number: signal.signal(number, lambda *_: stop.set()) for number in STOP_SIGNALS}
     try:
         ray.init(address=ray_address or "local", namespace=SERVE_NAMESPACE, log_to_driver=True)
+        for number in STOP_SIGNALS:  # again: ray.init put its own SIGTERM handler in place of ours
+            signal.signal(number, lambda *_: stop.set())
+        if stop.is_set():  # Ctrl-C while the cluster started: deploy nothing
+            return
         client = serve_api.serve_start(
             http_options=schema.http_options.model_dump(), proxy_location=schema.proxy_location,
             grpc_options=schema.grpc_options.model_dump(), controller_options=schema.controller_options,

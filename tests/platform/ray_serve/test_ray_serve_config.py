@@ -89,6 +89,19 @@ def test_sqlite_is_refused_naming_postgresql(tmp_path, database):
     assert not (tmp_path / "x.db").exists() and not (tmp_path / "loraloom.db").exists()  # refused before migrating
 
 
+def test_bad_args_in_a_config_are_refused_before_a_cluster_starts(tmp_path):
+    config = load(CPU_CONFIG)
+    config["applications"][0]["args"]["engine"]["max_lora"] = 8
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump(config))
+    env = {name: value for name, value in os.environ.items() if not name.startswith("LORALOOM_")}
+    env["LORALOOM_DATA_DIR"] = str(tmp_path)
+    result = subprocess.run([str(LORALOOM), "ray", "run", "--config", str(tmp_path / "bad.yaml")], env=env,
+                            cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert result.returncode != 0
+    assert "application 'loraloom': args.engine: unknown fields ['max_lora']" in result.stderr, result.stderr
+    assert "Started a local Ray instance" not in result.stderr  # refused before any cluster started
+
+
 def test_the_ray_verbs_parse():
     args = build_parser().parse_args(["ray", "deploy", "--config", str(GPU_CONFIG), "--address", "http://head:8265"])
     assert (args.ray_command, args.config, args.address) == ("deploy", GPU_CONFIG, "http://head:8265")
