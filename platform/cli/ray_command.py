@@ -97,11 +97,25 @@ def storage_note(settings) -> str | None:
     return None
 
 
+def send_ray_token_if_saved(environ: dict[str, str]) -> None:
+    """`deploy` talks to the dashboard over HTTP, which sends the cluster's token only in token mode;
+    clusters started with `ray.init` (as `ray run` does) want one. As `ray.init` does for a driver: a
+    saved token (RAY_AUTH_TOKEN, RAY_AUTH_TOKEN_PATH or ~/.ray/auth_token) and no mode chosen means
+    token mode. Set before Ray is imported, which reads the mode once."""
+    if "RAY_AUTH_MODE" in environ:
+        return
+    saved = environ.get("RAY_AUTH_TOKEN") or environ.get("RAY_AUTH_TOKEN_PATH") or (Path.home() / ".ray" / "auth_token").is_file()
+    if saved:
+        environ["RAY_AUTH_MODE"] = "token"
+
+
 def run_ray_command(args: argparse.Namespace) -> None:
     import yaml  # imported here: only this command reads YAML (PyYAML comes with Ray)
     from pydantic import ValidationError
     from sqlalchemy.exc import SQLAlchemyError
 
+    if args.ray_command == "deploy":
+        send_ray_token_if_saved(os.environ)
     from loraloom.platform.cli.admin import prepare_database, shown_url
     from loraloom.platform.cli.options import load_settings
     from loraloom.platform.ray_serve.serve_runner import (

@@ -19,7 +19,11 @@ from ray.serve.deployment import Application  # noqa: E402
 from ray.serve.schema import ServeDeploySchema  # noqa: E402
 
 from loraloom.platform.cli.main import build_parser  # noqa: E402
-from loraloom.platform.cli.ray_command import shared_settings_env, with_settings_env  # noqa: E402
+from loraloom.platform.cli.ray_command import (  # noqa: E402
+    send_ray_token_if_saved,
+    shared_settings_env,
+    with_settings_env,
+)
 from loraloom.platform.ray_serve.engine_deployment import ENGINE_DEPLOYMENT, EngineDeployment  # noqa: E402
 from loraloom.platform.ray_serve.gateway import GATEWAY_DEPLOYMENT, GatewayDeployment  # noqa: E402
 from loraloom.platform.ray_serve.options import AppOptions  # noqa: E402
@@ -100,6 +104,15 @@ def test_bad_args_in_a_config_are_refused_before_a_cluster_starts(tmp_path):
     assert result.returncode != 0
     assert "application 'loraloom': args.engine: unknown fields ['max_lora']" in result.stderr, result.stderr
     assert "Started a local Ray instance" not in result.stderr  # refused before any cluster started
+
+
+def test_deploy_sends_a_saved_ray_token_unless_a_mode_is_chosen(tmp_path):
+    saved = {"RAY_AUTH_TOKEN_PATH": str(tmp_path / "token")}
+    send_ray_token_if_saved(saved)
+    assert saved["RAY_AUTH_MODE"] == "token"
+    chosen = {"RAY_AUTH_TOKEN": "t", "RAY_AUTH_MODE": "disabled"}
+    send_ray_token_if_saved(chosen)
+    assert chosen["RAY_AUTH_MODE"] == "disabled"
 
 
 def test_the_ray_verbs_parse():
