@@ -30,8 +30,8 @@ ENGINE_DEPLOYMENT = "LoraloomEngine"
 # What a replica advertises to Ray Serve's router as held; past it the router forgets the least recently
 # used. It does not bound memory: the engine's host cache and GPU slots do (EngineConfig, settings).
 MAX_ADVERTISED_ADAPTERS = 256
-# A replica takes many requests at once: its engine batches them (continuous batching). Ray Serve only
-# leaves a replica that holds an adapter for another when it is this full, so it is kept high.
+# A replica takes many requests at once: its engine batches them (continuous batching). Past this many
+# Ray Serve sends it nothing more; below it, affinity_router.py decides when an adapter spills over.
 MAX_ONGOING_REQUESTS = 256
 
 
