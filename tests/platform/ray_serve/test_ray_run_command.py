@@ -183,7 +183,7 @@ def test_the_command_serves_with_affinity_and_a_replacement_takes_its_share(runn
             files = [("files", (file, (directory / file).read_bytes())) for file in ADAPTER_FILES]
             pushed = client.post(f"/v1/adapters/{name}/versions", files=files, headers=running.headers)
             assert pushed.status_code == 201, pushed.text
-        for _ in range(3):
+        for _ in range(2):  # the second round finds each adapter where the first left it
             for name in ADAPTERS:
                 chat(client, running.headers, name)
 
