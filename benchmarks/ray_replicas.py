@@ -41,7 +41,7 @@ from served.workload import adapter_specs, mixed_requests, write_adapters  # noq
 
 from loraloom.engine import ADAPTER_FILES  # noqa: E402
 from loraloom.engine.model.bundled import import_bundled  # noqa: E402
-from loraloom.platform.ray_serve.app import build_app  # noqa: E402
+from loraloom.platform.ray_serve.app import build_application  # noqa: E402
 from loraloom.platform.ray_serve.engine_deployment import EngineDeployment  # noqa: E402
 from loraloom.platform.ray_serve.replica_board import replica_board  # noqa: E402
 
@@ -68,7 +68,7 @@ def ray_app(replicas: int, cpus_per_replica: int, data_dir: Path, database_url: 
         port = free_port()
         serve.start(http_options={"host": "127.0.0.1", "port": port})
         engine = EngineDeployment.options(num_replicas=replicas, ray_actor_options={"num_cpus": cpus_per_replica})
-        serve.run(build_app({"engine": ENGINE}, engine=engine), name="loraloom", route_prefix="/")
+        serve.run(build_application({"engine": ENGINE}, engine=engine), name="loraloom", route_prefix="/")
         yield Server(f"http://127.0.0.1:{port}", key, None)
     finally:
         serve.shutdown()

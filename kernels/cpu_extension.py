@@ -33,8 +33,11 @@ DISABLE_ENV = "LORALOOM_CPU_EXTENSION"
 
 
 def build_directory() -> Path:
-    """Per source version and torch version, so an upgrade of either never loads a stale build."""
+    """Per source version and torch version, so an upgrade of either never loads a stale build; and
+    per checkout, since torch rebuilds when the source paths change: two checkouts sharing one home
+    directory would otherwise rebuild each other's build, and wait on each other's lock, at every load."""
     digest = hashlib.sha256(torch.__version__.encode())
+    digest.update(str(CSRC.resolve()).encode())
     for source in SOURCES + HEADERS:
         digest.update(source.read_bytes())
     digest.update(" ".join(FLAGS).encode())

@@ -2,8 +2,9 @@
 num_gpus, `num_replicas` or `autoscaling_config` in the Serve config file).
 
 Requests carry their adapter's runtime key as Ray Serve's multiplexed model id
-(wire.multiplexed_model_id), so Ray Serve sends an adapter's requests to a replica that already holds
-it, and a new adapter to the replica holding the fewest. The multiplexed loader fetches the adapter
+(wire.multiplexed_model_id); the deployment's request router (affinity_router.py, set by app.py) sends an
+adapter's requests to a replica that already holds it unless that one is loaded well above the idlest,
+and then to the idlest, which loads it. The multiplexed loader fetches the adapter
 from the registry's blob store (local directory or S3, from the LORALOOM_* settings every replica
 shares) into this replica's host cache.
 """
@@ -29,8 +30,8 @@ ENGINE_DEPLOYMENT = "LoraloomEngine"
 # What a replica advertises to Ray Serve's router as held; past it the router forgets the least recently
 # used. It does not bound memory: the engine's host cache and GPU slots do (EngineConfig, settings).
 MAX_ADVERTISED_ADAPTERS = 256
-# A replica takes many requests at once: its engine batches them (continuous batching). Ray Serve only
-# leaves a replica that holds an adapter for another when it is this full, so it is kept high.
+# A replica takes many requests at once: its engine batches them (continuous batching). Past this many
+# Ray Serve sends it nothing more; below it, affinity_router.py decides when an adapter spills over.
 MAX_ONGOING_REQUESTS = 256
 
 
@@ -52,6 +53,9 @@ class EngineDeployment:
         # runtime key -> the handle its loader is about to fetch (Ray Serve's loader takes only the id)
         self._handles: dict[str, AdapterHandle] = {}
         self._posts = itertools.count()
+        # Posted now, not at the first request: a replacement counts in the engine's capacity (and its
+        # status) while it is still idle. Not awaited: a constructor cannot, and nothing here needs it.
+        self._board.post.remote(self._status(), ray.get_runtime_context().current_actor)
 
     # --- what the remote EngineClient calls ---------------------------------------------------------
 

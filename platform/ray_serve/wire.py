@@ -39,6 +39,6 @@ class ReplicaStatus:
 
 
 def multiplexed_model_id(adapter: AdapterHandle | None) -> str:
-    """The adapter's runtime key (tenant + content digest): Ray Serve sends requests that carry the same
-    id to a replica that already holds it."""
+    """The adapter's runtime key (tenant + content digest): the engine deployment's router
+    (affinity_router.py) sends requests that carry the same id to a replica that already holds it."""
     return BASE_MODEL_ID if adapter is None else adapter.key

@@ -23,7 +23,7 @@ from ray import serve  # noqa: E402  (after the skip: Ray is the optional extra 
 
 from loraloom.engine import ADAPTER_FILES, AsyncEngine, EngineConfig  # noqa: E402
 from loraloom.platform.api.app import create_app  # noqa: E402
-from loraloom.platform.ray_serve.app import build_app  # noqa: E402
+from loraloom.platform.ray_serve.app import build_application  # noqa: E402
 from loraloom.platform.ray_serve.engine_deployment import EngineDeployment  # noqa: E402
 from loraloom.platform.ray_serve.replica_board import replica_board  # noqa: E402
 from loraloom.platform.registry.fetch import adapter_fetcher_from_settings  # noqa: E402
@@ -69,7 +69,7 @@ def cluster(tmp_path_factory, postgres_admin_url) -> Iterator[Cluster]:
             port = _free_port()
             serve.start(http_options={"host": "127.0.0.1", "port": port})
             engine = EngineDeployment.options(num_replicas=2, ray_actor_options={"num_cpus": 1})
-            serve.run(build_app({"engine": ENGINE}, engine=engine), name="loraloom", route_prefix="/")
+            serve.run(build_application({"engine": ENGINE}, engine=engine), name="loraloom", route_prefix="/")
             yield Cluster(f"http://127.0.0.1:{port}", bearer(key), settings, bearer(operator))
         finally:
             serve.shutdown()
