@@ -1,6 +1,7 @@
 """CLI commands that work on the configured database directly, with no server:
-`loraloom db upgrade`, `loraloom db check`, `loraloom admin create-key`, `loraloom admin limits` (admin_limits.py), and what `loraloom serve` does to the
-database before it starts (migrations, the bootstrap admin key)."""
+`loraloom db upgrade`, `loraloom db check`, `loraloom admin create-key`, `loraloom admin limits`
+(admin_limits.py), and what `loraloom serve` does to the database before it starts (migrations, the
+bootstrap admin key)."""
 from __future__ import annotations
 
 import argparse
