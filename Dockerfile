@@ -3,12 +3,12 @@
 # and the migrations (`loraloom db upgrade`), chosen by the command a container runs
 # (deploy/kubernetes). docs/KUBERNETES.md says how to build it; in short:
 #
-#   docker build -t loraloom:cpu .                       # the CPU build of torch (the default)
-#   docker build -t loraloom:cuda \
-#     --build-arg BASE_IMAGE=nvidia/cuda:12.8.1-cudnn-runtime-ubuntu24.04 \
-#     --build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128 .
+#   docker build -t loraloom:0.1.0-cpu .                   # the CPU build of torch (the default)
+#   docker build -t loraloom:0.1.0-cuda --build-arg TORCH_INDEX_URL=https://download.pytorch.org/whl/cu128 .
 #
-# The base image is any Debian or Ubuntu with Python 3.10+ or none (its python3 is installed then).
+# torch's CUDA wheels bring their own CUDA libraries, so the index alone makes a GPU image;
+# BASE_IMAGE swaps the base (any Debian or Ubuntu, e.g. an nvidia/cuda runtime image; one without
+# Python gets the distribution's python3).
 
 ARG BASE_IMAGE=python:3.12-slim-bookworm
 ARG NODE_IMAGE=node:22-bookworm-slim
