@@ -125,11 +125,15 @@ def engine_sizes(sizes: Sizes, selected: set[str]) -> dict[str, EngineSize]:
 
 
 def held_at_once(sizes: Sizes, group: str, selected: set[str]) -> tuple[int, int]:
-    """(requests, KV tokens each) an engine's scenarios need resident together: all the concurrent
-    decodes, else one request of the batch-1 context (offline and Zipf fill what is left)."""
+    """(requests, KV tokens each) an engine's scenarios need resident together, the most of: all the
+    concurrent decodes, the cold load's background decodes (at least their timed steps' worth), one
+    request of the batch-1 context. Offline and Zipf admit what the KV cache holds."""
+    needs = [(1, sizes.context + sizes.decode_steps)]
     if (group == "rank16" and "concurrency" in selected) or group == "mixed":
-        return max(sizes.concurrency), decode_tokens_held(sizes)
-    return 1, sizes.context + sizes.decode_steps
+        needs.append((max(sizes.concurrency), decode_tokens_held(sizes)))
+    if group == "rank16" and "cold_load" in selected:
+        needs.append((sizes.cold_load_background, decode_tokens_held(sizes)))
+    return max(needs, key=lambda need: need[0] * need[1])
 
 
 def run_scenarios(setup: Setup, selected: set[str]) -> list[Row]:
