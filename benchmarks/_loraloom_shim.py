@@ -25,7 +25,7 @@ def use_source_tree() -> None:
         installed = None
     if installed is not None:
         location = Path(next(iter(installed.submodule_search_locations))).resolve()
-        if location == SOURCE_PACKAGES["loraloom.engine"]:
+        if location == SOURCE_PACKAGES["loraloom.engine"].resolve():  # (this tree may be reached through a link)
             return  # an editable install of this very checkout: nothing to do
         raise SystemExit(
             f"loraloom.engine is installed from {location}, not from this checkout ({REPO_ROOT}); "

@@ -3,6 +3,7 @@
     python benchmarks/gpu_suite.py                  # on the GPU: Llama-3.1-8B shape, FP8, the issue's sizes
     python benchmarks/gpu_suite.py --cpu-small      # on a CPU: the bundled model's shape, small sizes (CI)
     python benchmarks/gpu_suite.py --scenarios batch1,ttft --json out.json
+    python benchmarks/gpu_suite.py --scenarios mixed --dry-run   # on a CPU: arguments, imports, memory fit
 
 Runs from the repository root without `pip install` (benchmarks/_loraloom_shim.py) and needs
 only torch, triton, safetensors, tokenizers, transformers and peft. The model has seeded random
@@ -15,6 +16,10 @@ weights made on the device; nothing is downloaded. In order:
 4. the table: each figure next to its ceiling (measured in step 2, or the roofline of
    gpusuite/roofline.py for engine figures) and the issue's target on a GPU.
 Progress goes to stderr, the table to stdout; exit status 1 when a kernel check fails.
+
+--dry-run touches no GPU: it parses the arguments, and checks on paper that every engine the
+selected scenarios build fits on the smallest GPU lent (gpusuite/fit.py) and runs as many requests
+at once as its scenarios need; benchmarks/gpu_checklist.sh --dry-run runs it for every step.
 """
 from __future__ import annotations
 
@@ -36,6 +41,7 @@ import torch  # noqa: E402
 
 from gpusuite import kernel_checks, peer  # noqa: E402
 from gpusuite.ceilings import measure_ceilings  # noqa: E402
+from gpusuite.fit import EngineSize, engine_fit  # noqa: E402
 from gpusuite.roofline import Roofline  # noqa: E402
 from gpusuite.scenarios import (  # noqa: E402
     ADAPTER_RANK,
@@ -45,13 +51,15 @@ from gpusuite.scenarios import (  # noqa: E402
     build_engine,
     cold_load_rows,
     concurrency_rows,
+    decode_tokens_held,
     log,
     offline_rows,
     ttft_rows,
     zipf_rows,
 )
-from gpusuite.shapes import CPU_SMALL_SIZES, GPU_SIZES, LLAMA_3_1_8B, SMOLLM2_135M  # noqa: E402
+from gpusuite.shapes import CPU_SMALL_SIZES, GPU_SIZES, LLAMA_3_1_8B, SMOLLM2_135M, Sizes  # noqa: E402
 from gpusuite.table import Row, format_table, write_json  # noqa: E402
+from loraloom.engine.config import ModelConfig  # noqa: E402
 from loraloom.kernels.backend import get_backend  # noqa: E402
 
 SCENARIOS = ("kernels", "batch1", "concurrency", "mixed", "offline", "ttft", "cold_load", "zipf", "peer")
@@ -73,6 +81,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--num-layers", type=int,
                         help="keep the model's shape but with this many decoder layers (CI uses 2 to stay fast)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--dry-run", action="store_true",
+                        help="touch no GPU: check the arguments and that the selected scenarios' engines fit")
     args = parser.parse_args(argv)
     unknown = set(args.scenarios.split(",")) - set(SCENARIOS)
     if unknown:
@@ -102,13 +112,37 @@ def free_device_memory(device: torch.device) -> None:
         torch.cuda.empty_cache()
 
 
+def engine_sizes(sizes: Sizes, selected: set[str]) -> dict[str, EngineSize]:
+    """The engines the selected scenarios build, one per group of scenarios."""
+    engines = {}
+    if selected & set(RANK16_SCENARIOS):
+        engines["rank16"] = EngineSize(sizes.num_adapters, ADAPTER_RANK, sizes.offline_max_requests)
+    if "mixed" in selected:
+        engines["mixed"] = EngineSize(sizes.num_adapters, max(sizes.mixed_ranks), max(sizes.concurrency))
+    if "zipf" in selected:
+        engines["zipf"] = EngineSize(sizes.zipf_slots, ADAPTER_RANK, max(sizes.concurrency))
+    return engines
+
+
+def held_at_once(sizes: Sizes, group: str, selected: set[str]) -> tuple[int, int]:
+    """(requests, KV tokens each) an engine's scenarios need resident together, the most of: all the
+    concurrent decodes, the cold load's background decodes (at least their timed steps' worth), one
+    request of the batch-1 context. Offline and Zipf admit what the KV cache holds."""
+    needs = [(1, sizes.context + sizes.decode_steps)]
+    if (group == "rank16" and "concurrency" in selected) or group == "mixed":
+        needs.append((max(sizes.concurrency), decode_tokens_held(sizes)))
+    if group == "rank16" and "cold_load" in selected:
+        needs.append((sizes.cold_load_background, decode_tokens_held(sizes)))
+    return max(needs, key=lambda need: need[0] * need[1])
+
+
 def run_scenarios(setup: Setup, selected: set[str]) -> list[Row]:
     rows: list[Row] = []
     ours: dict[str, float] = {}
     base_rates: dict[int, float] = {}
-    if selected & set(RANK16_SCENARIOS):
-        engine = build_engine(setup, max_loras=setup.sizes.num_adapters, max_lora_rank=ADAPTER_RANK,
-                              max_num_seqs=setup.sizes.offline_max_requests)
+    engines = engine_sizes(setup.sizes, selected)
+    if "rank16" in engines:
+        engine = build_engine(setup, **dataclasses.asdict(engines["rank16"]))
         if "batch1" in selected:
             batch1, rates = batch1_rows(engine, setup)
             rows += batch1
@@ -127,17 +161,15 @@ def run_scenarios(setup: Setup, selected: set[str]) -> list[Row]:
             rows += cold_load_rows(engine, setup)
         del engine
         free_device_memory(setup.device)
-    if "mixed" in selected:
+    if "mixed" in engines:
         ranks = setup.sizes.mixed_ranks
-        engine = build_engine(setup, max_loras=setup.sizes.num_adapters, max_lora_rank=max(ranks),
-                              max_num_seqs=max(setup.sizes.concurrency))
+        engine = build_engine(setup, **dataclasses.asdict(engines["mixed"]))
         label = f"{setup.sizes.num_adapters} adapters, ranks {'/'.join(map(str, ranks))}"
         rows += concurrency_rows(engine, setup, label, ranks, base_rates)[0]
         del engine
         free_device_memory(setup.device)
-    if "zipf" in selected:
-        engine = build_engine(setup, max_loras=setup.sizes.zipf_slots, max_lora_rank=ADAPTER_RANK,
-                              max_num_seqs=max(setup.sizes.concurrency))
+    if "zipf" in engines:
+        engine = build_engine(setup, **dataclasses.asdict(engines["zipf"]))
         rows += zipf_rows(engine, setup)
         del engine
         free_device_memory(setup.device)
@@ -152,15 +184,45 @@ def run_scenarios(setup: Setup, selected: set[str]) -> list[Row]:
     return rows
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() and not args.cpu_small else "cpu"))
-    if device.type == "cpu" and not args.cpu_small:
-        raise SystemExit("the full sizes (an 8B model) need a GPU; on a CPU pass --cpu-small")
+def model_and_sizes(args: argparse.Namespace) -> tuple[str, ModelConfig, Sizes]:
     model_name, model_config, sizes = (("SmolLM2-135M", SMOLLM2_135M, CPU_SMALL_SIZES) if args.cpu_small
                                        else ("Llama-3.1-8B", LLAMA_3_1_8B, GPU_SIZES))
     if args.num_layers is not None:
         model_config = dataclasses.replace(model_config, num_layers=args.num_layers)
+    return model_name, model_config, sizes
+
+
+def dry_run(argv: list[str]) -> str:
+    """What a run with `argv` would build, checked on paper: raises ValueError naming what does not fit."""
+    args = parse_args([*argv, "--dry-run"] if "--dry-run" not in argv else argv)
+    model_name, model_config, sizes = model_and_sizes(args)
+    device_type = "cpu" if args.cpu_small else "cuda"  # what the run picks on the GPU machine
+    dtype = torch.bfloat16 if device_type == "cuda" else torch.float32
+    quantized = (args.quantization or ("fp8" if device_type == "cuda" else "none")) == "fp8"
+    selected = set(args.scenarios.split(","))
+    fits = []
+    for group, size in engine_sizes(sizes, selected).items():
+        requests, tokens_each = held_at_once(sizes, group, selected)
+        if requests > size.max_num_seqs:
+            raise ValueError(f"engine {group}: its scenarios run {requests} requests at once, max_num_seqs is "
+                             f"{size.max_num_seqs}")
+        fit = engine_fit(model_config, dtype, quantized, size, requests, tokens_each)
+        if not fit.fits:
+            raise ValueError(f"engine {group} ({size}) with {requests} x {tokens_each} KV tokens does not fit the "
+                             f"smallest GPU lent: {fit.describe()}")
+        fits.append(f"{group}: {fit.describe()}")
+    return f"{model_name} shape, scenarios {args.scenarios}; " + ("; ".join(fits) or "no engine built")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.dry_run:
+        print(dry_run(sys.argv[1:] if argv is None else argv))
+        return 0
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() and not args.cpu_small else "cpu"))
+    if device.type == "cpu" and not args.cpu_small:
+        raise SystemExit("the full sizes (an 8B model) need a GPU; on a CPU pass --cpu-small")
+    model_name, model_config, sizes = model_and_sizes(args)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     quantization = args.quantization or ("fp8" if device.type == "cuda" else "none")
     selected = set(args.scenarios.split(","))

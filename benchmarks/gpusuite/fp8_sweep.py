@@ -2,6 +2,7 @@
 
     python benchmarks/gpusuite/fp8_sweep.py          # CUDA (H100): Llama-3.1-8B projections, < 3 minutes
     python benchmarks/gpusuite/fp8_sweep.py --cpu    # tiny shapes under TRITON_INTERPRET (CI: it runs)
+    python benchmarks/gpusuite/fp8_sweep.py --quick --dry-run   # no GPU: arguments, imports, the configs
 
 First every variant is checked (nothing is timed until all pass; exit status 1 otherwise):
 the Triton quantization kernel bit for bit against kernels/fp8.py quantize_per_token (dynamic
@@ -41,15 +42,25 @@ from loraloom.kernels.fp8_gemm import (  # noqa: E402
     fp8_linear_small_m,
 )  # noqa: E402
 from loraloom.kernels.fp8_quant import quantize_per_token_triton  # noqa: E402
+from gpusuite.shapes import LLAMA_3_1_8B  # noqa: E402
+from loraloom.engine.config import ModelConfig  # noqa: E402
 from loraloom.kernels.reference import fp8_scaled_mm  # noqa: E402
 
-GPU_SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}  # N x K
+
+def projection_shapes(config: ModelConfig) -> dict[str, tuple[int, int]]:
+    """N x K of each fused projection GEMM of a decoder layer."""
+    q, kv = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
+    hidden, inter = config.hidden_size, config.intermediate_size
+    return {"qkv": (q + 2 * kv, hidden), "o": (hidden, q), "gate_up": (2 * inter, hidden), "down": (hidden, inter)}
+
+
+GPU_SHAPES = projection_shapes(LLAMA_3_1_8B)  # qkv 6144 x 4096, o 4096 x 4096, gate_up 28672 x 4096, down 4096 x 14336
 # Ragged on purpose: N and K not multiples of the tiles.
 CPU_SHAPES = {"qkv": (96, 80), "o": (72, 72), "gate_up": (160, 72), "down": (72, 176)}
 GPU_TOKENS = (1, 4, 16, 32, 64)
 CPU_TOKENS = (1, 16)
-LAYERS = 32  # Llama-3.1-8B
-LM_HEAD_BYTES = 128256 * 4096 * 2  # BF16
+LAYERS = LLAMA_3_1_8B.num_layers
+LM_HEAD_BYTES = LLAMA_3_1_8B.vocab_size * LLAMA_3_1_8B.hidden_size * 2  # BF16
 # (block_n, block_k, num_warps, num_stages); each runs with its automatic split-K and without
 # splitting, and with the quantization fused and as a kernel of its own.
 GPU_TILES = [(32, 256, 4, 4), (64, 256, 4, 4), (64, 512, 4, 3), (128, 256, 8, 3)]
@@ -206,15 +217,34 @@ def warm_triton_cache(quick: bool) -> None:
         worker.wait()
 
 
-def main() -> int:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cpu", action="store_true", help="tiny shapes on the CPU under TRITON_INTERPRET")
     parser.add_argument("--quick", action="store_true", help="CUDA: M in (1, 16) and two tiles only (~1 minute)")
     parser.add_argument("--compile-part", type=int, nargs=2, metavar=("I", "N"), help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    parser.add_argument("--dry-run", action="store_true",
+                        help="touch no GPU: check the arguments and list the GEMM configs the run would check")
+    args = parser.parse_args(argv)
     if args.quick:
         global GPU_TOKENS, GPU_TILES
         GPU_TOKENS, GPU_TILES = (1, 16), [(64, 256, 4, 4), (128, 256, 8, 3)]
+    return args
+
+
+def dry_run(argv: list[str]) -> str:
+    """The run's variants, built on paper: every shape gets its configs (configs_for, default_config)."""
+    args = parse_args(argv)
+    shapes, tokens, tiles = (CPU_SHAPES, CPU_TOKENS, CPU_TILES) if args.cpu else (GPU_SHAPES, GPU_TOKENS, GPU_TILES)
+    variants = sum(len(tokens) * len(configs_for(n, k, tiles)) for n, k in shapes.values())
+    listed = ", ".join(f"{name} {n}x{k}" for name, (n, k) in shapes.items())
+    return f"{listed}; M in {tokens}; {variants} GEMM variants to check"
+
+
+def main() -> int:
+    args = parse_args(None)
+    if args.dry_run:
+        print(dry_run(sys.argv[1:]))
+        return 0
     if args.compile_part is None and not args.cpu:
         warm_triton_cache(args.quick)
     device = torch.device("cpu" if args.cpu else "cuda")

@@ -190,6 +190,11 @@ def batch1_rows(engine: LLMEngine, setup: Setup) -> tuple[list[Row], dict[str, f
 
 
 # -------------------------------------------------------------- concurrency
+def decode_tokens_held(sizes: Sizes) -> int:
+    """KV tokens each request of decode_rate holds at the end of its timed window."""
+    return sizes.concurrent_prompt + 1 + WARM_STEPS + sizes.decode_steps
+
+
 def decode_rate(engine: LLMEngine, setup: Setup, adapters: list[AdapterHandle | None]) -> float:
     """Decode tokens/s with len(adapters) requests all running, after their prefills."""
     sizes = setup.sizes

@@ -1,10 +1,12 @@
 """CLI commands that work on the configured database directly, with no server:
-`loraloom db upgrade`, `loraloom admin create-key`, `loraloom admin limits` (admin_limits.py), and what `loraloom serve` does to the
-database before it starts (migrations, the bootstrap admin key)."""
+`loraloom db upgrade`, `loraloom db check`, `loraloom admin create-key`, `loraloom admin limits`
+(admin_limits.py), and what `loraloom serve` does to the database before it starts (migrations, the
+bootstrap admin key)."""
 from __future__ import annotations
 
 import argparse
 import sys
+import time
 from typing import TextIO
 
 from alembic.script import ScriptDirectory
@@ -35,14 +37,53 @@ def db_upgrade(settings: Settings) -> str:
     return revision
 
 
-def require_migrated(database_url: str) -> None:
-    head = ScriptDirectory(str(MIGRATIONS_DIR)).get_current_head()
+class DatabaseTooNewError(DatabaseNotReadyError):
+    """The database was migrated by a newer version of loraloom: waiting will not help."""
+
+
+def require_migrated(database_url: str) -> str:
+    """The head revision, which the database is at; else raise, saying how to fix it."""
+    scripts = ScriptDirectory(str(MIGRATIONS_DIR))
+    head = scripts.get_current_head()
     current = database_revision(database_url)
+    if current is not None and current not in {script.revision for script in scripts.walk_revisions()}:
+        raise DatabaseTooNewError(
+            f"the database at {shown_url(database_url)} is at revision {current}, which this version of "
+            f"loraloom does not know (its newest is {head}): run the version that migrated it"
+        )
     if current != head:
         raise DatabaseNotReadyError(
             f"the database at {shown_url(database_url)} is at revision {current or 'none (empty)'}, "
             f"not {head}; run `loraloom db upgrade` first"
         )
+    return head
+
+
+def wait_until_migrated(database_url: str, *, wait_s: float, progress: TextIO, poll_s: float = 2.0) -> str:
+    """The head revision once the database is at it, polling for up to `wait_s` seconds.
+
+    What a Kubernetes pod's init container runs (deploy/kubernetes): one migration Job upgrades the
+    schema, and the pods of the new version wait for it instead of starting on an old schema. A
+    database not reachable yet (PostgreSQL still starting) is waited for too; at the deadline the
+    last reason is raised. Why it waits is written once to `progress`, for `kubectl logs`."""
+    deadline = time.monotonic() + wait_s
+    told = False
+    while True:
+        try:
+            return require_migrated(database_url)
+        except DatabaseTooNewError:
+            raise
+        except (DatabaseNotReadyError, SQLAlchemyError) as error:
+            reason = (str(error) if isinstance(error, DatabaseNotReadyError)
+                      else f"database {shown_url(database_url)}: {error}")
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise DatabaseNotReadyError(reason) from error
+            if not told:
+                progress.write(f"waiting up to {wait_s:g} s: {reason}\n")
+                progress.flush()
+                told = True
+            time.sleep(min(poll_s, remaining))
 
 
 def admin_create_key(settings: Settings, *, tenant: str, role: ApiKeyRole, name: str) -> str:
@@ -89,7 +130,10 @@ def prepare_database(settings: Settings, banner_stream: TextIO) -> None:
 def run_admin_command(args: argparse.Namespace, settings: Settings) -> None:
     """`loraloom db ...` and `loraloom admin ...`: results on stdout, everything else on stderr."""
     try:
-        if args.command == "db":
+        if args.command == "db" and args.db_command == "check":
+            revision = wait_until_migrated(settings.database_url, wait_s=args.wait, progress=sys.stderr)
+            print(f"database {shown_url(settings.database_url)} is at revision {revision}", file=sys.stderr)
+        elif args.command == "db":
             revision = db_upgrade(settings)
             print(f"database {shown_url(settings.database_url)} is at revision {revision}", file=sys.stderr)
         elif args.admin_command == "limits":

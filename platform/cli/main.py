@@ -31,6 +31,11 @@ def build_parser() -> argparse.ArgumentParser:
     db = commands.add_parser("db", help="manage the database (LORALOOM_DATABASE_URL)")
     db_commands = db.add_subparsers(dest="db_command", required=True)
     db_commands.add_parser("upgrade", help="apply the migrations (serve also does this on start)")
+    check = db_commands.add_parser(
+        "check", help="exit 0 when the database is at this version's newest migration, else say why and exit 1"
+    )
+    check.add_argument("--wait", type=float, default=0.0, metavar="SECONDS",
+                       help="keep checking for this long (a pod waiting for the migration Job)")
 
     add_worker_command(commands)
     add_ray_command(commands)

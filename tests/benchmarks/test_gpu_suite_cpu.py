@@ -12,14 +12,12 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import subprocess
-import sys
-import sysconfig
 from pathlib import Path
 
 import pytest
 import torch
+from gpu_machine import ISOLATED_PYTHON, isolated_env
 
 REPO = Path(__file__).resolve().parents[2]
 SUITE = REPO / "benchmarks" / "gpu_suite.py"
@@ -45,15 +43,8 @@ EXPECTED_ROWS = [
 ]
 
 
-def isolated_env() -> dict[str, str]:
-    env = {key: value for key, value in os.environ.items() if not key.startswith("PYTHON")}
-    site_packages = {sysconfig.get_paths()["purelib"], sysconfig.get_paths()["platlib"]}
-    env.update(PYTHONPATH=os.pathsep.join(sorted(site_packages)), OMP_NUM_THREADS="1", HF_HUB_OFFLINE="1")
-    return env
-
-
 def isolated_python(*args: str, timeout: float) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-S", *args], cwd=REPO, env=isolated_env(), capture_output=True,
+    return subprocess.run([*ISOLATED_PYTHON, *args], cwd=REPO, env=isolated_env(), capture_output=True,
                           text=True, timeout=timeout)
 
 

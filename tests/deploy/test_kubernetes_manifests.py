@@ -1,34 +1,41 @@
-"""deploy/kubernetes/inferencepool.yaml against itself and against the code: valid YAML of the kinds
-an InferencePool deployment needs, selectors that select the pods they mean, one port for the API,
-the pool and the metrics, and endpoint-picker metric flags that name metrics the server exposes with
-the types the picker expects (so neither the example nor docs/KUBERNETES.md can drift from the code)."""
+"""The Kubernetes kit (deploy/kubernetes, kustomization.yaml's files) against itself and against the
+code: the objects a deployment needs, selectors that select the pods they mean, one port for the API,
+the pool and the metrics, endpoint-picker metric flags that name metrics the server exposes with the
+types the picker expects, settings that are loraloom's settings, commands the CLI takes, and pods that
+wait for the migration Job (so neither the kit nor docs/KUBERNETES.md can drift from the code).
+test_kubernetes_schemas.py checks the same objects against the Kubernetes API's schemas."""
 from __future__ import annotations
 
 from pathlib import Path
 
 import pytest
 import yaml
+from kit import KIT, documents_by_key, kit_documents, kit_files, kustomization
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from loraloom.engine import EngineStats
+from loraloom.platform.api.console import MOUNT as CONSOLE_MOUNT
+from loraloom.platform.api.routes import chat, completions
 from loraloom.platform.cli.main import build_parser
 from loraloom.platform.metering.engine_metrics import EPP_METRIC_FLAGS, LORA_INFO_LABELS, engine_metrics_registry
+from loraloom.platform.settings import Settings
 
 REPO = Path(__file__).resolve().parents[2]
-MANIFEST = REPO / "deploy" / "kubernetes" / "inferencepool.yaml"
 GUIDE = REPO / "docs" / "KUBERNETES.md"
 # What the picker cannot schedule without: queue, KV usage and the LoRA info.
 REQUIRED_FLAGS = {"total-queued-requests-metric", "kv-cache-usage-percentage-metric", "lora-info-metric"}
+IMAGE = "loraloom"  # the name every loraloom container uses; kustomization.yaml's images entry sets it
+LORALOOM_WORKLOADS = [("Deployment", "loraloom-engine"), ("Deployment", "loraloom-training-worker"),
+                      ("Job", "loraloom-migrate")]
+# Settings boto3 reads itself (settings.yaml's Secret): the S3 credentials.
+NON_LORALOOM_KEYS = {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"}
 
 
 @pytest.fixture(scope="module")
 def documents() -> dict[tuple[str, str], dict]:
     """(kind, name) -> the document."""
-    loaded = [document for document in yaml.safe_load_all(MANIFEST.read_text()) if document is not None]
-    by_key = {(document["kind"], document["metadata"]["name"]): document for document in loaded}
-    assert len(by_key) == len(loaded), "two documents share a kind and name"
-    return by_key
+    return documents_by_key()
 
 
 def container(deployment: dict) -> dict:
@@ -147,3 +154,119 @@ def test_the_epp_scrapes_the_keyless_metrics_port_which_only_it_and_prometheus_r
     assert allowed_pods == [epp["spec"]["template"]["metadata"]["labels"]]
     service_ports = {port["name"]: port["targetPort"] for port in documents[("Service", "loraloom-engine")]["spec"]["ports"]}
     assert service_ports["metrics"] == parsed.metrics_port
+
+
+# The kit around the pool: kustomization, image, settings, migrations, workers, probes and routes.
+
+def pod_spec(workload: dict) -> dict:
+    return workload["spec"]["template"]["spec"]
+
+
+def test_the_kustomization_lists_every_manifest_of_the_folder():
+    listed = {path.name for path in kit_files()}
+    assert listed == {path.name for path in KIT.glob("*.yaml")} - {"kustomization.yaml"}
+
+
+def test_every_loraloom_container_runs_the_one_image_the_kustomization_sets(documents):
+    (image,) = kustomization()["images"]
+    assert image["name"] == IMAGE
+    for key in LORALOOM_WORKLOADS:
+        spec = pod_spec(documents[key])
+        for each in spec.get("initContainers", []) + spec["containers"]:
+            assert each["image"] == IMAGE, (key, each["name"])
+    loraloom_images = {each["image"] for _, document in kit_documents() if document["kind"] in ("Deployment", "Job")
+                       for each in pod_spec(document)["containers"] if each.get("command", [""])[0] == "loraloom"}
+    assert loraloom_images == {IMAGE}
+
+
+def test_the_settings_are_loraloom_settings_that_validate(documents, monkeypatch):
+    config = documents[("ConfigMap", "loraloom-settings")]["data"]
+    secret = documents[("Secret", "loraloom-control-plane")]["stringData"]
+    assert not config.keys() & secret.keys()  # one place for each
+    environment = {**config, **secret}
+    fields = {f"LORALOOM_{name.upper()}" for name in Settings.model_fields}
+    loraloom_keys = {key for key in environment if key.startswith("LORALOOM_")}
+    assert loraloom_keys - fields == set(), "not a setting of platform/settings.py"
+    assert environment.keys() - loraloom_keys <= NON_LORALOOM_KEYS
+    # Pods share the database, blobs and queue: none may be left to its one-machine default.
+    assert {"LORALOOM_DATABASE_URL", "LORALOOM_STORAGE_URL", "LORALOOM_BROKER_URL"} <= loraloom_keys
+    for key, value in environment.items():
+        monkeypatch.setenv(key, value)
+    settings = Settings()  # pydantic's own validation of every value
+    assert settings.database_url.startswith("postgresql") and settings.storage_url.startswith("s3://")
+    assert all("REPLACE-ME" in secret[key] for key in secret)  # placeholders, never a credential
+
+
+def test_every_loraloom_container_gets_the_settings(documents):
+    wanted = [{"configMapRef": {"name": "loraloom-settings"}}, {"secretRef": {"name": "loraloom-control-plane"}}]
+    for key in LORALOOM_WORKLOADS:
+        spec = pod_spec(documents[key])
+        for each in spec.get("initContainers", []) + spec["containers"]:
+            assert each["envFrom"] == wanted, (key, each["name"])
+
+
+def test_the_migration_job_upgrades_and_every_long_running_pod_waits_for_it(documents):
+    job = documents[("Job", "loraloom-migrate")]
+    (migrate,) = pod_spec(job)["containers"]
+    assert build_parser().parse_args(migrate["command"][1:]).db_command == "upgrade"
+    assert pod_spec(job)["restartPolicy"] == "Never" and job["spec"]["backoffLimit"] >= 1
+    for key in LORALOOM_WORKLOADS[:2]:
+        (wait,) = pod_spec(documents[key])["initContainers"]
+        parsed = build_parser().parse_args(wait["command"][1:])
+        assert (parsed.command, parsed.db_command) == ("db", "check"), key
+        assert parsed.wait >= 300, key  # long enough for a migration; a pod that gives up restarts and waits again
+
+
+def test_the_training_worker_trains_on_the_served_base_with_a_gpu(documents):
+    worker = documents[("Deployment", "loraloom-training-worker")]
+    (container,) = pod_spec(worker)["containers"]
+    parsed = build_parser().parse_args([*container["command"][1:], *container["args"]])
+    assert parsed.command == "worker"
+    serve = documents[("Deployment", "loraloom-engine")]["spec"]["template"]["spec"]["containers"][0]
+    served = build_parser().parse_args(["serve", *serve["args"]])
+    assert parsed.model == served.model and served.no_worker  # the engine pods leave training to these
+    assert container["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert serve["resources"]["limits"]["nvidia.com/gpu"] == 1
+
+
+def test_pods_run_as_the_image_s_unprivileged_user(documents):
+    dockerfile_user = next(line.split()[1] for line in (REPO / "Dockerfile").read_text().splitlines()
+                           if line.startswith("USER "))
+    for key in LORALOOM_WORKLOADS:
+        context = pod_spec(documents[key])["securityContext"]
+        assert context["runAsNonRoot"] is True and str(context["runAsUser"]) == dockerfile_user.split(":")[0], key
+
+
+def test_every_probe_asks_health_on_the_api_port(documents):
+    serve = container(documents[("Deployment", "loraloom-engine")])
+    port = build_parser().parse_args(["serve", *serve["args"]]).port
+    probes = {name: serve[name] for name in ("startupProbe", "readinessProbe", "livenessProbe")}
+    assert all(probe["httpGet"] == {"path": "/health", "port": port} for probe in probes.values())
+    assert "initialDelaySeconds" not in probes["livenessProbe"]  # the startup probe holds it off instead
+    startup = probes["startupProbe"]
+    assert startup["periodSeconds"] * startup["failureThreshold"] >= 600  # an 8B model's load and graph capture
+
+
+def test_generation_goes_to_the_pool_and_the_rest_of_the_api_to_the_pods_service(documents):
+    inference_rule, api_rule = documents[("HTTPRoute", "loraloom")]["spec"]["rules"]
+    generation = {route.path for module in (chat, completions) for route in module.router.routes}
+    assert {match["path"]["value"] for match in inference_rule["matches"]} == generation
+    assert all(match["path"]["type"] == "Exact" for match in inference_rule["matches"])
+    assert {match["path"]["value"] for match in api_rule["matches"]} == {"/v1", CONSOLE_MOUNT}
+    (backend,) = api_rule["backendRefs"]
+    service = documents[("Service", backend["name"])]
+    serve = container(documents[("Deployment", "loraloom-engine")])
+    assert backend["port"] in {port["port"] for port in service["spec"]["ports"] if port["targetPort"] == 8000}
+    assert build_parser().parse_args(["serve", *serve["args"]]).port == 8000
+    gateway = documents[("Gateway", "inference-gateway")]
+    assert [ref["name"] for ref in documents[("HTTPRoute", "loraloom")]["spec"]["parentRefs"]] == [
+        gateway["metadata"]["name"]]
+
+
+def test_the_data_volume_is_where_the_image_puts_loraloom_s_data(documents):
+    data_dir = next(line.split("=", 1)[1].strip() for line in (REPO / "Dockerfile").read_text().splitlines()
+                    if line.strip().startswith("LORALOOM_DATA_DIR="))
+    for key in LORALOOM_WORKLOADS[:2]:
+        (main,) = pod_spec(documents[key])["containers"]
+        mounts = {mount["name"]: mount["mountPath"] for mount in main["volumeMounts"]}
+        assert mounts["data"] == data_dir, key
