@@ -180,7 +180,9 @@ def create_app(
     app.state.key_watch = KeyWatch(session_factory)
     # Sends training jobs to the workers (`loraloom worker`, or the one `loraloom serve` starts).
     app.state.training_app = create_celery_app(settings)
-    app.state.metrics_registry = engine_metrics_registry(engine.stats)
+    # An engine client over several replicas (platform/ray_serve) reads each one's stats too: their
+    # series carry a `replica` label (metering/engine_metrics.py).
+    app.state.metrics_registry = engine_metrics_registry(engine.stats, getattr(engine, "stats_by_replica", None))
     app.state.metrics_registry.register(DroppedRecordsCollector(
         lambda: [getattr(app.state, name) for name in ("usage_writer", "audit_writer", "key_use_writer")
                  if hasattr(app.state, name)]  # made at start-up

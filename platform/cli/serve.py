@@ -75,6 +75,12 @@ def add_serve_command(commands: argparse._SubParsersAction) -> None:
                        help="how waiting requests are admitted: fair shares the engine across tenants by tokens "
                        "(each tenant's counter charged per token / its weight; the smallest counter goes first, and "
                        "a tenant under its share may preempt one over it); fcfs admits oldest first whoever asks")
+    serve.add_argument(
+        "--metrics-max-adapters", type=int, default=None, metavar="N",
+        help="adapters whose requests get their own `model` label in the latency histograms and request "
+        f"counters; later ones count as model=\"other\" (default: LORALOOM_METRICS_MAX_ADAPTERS, else "
+        f"{defaults.metrics_max_adapters})",
+    )
     serve.add_argument("--enforce-eager", action="store_true",
                        help="run every step eagerly instead of replaying decode steps from CUDA graphs")
     serve.add_argument(
@@ -148,6 +154,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         fp8_activation_terms=args.fp8_activation_terms,
         kv_cache_dtype=args.kv_cache_dtype,
         lora_dtype=args.lora_dtype,
+        **({} if args.metrics_max_adapters is None else {"metrics_max_adapters": args.metrics_max_adapters}),
     )
 
 
@@ -183,6 +190,8 @@ def serve(args: argparse.Namespace) -> None:
     except SQLAlchemyError as error:
         sys.exit(f"loraloom serve: database {shown_url(settings.database_url)}: {error}")
     model_dir = args.model if args.model is not None else import_bundled()
+    if args.metrics_max_adapters is None:
+        args.metrics_max_adapters = settings.metrics_max_adapters
     try:
         store = storage_from_settings(settings)
         engine = AsyncEngine.create(model_dir, engine_config(args), adapter_fetcher_from_settings(settings, store))
