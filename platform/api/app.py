@@ -54,6 +54,7 @@ from loraloom.platform.metering.change_metrics import ChangeListenerCollector
 from loraloom.platform.metering.engine_metrics import engine_metrics_registry
 from loraloom.platform.metering.http_metrics import HttpResponseCounts
 from loraloom.platform.metering.throttle_metrics import ThrottledRequests
+from loraloom.platform.metering.training_metrics import TrainingCollector
 from loraloom.platform.metering.usage import write_usage_records
 from loraloom.platform.registry.lookup import AdapterLookup, RegistryAdapterLookup
 from loraloom.platform.settings import Settings
@@ -191,6 +192,7 @@ def create_app(
     ))
     if isinstance(changes, PostgresChangeListener):
         app.state.metrics_registry.register(ChangeListenerCollector(changes))
+    app.state.metrics_registry.register(TrainingCollector(session_factory))
     app.state.rate_limits = rate_limits(settings, session_factory)
     app.state.metrics_registry.register(app.state.rate_limits.throttled)
     app.state.created = int(time.time())
