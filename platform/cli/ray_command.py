@@ -1,6 +1,6 @@
 """`loraloom ray run|deploy`: loraloom on Ray Serve (platform/ray_serve), from a Serve config file
 (deploy/ray/serve_config.yaml). It prepares the database the config names, as `serve` does (migrations,
-the bootstrap admin key printed once), then hands the file to Ray's own `serve run` or `serve deploy`,
+the bootstrap admin key written to a file), then hands the file to Ray's own `serve run` or `serve deploy`,
 so the file means exactly what Ray Serve's documentation says it means."""
 from __future__ import annotations
 
@@ -39,7 +39,7 @@ def run_ray_command(args: argparse.Namespace) -> None:
     import yaml  # imported here: only this command reads YAML (PyYAML comes with Ray)
     from sqlalchemy.exc import SQLAlchemyError
 
-    from loraloom.platform.cli.admin import prepare_database, shown_url
+    from loraloom.platform.cli.admin import bootstrap_notice, prepare_database, shown_url
     from loraloom.platform.cli.options import load_settings
 
     if not args.config.is_file():
@@ -49,9 +49,11 @@ def run_ray_command(args: argparse.Namespace) -> None:
     os.environ.update(config_settings_env(config))  # the settings below, and `serve run`'s local cluster, use them
     settings = load_settings()
     try:
-        prepare_database(settings, sys.stderr)
+        key_file = prepare_database(settings)
     except SQLAlchemyError as error:
         sys.exit(f"loraloom ray: database {shown_url(settings.database_url)}: {error}")
+    if key_file is not None:
+        print(bootstrap_notice(key_file), file=sys.stderr)
     serve_args = [sys.executable, "-m", "ray.serve.scripts", args.ray_command, str(args.config)]
     if args.ray_command == "deploy" and args.address:
         serve_args += ["--address", args.address]

@@ -172,7 +172,7 @@ def serve(args: argparse.Namespace) -> None:
     from loraloom.engine import AsyncEngine, import_bundled
     from loraloom.platform.api.app import create_app
     from loraloom.platform.api.overload import default_max_waiting
-    from loraloom.platform.cli.admin import prepare_database, shown_url
+    from loraloom.platform.cli.admin import bootstrap_notice, prepare_database, shown_url
     from loraloom.platform.registry.fetch import adapter_fetcher_from_settings
     from loraloom.platform.registry.local import LocalAdapterLookup
     from loraloom.platform.registry.lookup import registry_lookup_from_settings
@@ -186,9 +186,14 @@ def serve(args: argparse.Namespace) -> None:
     configure_logging(logging.INFO)
     settings = load_settings(args.broker_url)
     try:
-        prepare_database(settings, sys.stderr)
+        key_file = prepare_database(settings)
     except SQLAlchemyError as error:
         sys.exit(f"loraloom serve: database {shown_url(settings.database_url)}: {error}")
+    except OSError as error:  # the key's file: the data directory is not writable
+        sys.exit(f"loraloom serve: writing the bootstrap admin key: {error}; set LORALOOM_DATA_DIR to a writable "
+                 "folder")
+    if key_file is not None:
+        logging.getLogger(__name__).warning(bootstrap_notice(key_file), extra={"bootstrap_key_file": str(key_file)})
     model_dir = args.model if args.model is not None else import_bundled()
     if args.metrics_max_adapters is None:
         args.metrics_max_adapters = settings.metrics_max_adapters

@@ -149,12 +149,12 @@ def test_serve_reports_a_broken_adapter_and_serves_the_rest(tmp_path, model_dir)
             port = int(match.group(1)) if match else None
         startup_log = "".join(stderr)
         assert "'broken'" in startup_log and "not a valid safetensors file" in startup_log
-        # A fresh data directory: migrated on start, and the bootstrap admin key printed once.
+        # A fresh data directory: migrated on start, and the bootstrap admin key written to a file.
         assert (data_dir / "loraloom.db").is_file()
-        bootstrap_keys = re.findall(r"^\s+(ll-\S+)$", startup_log, flags=re.MULTILINE)
-        assert len(bootstrap_keys) == 1, startup_log
+        bootstrap_key = (data_dir / "bootstrap-admin-key").read_text().strip()
+        assert bootstrap_key.startswith("ll-") and bootstrap_key not in startup_log
 
-        auth = {"Authorization": f"Bearer {bootstrap_keys[0]}"}
+        auth = {"Authorization": f"Bearer {bootstrap_key}"}
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60, headers=auth) as client:
             served = [card["id"] for card in client.get("/v1/models").json()["data"]]
             assert served == [model_dir.name, "broken", "good"]
