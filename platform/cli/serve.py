@@ -18,6 +18,8 @@ from loraloom.platform.log_format import configure_logging
 if TYPE_CHECKING:
     from fastapi import FastAPI
 
+    from loraloom.platform.settings import Settings
+
     from loraloom.platform.api.metrics_server import MetricsServer
 
 DEFAULT_HOST = "127.0.0.1"
@@ -158,6 +160,12 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
     )
 
 
+def use_settings_defaults(args: argparse.Namespace, settings: Settings) -> None:
+    """The flags left out take their LORALOOM_* setting, where one exists."""
+    if args.metrics_max_adapters is None:
+        args.metrics_max_adapters = settings.metrics_max_adapters
+
+
 def default_device() -> str:
     import torch  # imported here: `--help` need not pay for torch
 
@@ -195,8 +203,7 @@ def serve(args: argparse.Namespace) -> None:
     if key_file is not None:
         logging.getLogger(__name__).warning(bootstrap_notice(key_file), extra={"bootstrap_key_file": str(key_file)})
     model_dir = args.model if args.model is not None else import_bundled()
-    if args.metrics_max_adapters is None:
-        args.metrics_max_adapters = settings.metrics_max_adapters
+    use_settings_defaults(args, settings)
     try:
         store = storage_from_settings(settings)
         engine = AsyncEngine.create(model_dir, engine_config(args), adapter_fetcher_from_settings(settings, store))
