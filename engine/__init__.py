@@ -22,7 +22,8 @@ _PUBLIC_NAMES: dict[str, tuple[str, ...]] = {
     "outputs": (
         "AdapterResidency", "EngineStats", "EngineUnavailableError", "RequestFailedError", "RequestOutput", "TokenLogprob"),
     "request": ("SamplingParams",),
-    "request_latency": ("HistogramSnapshot", "merge_histograms"),
+    "metric_labels": ("OTHER_ADAPTERS_LABEL",),
+    "request_latency": ("HistogramSnapshot", "merge_histograms", "total_histogram"),
     "structured_output": ("CompiledGrammar",),
     "tenancy": ("DEFAULT_TENANT", "TenantTag"),
     "tokenizer": ("ChatTemplateError", "Tokenizer"),

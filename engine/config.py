@@ -211,8 +211,13 @@ class EngineConfig:
     # How waiting requests are admitted across tenants (SCHEDULING_POLICIES; engine/scheduler.py). With one
     # tenant both are oldest first.
     scheduling_policy: str = "fair"
+    # Adapters ((tenant, adapter) pairs) whose requests get metric labels of their own; later ones are
+    # counted under model "other" (engine/metric_labels.py), which bounds the metrics' series.
+    metrics_max_adapters: int = 100
 
     def __post_init__(self) -> None:
+        if self.metrics_max_adapters < 0:
+            raise ValueError(f"EngineConfig.metrics_max_adapters is {self.metrics_max_adapters}; use 0 or more")
         if self.scheduling_policy not in SCHEDULING_POLICIES:
             raise ValueError(f"EngineConfig.scheduling_policy is {self.scheduling_policy!r}; "
                              f"use one of {list(SCHEDULING_POLICIES)}")

@@ -35,10 +35,11 @@ from loraloom.engine.lora.layers import LoRASlotPool, attach_lora
 from loraloom.engine.memory import plan_memory
 from loraloom.engine.model.llama import LlamaModel
 from loraloom.engine.model_runner import ModelRunner, StepTimings
-from loraloom.engine.outputs import (MAX_ADAPTER_SERIES, MAX_LISTED_WAITING_ADAPTERS, OVERFLOW_LABELS, EngineStats,
+from loraloom.engine.outputs import (MAX_LISTED_WAITING_ADAPTERS, EngineStats,
                                      RequestOutput, TokenLogprob)
 from loraloom.engine.request import BASE_ADAPTER_LABEL, Request, RequestStatus, SamplingParams
-from loraloom.engine.request_latency import RequestLatencies
+from loraloom.engine.metric_labels import MetricLabels
+from loraloom.engine.request_latency import LatencyHistogram, LatencySeries, RequestLatencies
 from loraloom.engine.sampler import make_generator
 from loraloom.engine.scheduler import Scheduler
 from loraloom.engine.stop import StopStringMatcher, TokenStops
@@ -65,6 +66,8 @@ class _Tracked:
     detokenizer: IncrementalDetokenizer | None  # text made in the step: requests with stop strings
     deferred: DeferredDetokenizer | None  # text made when read: requests without stop strings
     arrival_time: float  # time.monotonic() when the request reached the engine (AsyncEngine.generate)
+    labels: tuple[str, str]  # (tenant, model) its metrics count under, past the adapter cap folded (metric_labels.py)
+    latency: LatencySeries  # the histograms of `labels`
     last_token_time: float | None = None  # when its latest token was sampled; None before the first
 
 
@@ -158,7 +161,9 @@ class LLMEngine:
         self.preemptions_total = 0
         self.latencies = RequestLatencies()
         self.last_step_timings = StepTimings()
-        self.requests_per_adapter: Counter[tuple[str, str]] = Counter()  # (tenant, adapter name)
+        self.metric_labels = MetricLabels(config.metrics_max_adapters)
+        self.requests_per_adapter: Counter[tuple[str, str]] = Counter()  # (tenant, model) labels
+        self.finished_requests: Counter[tuple[str, str, str]] = Counter()  # (tenant, model, finish reason)
 
     # ----------------------------------------------------------------- requests
     def load_adapter(self, adapter: AdapterHandle) -> None:
@@ -266,6 +271,7 @@ class LLMEngine:
             raise
         detokenizer = None if self.tokenizer is None else IncrementalDetokenizer(self.tokenizer, request.prompt_token_ids)
         eager = bool(params.stop)
+        labels = self.metric_labels.of(*request.metrics_labels)
         self._tracked[request_id] = _Tracked(
             request=request,
             token_stops=(TokenStops(params, self.eos_token_ids) if request.grammar is None
@@ -275,21 +281,27 @@ class LLMEngine:
             deferred=None if eager or detokenizer is None else DeferredDetokenizer(detokenizer,
                                                                                   request.output_token_ids),
             arrival_time=time.monotonic() if arrival_time is None else arrival_time,
+            labels=labels,
+            latency=self.latencies.series(labels),
         )
         generator = make_generator(params.seed, self.runner.device)
         if generator is not None:
             self._generators[request_id] = generator
         self.prompt_tokens_total += len(prompt_token_ids)
-        labels = request.metrics_labels
-        if labels not in self.requests_per_adapter and len(self.requests_per_adapter) >= MAX_ADAPTER_SERIES:
-            labels = OVERFLOW_LABELS
         self.requests_per_adapter[labels] += 1
 
     def abort_request(self, request_id: str) -> None:
         """Stop a request wherever it is and free its KV blocks and adapter slot reference."""
-        if self._tracked.pop(request_id, None) is not None:
+        tracked = self._drop(request_id)
+        if tracked is not None:
+            self.finished_requests[(*tracked.labels, "abort")] += 1
+
+    def _drop(self, request_id: str) -> _Tracked | None:
+        tracked = self._tracked.pop(request_id, None)
+        if tracked is not None:
             self._generators.pop(request_id, None)
             self._release_adapter(self.scheduler.abort_request(request_id))
+        return tracked
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
@@ -333,18 +345,17 @@ class LLMEngine:
         """
         outputs = []
         tracked_of = self._tracked
-        latencies = self.latencies
         now = time.monotonic()
-        gaps = []
+        gaps: dict[LatencyHistogram, list[float]] = {}  # each label pair's gaps, observed under one lock
         for row, (request, token) in enumerate(zip(requests, token_ids)):
             if row in failed_rows:
                 outputs.append(self._fail(request))
                 continue
             tracked = tracked_of[request.request_id]
             if tracked.last_token_time is None:
-                latencies.time_to_first_token.observe(now - tracked.arrival_time)
+                tracked.latency.time_to_first_token.observe(now - tracked.arrival_time)
             else:
-                gaps.append(now - tracked.last_token_time)
+                gaps.setdefault(tracked.latency.inter_token_latency, []).append(now - tracked.last_token_time)
             tracked.last_token_time = now
             num_output_tokens = len(request.output_token_ids)
             finish_reason = tracked.token_stops.check(token, num_output_tokens)
@@ -353,7 +364,8 @@ class LLMEngine:
             else:
                 text = None if tracked.deferred is not None else ""  # "": no tokenizer, token ids only
             if finish_reason is not None:
-                latencies.e2e_request_latency.observe(now - tracked.arrival_time)
+                tracked.latency.e2e_request_latency.observe(now - tracked.arrival_time)
+                self.finished_requests[(*tracked.labels, finish_reason)] += 1
                 self._finish(request, finish_reason)
             outputs.append(RequestOutput(
                 request.request_id,
@@ -367,7 +379,8 @@ class LLMEngine:
                 text,
                 tracked.deferred,
             ))
-        latencies.inter_token_latency.observe_all(gaps)
+        for histogram, values in gaps.items():
+            histogram.observe_all(values)
         return outputs
 
     @staticmethod
@@ -389,9 +402,10 @@ class LLMEngine:
         message = (f"generation failed: {adapter} produced non-finite values (NaN or infinity) for this request; "
                    "if it is an adapter, check its weights and lora_alpha")
         num_output_tokens = len(request.output_token_ids) - 1  # the token sampled from broken logits is dropped
+        tracked = self._drop(request.request_id)
         # A failed request ended, as far as its client sees: its end-to-end latency counts (aborts' do not).
-        self.latencies.e2e_request_latency.observe(time.monotonic() - self._tracked[request.request_id].arrival_time)
-        self.abort_request(request.request_id)
+        tracked.latency.e2e_request_latency.observe(time.monotonic() - tracked.arrival_time)
+        self.finished_requests[(*tracked.labels, "error")] += 1
         return RequestOutput(request.request_id, [], None, True, "error", len(request.prompt_token_ids),
                              max(num_output_tokens, 0), request.num_cached_tokens, "", None, message)
 
@@ -418,7 +432,7 @@ class LLMEngine:
     # -------------------------------------------------------------------- stats
     def stats(self) -> EngineStats:
         """A reading of the engine's state and counters; any thread may take one (a scrape does)."""
-        cache, slots, latencies = self.adapter_cache, self.slot_table, self.latencies
+        cache, slots, latencies = self.adapter_cache, self.slot_table, self.latencies.snapshot()
         # One reading of each queue: the LoRA info lists and the per-adapter counts agree.
         running, waiting = self.scheduler.running_adapter_counts(), self.scheduler.waiting_adapter_counts()
         tenants = self.scheduler.tenant_loads()
@@ -436,6 +450,7 @@ class LLMEngine:
             running_per_adapter=running,
             waiting_per_adapter=waiting,
             requests_per_adapter_total=dict(self.requests_per_adapter),
+            finished_requests_total=dict(self.finished_requests),
             block_size=self.config.block_size,
             running_lora_adapters=_adapter_names(running),
             waiting_lora_adapters=_adapter_names(waiting)[:MAX_LISTED_WAITING_ADAPTERS],
@@ -451,9 +466,9 @@ class LLMEngine:
             running_per_tenant={name: load.running for name, load in tenants.items()},
             served_tokens_per_tenant={name: load.served_tokens for name, load in tenants.items()},
             share_counter_per_tenant={name: load.share_counter for name, load in tenants.items()},
-            time_to_first_token=latencies.time_to_first_token.snapshot(),
-            inter_token_latency=latencies.inter_token_latency.snapshot(),
-            e2e_request_latency=latencies.e2e_request_latency.snapshot(),
+            time_to_first_token=latencies.time_to_first_token,
+            inter_token_latency=latencies.inter_token_latency,
+            e2e_request_latency=latencies.e2e_request_latency,
         )
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from loraloom.engine.request_latency import HistogramSnapshot
+from loraloom.engine.request_latency import LabelledHistograms
 
 
 @dataclass
@@ -57,13 +57,6 @@ class RequestFailedError(RuntimeError):
     request's stream; LLMEngine.step reports it as an output with finish_reason "error")."""
 
 
-# The running and waiting counts name only requests in flight, so they stay bounded by the queue;
-# the requests counter remembers every (tenant, adapter) pair it ever saw, so it is capped: one
-# Prometheus series per pair, and a scrape of thousands of tenants' versions would swamp it.
-MAX_ADAPTER_SERIES = 1000
-OVERFLOW_LABELS = ("other", "other")  # where pairs past the cap are counted
-
-
 # The LoRA info metric's waiting list names at most this many adapters, the oldest requests' first (those
 # load next): a queue of thousands of distinct adapters would otherwise make one huge label value.
 MAX_LISTED_WAITING_ADAPTERS = 64
@@ -81,10 +74,12 @@ class EngineStats:
     prompt_tokens_total: int
     generation_tokens_total: int
     preemptions_total: int
-    # (tenant, adapter name) -> requests; "base" names no adapter (Request.metrics_labels).
+    # (tenant, adapter name) -> requests; "base" names no adapter (Request.metrics_labels). The running
+    # and waiting counts name only requests in flight, so the queue bounds them.
     running_per_adapter: dict[tuple[str, str], int]
     waiting_per_adapter: dict[tuple[str, str], int]
-    # Bounded: past MAX_ADAPTER_SERIES pairs, new ones count under OVERFLOW_LABELS.
+    # (tenant, model) -> requests received since start; the pairs past the operator's adapter cap
+    # count under model "other" (engine/metric_labels.py), as every labelled total below.
     requests_per_adapter_total: dict[tuple[str, str], int]
     block_size: int = 0  # tokens per KV block
     # The adapters (AdapterHandle.name, as requests name them; the base model left out) of the running
@@ -108,10 +103,12 @@ class EngineStats:
     running_per_tenant: dict[str, int] = field(default_factory=dict)
     served_tokens_per_tenant: dict[str, int] = field(default_factory=dict)
     share_counter_per_tenant: dict[str, float] = field(default_factory=dict)
-    # Per-request latencies since start (engine/request_latency.py); None from an engine that keeps none.
-    time_to_first_token: HistogramSnapshot | None = None
-    inter_token_latency: HistogramSnapshot | None = None
-    e2e_request_latency: HistogramSnapshot | None = None
+    # (tenant, model, finish reason: stop, length, abort or error) -> requests that ended so.
+    finished_requests_total: dict[tuple[str, str, str], int] = field(default_factory=dict)
+    # Per-request latencies since start, per (tenant, model) (engine/request_latency.py).
+    time_to_first_token: LabelledHistograms = field(default_factory=dict)
+    inter_token_latency: LabelledHistograms = field(default_factory=dict)
+    e2e_request_latency: LabelledHistograms = field(default_factory=dict)
 
     @property
     def kv_cache_usage(self) -> float:

@@ -8,8 +8,9 @@ family. The buckets are vLLM's, so dashboards and SLO rules written for vLLM's
 `time_to_first_token_seconds`, `inter_token_latency_seconds` and `e2e_request_latency_seconds`
 read ours unchanged.
 
-Written by the step thread, read by whoever scrapes: a lock keeps a snapshot's count, sum and
-buckets consistent with each other.
+Each request is observed under its (tenant, model) labels (engine/metric_labels.py, which bounds
+their number), so an operator reads one adapter's p95 or one tenant's. Written by the step thread,
+read by whoever scrapes: a lock keeps a snapshot's count, sum and buckets consistent with each other.
 """
 from __future__ import annotations
 
@@ -87,10 +88,51 @@ class LatencyHistogram:
         return HistogramSnapshot(buckets=tuple(cumulative), sum=total, count=running)
 
 
-class RequestLatencies:
-    """The engine's three latency histograms; each request feeds them as its tokens come and when it ends."""
+class LatencySeries:
+    """One label pair's three histograms."""
 
     def __init__(self) -> None:
         self.time_to_first_token = LatencyHistogram(TIME_TO_FIRST_TOKEN_BUCKETS)
         self.inter_token_latency = LatencyHistogram(INTER_TOKEN_LATENCY_BUCKETS)
         self.e2e_request_latency = LatencyHistogram(E2E_REQUEST_LATENCY_BUCKETS)
+
+
+# (tenant, model) -> a histogram of that pair (engine/metric_labels.py bounds the pairs).
+LabelledHistograms = dict[tuple[str, str], HistogramSnapshot]
+
+
+@dataclass(frozen=True)
+class LatencySnapshots:
+    time_to_first_token: LabelledHistograms
+    inter_token_latency: LabelledHistograms
+    e2e_request_latency: LabelledHistograms
+
+
+class RequestLatencies:
+    """The engine's latency histograms, one set per (tenant, model) label pair; each request feeds its
+    pair's as its tokens come and when it ends. A request looks its series up once, at admission."""
+
+    def __init__(self) -> None:
+        self._series: dict[tuple[str, str], LatencySeries] = {}
+        self._lock = threading.Lock()  # a scrape lists the pairs while the step thread adds one
+
+    def series(self, labels: tuple[str, str]) -> LatencySeries:
+        with self._lock:
+            found = self._series.get(labels)
+            if found is None:
+                found = self._series[labels] = LatencySeries()
+            return found
+
+    def snapshot(self) -> LatencySnapshots:
+        with self._lock:
+            pairs = list(self._series.items())
+        return LatencySnapshots(
+            time_to_first_token={labels: series.time_to_first_token.snapshot() for labels, series in pairs},
+            inter_token_latency={labels: series.inter_token_latency.snapshot() for labels, series in pairs},
+            e2e_request_latency={labels: series.e2e_request_latency.snapshot() for labels, series in pairs},
+        )
+
+
+def total_histogram(histograms: LabelledHistograms) -> HistogramSnapshot | None:
+    """Every label pair's observations as one histogram (None from none)."""
+    return merge_histograms(list(histograms.values()))

@@ -8,9 +8,12 @@ shows them (this one as keys).
 """
 from __future__ import annotations
 
+import atexit
 import json
 import logging
+import os
 import sys
+import threading
 from datetime import datetime, timezone
 
 # The attributes every LogRecord has; anything else on a record came from `extra`. uvicorn passes
@@ -39,7 +42,37 @@ class JsonLogFormatter(logging.Formatter):
 
 
 def configure_logging(level: int | str) -> None:
-    """Send every logger's lines (uvicorn's and Celery's included) to stderr as JSON."""
+    """Send every logger's lines (uvicorn's and Celery's included) to stderr as JSON, Python's
+    warnings among them (a library's DeprecationWarning, Celery's SecurityWarning), which the
+    warnings module would otherwise print as plain text."""
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonLogFormatter())
     logging.basicConfig(level=level, handlers=[handler], force=True)
+    logging.captureWarnings(True)
+
+
+def stdout_as_log_lines(logger_name: str) -> None:
+    """Make whatever is written to this process's standard output (file descriptor 1) a JSON log line
+    of `logger_name`, one per non-empty line, from now on. For libraries that write there directly,
+    past sys.stdout: Celery's worker announces its shutdown with os.write to the original stdout.
+    The children the process forks inherit the redirection, and their writes arrive here too."""
+    read_end, write_end = os.pipe()
+    os.dup2(write_end, 1)
+    os.close(write_end)
+    logger = logging.getLogger(logger_name)
+
+    def forward() -> None:
+        with os.fdopen(read_end, encoding="utf-8", errors="replace") as lines:
+            for line in lines:
+                if line.strip():
+                    logger.info(line.rstrip("\n"))
+
+    thread = threading.Thread(target=forward, name="stdout-to-log", daemon=True)
+    thread.start()
+
+    def drain() -> None:  # at exit: the last lines written (a shutdown message) still reach the log
+        sys.stdout.flush()
+        os.close(1)
+        thread.join(timeout=2)
+
+    atexit.register(drain)

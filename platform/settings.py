@@ -89,6 +89,10 @@ class Settings(BaseSettings):
     # A full server: with more than this many requests waiting in the engine, inference answers 503
     # with a Retry-After. None = OVERLOAD_WAITING_PER_SEQ x the engine's max_num_seqs (serve's).
     max_waiting_requests: int | None = Field(default=None, ge=0)
+    # Adapters whose requests get metric labels of their own; later ones count as model "other"
+    # (engine/metric_labels.py). None = the engine's default (EngineConfig.metrics_max_adapters).
+    # `serve --metrics-max-adapters` overrides it.
+    metrics_max_adapters: int | None = Field(default=None, ge=0)
 
     @model_validator(mode="after")
     def fill_data_dir_defaults(self) -> "Settings":

@@ -23,6 +23,7 @@ from loraloom.platform.api.middleware import AuditMiddleware, BodySizeLimit
 from loraloom.platform.api.overload import OverloadGuard, default_max_waiting
 from loraloom.platform.api.rate_limits import RateLimitHeaders, RateLimits
 from loraloom.platform.api.request_log import RequestLogMiddleware
+from loraloom.platform.api.response_metrics import ResponseMetrics
 from loraloom.platform.api.routes import (
     adapter_downloads,
     adapters,
@@ -51,7 +52,9 @@ from loraloom.platform.metering.audit import write_audit_entries
 from loraloom.platform.metering.batch_writer import BatchWriter, DroppedRecordsCollector
 from loraloom.platform.metering.change_metrics import ChangeListenerCollector
 from loraloom.platform.metering.engine_metrics import engine_metrics_registry
+from loraloom.platform.metering.http_metrics import HttpResponseCounts
 from loraloom.platform.metering.throttle_metrics import ThrottledRequests
+from loraloom.platform.metering.training_metrics import TrainingCollector
 from loraloom.platform.metering.usage import write_usage_records
 from loraloom.platform.registry.lookup import AdapterLookup, RegistryAdapterLookup
 from loraloom.platform.settings import Settings
@@ -180,13 +183,16 @@ def create_app(
     app.state.key_watch = KeyWatch(session_factory)
     # Sends training jobs to the workers (`loraloom worker`, or the one `loraloom serve` starts).
     app.state.training_app = create_celery_app(settings)
-    app.state.metrics_registry = engine_metrics_registry(engine.stats)
+    # An engine client over several replicas (platform/ray_serve) reads each one's stats too: their
+    # series carry a `replica` label (metering/engine_metrics.py).
+    app.state.metrics_registry = engine_metrics_registry(engine.stats, getattr(engine, "stats_by_replica", None))
     app.state.metrics_registry.register(DroppedRecordsCollector(
         lambda: [getattr(app.state, name) for name in ("usage_writer", "audit_writer", "key_use_writer")
                  if hasattr(app.state, name)]  # made at start-up
     ))
     if isinstance(changes, PostgresChangeListener):
         app.state.metrics_registry.register(ChangeListenerCollector(changes))
+    app.state.metrics_registry.register(TrainingCollector(session_factory))
     app.state.rate_limits = rate_limits(settings, session_factory)
     app.state.metrics_registry.register(app.state.rate_limits.throttled)
     app.state.created = int(time.time())
@@ -198,6 +204,10 @@ def create_app(
     app.add_middleware(RateLimitHeaders)
     # CSP, no framing, nosniff, no referrer on every response, the refusals above included.
     app.add_middleware(SecurityHeaders)
+    # Counts what the client finally got, the refusals of the middlewares above included.
+    response_counts = HttpResponseCounts()
+    app.state.metrics_registry.register(response_counts)
+    app.add_middleware(ResponseMetrics, counts=response_counts)
     # Outermost: every request gets its id first (the audit log records it) and is logged last.
     app.add_middleware(RequestLogMiddleware)
     authenticated = APIRouter(

@@ -41,7 +41,7 @@ def bearer_token(authorization: str | None) -> str:
     if authorization is None or not authorization.strip():
         raise unauthorized(
             "Missing API key: send it as `Authorization: Bearer <key>` (loraloom keys create, or the "
-            "admin key `loraloom serve` printed on first start)",
+            "admin key `loraloom serve` wrote to <data dir>/bootstrap-admin-key on first start)",
             code="missing_api_key",
         )
     scheme, _, token = authorization.strip().partition(" ")

@@ -3,11 +3,18 @@
 The request id is the client's `X-Request-ID` when it sends a usable one (so its own logs and
 ours share an id), else a new one; either way the response carries it back in `X-Request-ID`,
 the audit log records it, and the log line names it. The line (logger `loraloom.request`) holds:
-request_id, method, path, status, duration_ms, tenant and api_key_id (once authenticated), and
-for chat and text completions the adapter reference as the request wrote it, completion_id,
-outcome (ok, error or aborted: how the generation ended, which a stream's 200 does not say),
-prompt_tokens, completion_tokens and time_to_first_token_ms. A streamed response is logged once,
-after its last event, so its duration and token counts are the whole stream's.
+request_id, method, path, route (its template), status, duration_ms, and once authenticated
+tenant (its name, as the API and the metrics show it), tenant_id and api_key_id; for chat and text
+completions also the adapter reference as the request wrote it (`adapter`: `support-bot:prod`) and
+the adapter that served it (`adapter_resolved`: `support-bot@3`, a checkpoint id or a server-local
+adapter's name; absent for the base model), completion_id, outcome (ok, error or aborted: how the
+generation ended, which a stream's 200 does not say), prompt_tokens, completion_tokens and
+time_to_first_token_ms. A streamed response is logged once, after its last event, so its duration
+and token counts are the whole stream's.
+
+Polling is logged at DEBUG, not INFO: POLLING_ROUTES, the GETs that scrapers, `loraloom jobs follow`
+and the console's live pages repeat every few seconds (health, metrics, a job, its events and
+checkpoints, the jobs list, the engine status). At INFO they made most of the lines.
 
 Pure ASGI (api/asgi.py), like the other middlewares, so streaming is not buffered.
 """
@@ -24,6 +31,7 @@ from starlette.types import Message, Receive, Scope, Send
 
 from loraloom.platform.accounts.keys import Caller
 from loraloom.platform.api.asgi import HttpMiddleware
+from loraloom.platform.api.response_metrics import route_template
 from loraloom.platform.metering.usage import UsageMeter
 
 logger = logging.getLogger("loraloom.request")
@@ -32,8 +40,11 @@ REQUEST_ID_HEADER = "x-request-id"
 # An id we echo lands in logs, headers and a 64-character column (usage and audit rows): only
 # short ids of safe characters are honoured; anything else is replaced, never trusted.
 USABLE_REQUEST_ID = re.compile(r"[A-Za-z0-9._:/+=@-]{1,64}")
-# Scraped every few seconds: their lines would drown the others at INFO.
-QUIET_PATHS = frozenset({"/health", "/metrics"})
+# Repeated every few seconds by scrapers, `jobs follow` and the console's refreshes: logged at DEBUG.
+POLLING_ROUTES = frozenset({
+    "/health", "/metrics", "/v1/engine/status", "/v1/fine_tuning/jobs", "/v1/fine_tuning/jobs/{job_id}",
+    "/v1/fine_tuning/jobs/{job_id}/events", "/v1/fine_tuning/jobs/{job_id}/checkpoints",
+})
 
 
 def _incoming_request_id(scope: Scope) -> str | None:
@@ -62,7 +73,8 @@ class RequestLogMiddleware(HttpMiddleware):
             await self.app(scope, receive, send_with_request_id)
         finally:
             fields = request_fields(scope, status, (time.monotonic() - started) * 1000)
-            level = logging.DEBUG if scope["path"] in QUIET_PATHS else logging.INFO
+            polling = scope["method"] in ("GET", "HEAD") and fields["route"] in POLLING_ROUTES
+            level = logging.DEBUG if polling else logging.INFO
             logger.log(level, "%s %s %d", scope["method"], scope["path"], status, extra=fields)
 
 
@@ -73,9 +85,11 @@ def request_fields(scope: Scope, status: int, duration_ms: float) -> dict[str, A
         "request_id": state["request_id"],
         "method": scope["method"],
         "path": scope["path"],
+        "route": route_template(scope),
         "status": status,
         "duration_ms": round(duration_ms, 3),
-        "tenant": None if caller is None else str(caller.tenant_id),
+        "tenant": None if caller is None else caller.tenant_name,
+        "tenant_id": None if caller is None else str(caller.tenant_id),
         "api_key_id": None if caller is None else str(caller.api_key_id),
     }
     meter: UsageMeter | None = state.get("usage_meter")  # put there by the completions' meter dependency

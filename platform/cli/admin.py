@@ -5,8 +5,10 @@ bootstrap admin key)."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
+from pathlib import Path
 from typing import TextIO
 
 from alembic.script import ScriptDirectory
@@ -99,32 +101,46 @@ def admin_create_key(settings: Settings, *, tenant: str, role: ApiKeyRole, name:
     return plaintext
 
 
-def bootstrap_banner(key: str) -> str:
-    rule = "=" * 72
-    return (
-        f"\n{rule}\n"
-        f"  First start: created tenant {DEFAULT_TENANT!r} and its admin API key:\n\n"
-        f"      {key}\n\n"
-        "  It is shown this once and stored only as a hash. Keep it safe, e.g.\n"
-        "      export LORALOOM_API_KEY=<the key above>\n"
-        "  Lost it? `loraloom admin create-key --tenant default --role admin` makes another.\n"
-        f"{rule}\n"
-    )
+BOOTSTRAP_KEY_FILE = "bootstrap-admin-key"  # under the data directory
 
 
-def prepare_database(settings: Settings, banner_stream: TextIO) -> None:
-    """What `loraloom serve` does first: migrate, then on a database that never had an admin
-    key, create one and print it once to `banner_stream` (stderr; stdout may be a log file)."""
+def bootstrap_key_file(settings: Settings) -> Path:
+    return settings.data_dir / BOOTSTRAP_KEY_FILE
+
+
+def bootstrap_notice(key_file: Path) -> str:
+    """What a first start tells the operator: where the key is, never the key (stderr is what log
+    shippers collect)."""
+    return (f"First start: created tenant {DEFAULT_TENANT!r} and its admin API key, written to {key_file} "
+            f"(mode 0600; stored in the database only as a hash). Use it: export LORALOOM_API_KEY=$(cat {key_file}); "
+            "then move it somewhere safe and delete the file. Lost it? "
+            f"`loraloom admin create-key --tenant {DEFAULT_TENANT} --role admin` makes another.")
+
+
+def write_secret_file(path: Path, secret: str) -> None:
+    """`secret` alone in `path`, readable by this user only (0600 from its creation: never a moment
+    with wider permissions); an older file there is replaced."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(descriptor, "w") as file:
+        os.fchmod(file.fileno(), 0o600)  # an existing file keeps its mode through os.open: set it
+        file.write(secret + "\n")
+
+
+def prepare_database(settings: Settings) -> Path | None:
+    """What `loraloom serve` does first: migrate, then on a database that never had an admin key,
+    create one and write it to bootstrap_key_file; returns that file, or None when no key was made.
+    The caller announces the file (bootstrap_notice)."""
     upgrade_database(settings.database_url)
     engine = create_db_engine(settings.database_url)
     try:
         with create_session_factory(engine).begin() as session:
             key = create_bootstrap_admin_key(session)
+            if key is not None:  # written inside the transaction: a key whose file failed is not kept
+                write_secret_file(bootstrap_key_file(settings), key)
     finally:
         engine.dispose()
-    if key is not None:
-        banner_stream.write(bootstrap_banner(key))
-        banner_stream.flush()
+    return None if key is None else bootstrap_key_file(settings)
 
 
 def run_admin_command(args: argparse.Namespace, settings: Settings) -> None:

@@ -36,7 +36,7 @@ def client_from_environment() -> httpx.Client:
     if not api_key:
         raise CommandError(
             f"{API_KEY_VARIABLE} is not set; export the API key (e.g. the admin key `loraloom serve` "
-            "printed on first start, or one from `loraloom admin create-key`)"
+            "wrote to <data dir>/bootstrap-admin-key on first start, or one from `loraloom admin create-key`)"
         )
     base_url = os.environ.get(BASE_URL_VARIABLE, DEFAULT_BASE_URL).rstrip("/")
     return httpx.Client(base_url=base_url, headers={"Authorization": f"Bearer {api_key}"}, timeout=TIMEOUT)

@@ -3,7 +3,7 @@
 
 It reads the settings as `serve` does (the caller's LORALOOM_* environment, under any the file's
 applications set in their runtime_env), refuses a database or blob store the processes of a cluster
-cannot share, prepares the database (migrations, the bootstrap admin key), and writes the settings into
+cannot share, prepares the database (migrations, the bootstrap admin key written to its file), and writes the settings into
 every application's runtime_env, so the gateways and replicas use what the caller named even on a
 cluster whose processes never saw the caller's environment. Then it runs (platform/ray_serve/serve_runner.py)
 or deploys the file, which otherwise means exactly what Ray Serve's documentation says it means."""
@@ -116,7 +116,7 @@ def run_ray_command(args: argparse.Namespace) -> None:
 
     if args.ray_command == "deploy":
         send_ray_token_if_saved(os.environ)
-    from loraloom.platform.cli.admin import prepare_database, shown_url
+    from loraloom.platform.cli.admin import bootstrap_notice, prepare_database, shown_url
     from loraloom.platform.cli.options import load_settings
     from loraloom.platform.ray_serve.serve_runner import (
         DeployFailedError,
@@ -141,9 +141,11 @@ def run_ray_command(args: argparse.Namespace) -> None:
     if note:
         print(note, file=sys.stderr)
     try:
-        prepare_database(settings, sys.stderr)
+        key_file = prepare_database(settings)
     except SQLAlchemyError as error:
         sys.exit(f"loraloom ray: database {shown_url(settings.database_url)}: {error}")
+    if key_file is not None:
+        print(bootstrap_notice(key_file), file=sys.stderr)
     config = with_settings_env(config, shared_settings_env(dict(os.environ), settings))
     if args.ray_command == "deploy":
         deploy_to_cluster(config, args.address)

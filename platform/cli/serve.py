@@ -18,6 +18,8 @@ from loraloom.platform.log_format import configure_logging
 if TYPE_CHECKING:
     from fastapi import FastAPI
 
+    from loraloom.platform.settings import Settings
+
     from loraloom.platform.api.metrics_server import MetricsServer
 
 DEFAULT_HOST = "127.0.0.1"
@@ -75,6 +77,12 @@ def add_serve_command(commands: argparse._SubParsersAction) -> None:
                        help="how waiting requests are admitted: fair shares the engine across tenants by tokens "
                        "(each tenant's counter charged per token / its weight; the smallest counter goes first, and "
                        "a tenant under its share may preempt one over it); fcfs admits oldest first whoever asks")
+    serve.add_argument(
+        "--metrics-max-adapters", type=int, default=None, metavar="N",
+        help="adapters whose requests get their own `model` label in the latency histograms and request "
+        f"counters; later ones count as model=\"other\" (default: LORALOOM_METRICS_MAX_ADAPTERS, else "
+        f"{defaults.metrics_max_adapters})",
+    )
     serve.add_argument("--enforce-eager", action="store_true",
                        help="run every step eagerly instead of replaying decode steps from CUDA graphs")
     serve.add_argument(
@@ -148,7 +156,14 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         fp8_activation_terms=args.fp8_activation_terms,
         kv_cache_dtype=args.kv_cache_dtype,
         lora_dtype=args.lora_dtype,
+        **({} if args.metrics_max_adapters is None else {"metrics_max_adapters": args.metrics_max_adapters}),
     )
+
+
+def use_settings_defaults(args: argparse.Namespace, settings: Settings) -> None:
+    """The flags left out take their LORALOOM_* setting, where one exists."""
+    if args.metrics_max_adapters is None:
+        args.metrics_max_adapters = settings.metrics_max_adapters
 
 
 def default_device() -> str:
@@ -165,7 +180,7 @@ def serve(args: argparse.Namespace) -> None:
     from loraloom.engine import AsyncEngine, import_bundled
     from loraloom.platform.api.app import create_app
     from loraloom.platform.api.overload import default_max_waiting
-    from loraloom.platform.cli.admin import prepare_database, shown_url
+    from loraloom.platform.cli.admin import bootstrap_notice, prepare_database, shown_url
     from loraloom.platform.registry.fetch import adapter_fetcher_from_settings
     from loraloom.platform.registry.local import LocalAdapterLookup
     from loraloom.platform.registry.lookup import registry_lookup_from_settings
@@ -179,10 +194,16 @@ def serve(args: argparse.Namespace) -> None:
     configure_logging(logging.INFO)
     settings = load_settings(args.broker_url)
     try:
-        prepare_database(settings, sys.stderr)
+        key_file = prepare_database(settings)
     except SQLAlchemyError as error:
         sys.exit(f"loraloom serve: database {shown_url(settings.database_url)}: {error}")
+    except OSError as error:  # the key's file: the data directory is not writable
+        sys.exit(f"loraloom serve: writing the bootstrap admin key: {error}; set LORALOOM_DATA_DIR to a writable "
+                 "folder")
+    if key_file is not None:
+        logging.getLogger(__name__).warning(bootstrap_notice(key_file), extra={"bootstrap_key_file": str(key_file)})
     model_dir = args.model if args.model is not None else import_bundled()
+    use_settings_defaults(args, settings)
     try:
         store = storage_from_settings(settings)
         engine = AsyncEngine.create(model_dir, engine_config(args), adapter_fetcher_from_settings(settings, store))

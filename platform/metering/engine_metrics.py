@@ -29,9 +29,19 @@ fair share is not holding; a tenant's counter far below the others' with request
 Per-adapter metrics carry two labels: `tenant` (the name of the tenant whose requests they count,
 as the API shows it) and `adapter` (the name the request resolved to: `name@N` for a registry
 version, a checkpoint id, a server-local adapter's name, or `base`), so two tenants' adapters of
-the same name move different series. Cardinality: the running and waiting gauges list only pairs
-with requests in flight; the requests counter keeps at most MAX_ADAPTER_SERIES pairs and counts
-any further ones under tenant="other", adapter="other" (engine/outputs.py).
+the same name move different series. The running and waiting gauges list only pairs with requests in
+flight; the requests counter is bounded as the histograms below are.
+
+The latency histograms (time to first token, inter-token, end to end) and the finished-requests
+counter (`loraloom_requests_finished_total`, by `finished_reason`: stop, length, abort, error) carry
+`tenant` and `model` (base, or the adapter as above), so an operator reads one adapter's p95. Their
+number is bounded by the engine (engine/metric_labels.py): past `serve --metrics-max-adapters`
+adapters, further ones count under their tenant as model="other". The requests counter uses the
+same labels under the same cap.
+
+Under Ray Serve (several engine replicas behind one gateway) the router-protocol gauges above stay
+one series, the replicas summed, since a router schedules this gateway's endpoint as one server;
+every other family has a `replica` label (Ray Serve's replica id), one series per live replica.
 """
 from __future__ import annotations
 
@@ -44,8 +54,11 @@ from prometheus_client.registry import Collector
 from prometheus_client.utils import floatToGoString
 
 from loraloom.engine import EngineStats
+from loraloom.platform.metering.replica_stats import sum_stats
 
 ADAPTER_LABELS = ["tenant", "adapter"]  # the order of EngineStats' per-adapter keys
+LATENCY_LABELS = ["tenant", "model"]  # the order of the latency histograms' and finished requests' keys
+REQUESTS_FINISHED = "loraloom_requests_finished"
 
 REQUESTS_WAITING = "loraloom_requests_waiting"
 REQUESTS_RUNNING = "loraloom_requests_running"
@@ -65,61 +78,126 @@ EPP_METRIC_FLAGS = {
 }
 
 
+ReadReplicas = Callable[[], dict[str, EngineStats]]
+
+
 class EngineStatsCollector(Collector):
-    def __init__(self, read_stats: Callable[[], EngineStats]) -> None:
+    """`read_stats`: the engine's stats. `read_replicas`, for an engine client over several replicas
+    (platform/ray_serve): each replica's stats by its id; the router-protocol gauges then report the
+    replicas summed (what a router scheduling this gateway's endpoint reads), and every other family
+    one series per replica, under a `replica` label, so one replica's latency or load is not averaged
+    away into the others'."""
+
+    def __init__(self, read_stats: Callable[[], EngineStats], read_replicas: ReadReplicas | None = None) -> None:
         self.read_stats = read_stats
+        self.read_replicas = read_replicas
 
     def collect(self) -> Iterator[Metric]:
-        stats = self.read_stats()
-        yield GaugeMetricFamily(REQUESTS_RUNNING, "Requests being generated now.", value=stats.num_running)
-        yield GaugeMetricFamily(REQUESTS_WAITING, "Requests queued for admission.", value=stats.num_waiting)
-        yield GaugeMetricFamily(
-            KV_CACHE_USAGE, "Fraction of KV cache blocks held by requests (0 to 1).", value=stats.kv_cache_usage
-        )
-        yield _lora_info(stats)
-        cache_config = GaugeMetricFamily(CACHE_CONFIG_INFO, "The KV cache's configuration (value 1).",
-                                         labels=["block_size", "num_gpu_blocks"])
-        cache_config.add_metric([str(stats.block_size), str(stats.kv_blocks_total)], 1)
-        yield cache_config
-        yield CounterMetricFamily(
-            "loraloom_preemptions", "Requests preempted (their KV freed, recomputed later).", value=stats.preemptions_total
-        )
-        yield from _latency_histograms(stats)
-        yield from _residency(stats)
-        yield GaugeMetricFamily(
-            "loraloom_kv_blocks_used", "KV cache blocks referenced by requests.", value=stats.kv_blocks_used
-        )
-        yield GaugeMetricFamily(
-            "loraloom_kv_blocks_cached", "Unreferenced KV blocks kept for prefix reuse.", value=stats.kv_blocks_cached
-        )
-        yield GaugeMetricFamily("loraloom_kv_blocks_total", "KV cache blocks in the pool.", value=stats.kv_blocks_total)
-        yield GaugeMetricFamily(
-            "loraloom_adapter_slots_used", "GPU adapter slots holding an adapter.", value=stats.adapter_slots_used
-        )
-        yield GaugeMetricFamily(
-            "loraloom_adapter_slots_total", "GPU adapter slots (max_loras).", value=stats.adapter_slots_total
-        )
-        yield CounterMetricFamily(
-            "loraloom_prompt_tokens", "Prompt tokens of admitted requests.", value=stats.prompt_tokens_total
-        )
-        yield CounterMetricFamily(
-            "loraloom_generation_tokens", "Tokens generated.", value=stats.generation_tokens_total
-        )
-        yield from _per_tenant(stats)
-        yield _per_adapter(
-            GaugeMetricFamily(
-                "loraloom_adapter_requests_running", "Requests being generated, per adapter.", labels=ADAPTER_LABELS
-            ),
-            stats.running_per_adapter,
-        )
-        yield _per_adapter(
-            GaugeMetricFamily("loraloom_adapter_requests_waiting", "Requests queued, per adapter.", labels=ADAPTER_LABELS),
-            stats.waiting_per_adapter,
-        )
-        yield _per_adapter(
-            CounterMetricFamily("loraloom_adapter_requests", "Requests received, per adapter.", labels=ADAPTER_LABELS),
-            stats.requests_per_adapter_total,
-        )
+        if self.read_replicas is None:
+            stats = self.read_stats()
+            readings: list[tuple[list[str], EngineStats]] = [([], stats)]
+            replica_label: list[str] = []
+        else:
+            replicas = self.read_replicas()
+            stats = sum_stats(list(replicas.values()))
+            readings = [([replica], one) for replica, one in sorted(replicas.items())]
+            replica_label = ["replica"]
+        yield from _router_protocol(stats)
+        yield from _per_replica(readings, replica_label)
+
+
+def _router_protocol(stats: EngineStats) -> Iterator[Metric]:
+    yield GaugeMetricFamily(REQUESTS_RUNNING, "Requests being generated now.", value=stats.num_running)
+    yield GaugeMetricFamily(REQUESTS_WAITING, "Requests queued for admission.", value=stats.num_waiting)
+    yield GaugeMetricFamily(
+        KV_CACHE_USAGE, "Fraction of KV cache blocks held by requests (0 to 1).", value=stats.kv_cache_usage
+    )
+    yield _lora_info(stats)
+    cache_config = GaugeMetricFamily(CACHE_CONFIG_INFO, "The KV cache's configuration (value 1).",
+                                     labels=["block_size", "num_gpu_blocks"])
+    cache_config.add_metric([str(stats.block_size), str(stats.kv_blocks_total)], 1)
+    yield cache_config
+
+
+# Engine-wide counts: (family, name, help, the EngineStats field).
+_ENGINE_TOTALS = (
+    (CounterMetricFamily, "loraloom_preemptions", "Requests preempted (their KV freed, recomputed later).",
+     "preemptions_total"),
+    (GaugeMetricFamily, "loraloom_kv_blocks_used", "KV cache blocks referenced by requests.", "kv_blocks_used"),
+    (GaugeMetricFamily, "loraloom_kv_blocks_cached", "Unreferenced KV blocks kept for prefix reuse.", "kv_blocks_cached"),
+    (GaugeMetricFamily, "loraloom_kv_blocks_total", "KV cache blocks in the pool.", "kv_blocks_total"),
+    (GaugeMetricFamily, "loraloom_adapter_slots_used", "GPU adapter slots holding an adapter.", "adapter_slots_used"),
+    (GaugeMetricFamily, "loraloom_adapter_slots_total", "GPU adapter slots (max_loras).", "adapter_slots_total"),
+    (CounterMetricFamily, "loraloom_prompt_tokens", "Prompt tokens of admitted requests.", "prompt_tokens_total"),
+    (CounterMetricFamily, "loraloom_generation_tokens", "Tokens generated.", "generation_tokens_total"),
+    # Where adapters are: the host cache, and the traffic between it and the GPU slots.
+    (GaugeMetricFamily, "loraloom_host_cache_adapters", "Adapters whose weights the host cache holds.",
+     "host_cache_adapters"),
+    (GaugeMetricFamily, "loraloom_host_cache_bytes", "Host memory the cached adapter weights take.", "host_cache_bytes"),
+    (GaugeMetricFamily, "loraloom_host_cache_capacity", "Adapters the host cache keeps (not counting held ones).",
+     "host_cache_capacity"),
+    (CounterMetricFamily, "loraloom_host_cache_hits", "Adapter lookups answered from host memory.",
+     "host_cache_hits_total"),
+    (CounterMetricFamily, "loraloom_host_cache_misses", "Adapter lookups that fetched from storage.",
+     "host_cache_misses_total"),
+    (CounterMetricFamily, "loraloom_host_cache_evictions", "Adapters dropped from host memory for room.",
+     "host_cache_evictions_total"),
+    (CounterMetricFamily, "loraloom_adapter_slot_loads", "Adapters copied into a GPU slot.", "adapter_slot_loads_total"),
+    (CounterMetricFamily, "loraloom_adapter_slot_evictions", "GPU slot loads that replaced another adapter.",
+     "adapter_slot_evictions_total"),
+)
+_PER_TENANT = (
+    (GaugeMetricFamily, "loraloom_tenant_requests_waiting", "Requests queued for admission, per tenant.",
+     "queued_per_tenant"),
+    (GaugeMetricFamily, "loraloom_tenant_requests_running", "Requests being generated, per tenant.", "running_per_tenant"),
+    (CounterMetricFamily, "loraloom_tenant_served_tokens", "Tokens served (prompt + output), per tenant.",
+     "served_tokens_per_tenant"),
+    (GaugeMetricFamily, "loraloom_tenant_share_counter",
+     "Fair-share virtual token counter (served tokens / weight, plus lifts), per tenant.", "share_counter_per_tenant"),
+)
+_PER_ADAPTER = (
+    (GaugeMetricFamily, "loraloom_adapter_requests_running", "Requests being generated, per adapter.",
+     "running_per_adapter"),
+    (GaugeMetricFamily, "loraloom_adapter_requests_waiting", "Requests queued, per adapter.", "waiting_per_adapter"),
+    (CounterMetricFamily, "loraloom_adapter_requests", "Requests received, per adapter.", "requests_per_adapter_total"),
+)
+_LATENCIES = (
+    ("loraloom_time_to_first_token_seconds", "From a request's arrival at the engine to its first token.",
+     "time_to_first_token"),
+    ("loraloom_inter_token_latency_seconds", "Between a request's consecutive tokens.", "inter_token_latency"),
+    ("loraloom_e2e_request_latency_seconds",
+     "From a request's arrival at the engine to its end (stopped, length or failed; aborts not counted).",
+     "e2e_request_latency"),
+)
+
+
+def _per_replica(readings: list[tuple[list[str], EngineStats]], replica_label: list[str]) -> Iterator[Metric]:
+    """Every family but the router protocol's, with one series per reading (`replica_label` [] or ["replica"])."""
+    for family_type, name, help_text, field in _ENGINE_TOTALS:
+        family = family_type(name, help_text, labels=replica_label)
+        for replica, stats in readings:
+            family.add_metric(replica, getattr(stats, field))
+        yield family
+    for name, help_text, field in _LATENCIES:
+        histogram = HistogramMetricFamily(name, help_text, labels=[*replica_label, *LATENCY_LABELS])
+        for replica, stats in readings:
+            for labels, snapshot in sorted(getattr(stats, field).items()):
+                histogram.add_metric([*replica, *labels], [(floatToGoString(bound), count) for bound, count
+                                                           in snapshot.buckets], snapshot.sum)
+        yield histogram
+    finished = CounterMetricFamily(REQUESTS_FINISHED, "Requests that ended, by how: stop, length, abort or error.",
+                                   labels=[*replica_label, *LATENCY_LABELS, "finished_reason"])
+    for replica, stats in readings:
+        for labels, count in sorted(stats.finished_requests_total.items()):
+            finished.add_metric([*replica, *labels], count)
+    yield finished
+    for label_names, table in ((["tenant"], _PER_TENANT), (ADAPTER_LABELS, _PER_ADAPTER)):
+        for family_type, name, help_text, field in table:
+            family = family_type(name, help_text, labels=[*replica_label, *label_names])
+            for replica, stats in readings:
+                for key, value in sorted(getattr(stats, field).items()):  # a tenant's name, or (tenant, adapter)
+                    family.add_metric([*replica, *(key if isinstance(key, tuple) else (key,))], value)
+            yield family
 
 
 def _lora_info(stats: EngineStats) -> GaugeMetricFamily:
@@ -130,71 +208,9 @@ def _lora_info(stats: EngineStats) -> GaugeMetricFamily:
     return family
 
 
-def _latency_histograms(stats: EngineStats) -> Iterator[Metric]:
-    for name, help_text, snapshot in (
-        ("loraloom_time_to_first_token_seconds", "From a request's arrival at the engine to its first token.",
-         stats.time_to_first_token),
-        ("loraloom_inter_token_latency_seconds", "Between a request's consecutive tokens.", stats.inter_token_latency),
-        ("loraloom_e2e_request_latency_seconds",
-         "From a request's arrival at the engine to its end (stopped, length or failed; aborts not counted).",
-         stats.e2e_request_latency),
-    ):
-        if snapshot is not None:
-            yield HistogramMetricFamily(
-                name, help_text, buckets=[(floatToGoString(bound), count) for bound, count in snapshot.buckets],
-                sum_value=snapshot.sum,
-            )
-
-
-def _residency(stats: EngineStats) -> Iterator[Metric]:
-    """Where adapters are: GPU slots (used and total above) and the host cache, and the traffic between."""
-    for family, name, help_text, value in (
-        (GaugeMetricFamily, "loraloom_host_cache_adapters", "Adapters whose weights the host cache holds.",
-         stats.host_cache_adapters),
-        (GaugeMetricFamily, "loraloom_host_cache_bytes", "Host memory the cached adapter weights take.",
-         stats.host_cache_bytes),
-        (GaugeMetricFamily, "loraloom_host_cache_capacity", "Adapters the host cache keeps (not counting held ones).",
-         stats.host_cache_capacity),
-        (CounterMetricFamily, "loraloom_host_cache_hits", "Adapter lookups answered from host memory.",
-         stats.host_cache_hits_total),
-        (CounterMetricFamily, "loraloom_host_cache_misses", "Adapter lookups that fetched from storage.",
-         stats.host_cache_misses_total),
-        (CounterMetricFamily, "loraloom_host_cache_evictions", "Adapters dropped from host memory for room.",
-         stats.host_cache_evictions_total),
-        (CounterMetricFamily, "loraloom_adapter_slot_loads", "Adapters copied into a GPU slot.",
-         stats.adapter_slot_loads_total),
-        (CounterMetricFamily, "loraloom_adapter_slot_evictions", "GPU slot loads that replaced another adapter.",
-         stats.adapter_slot_evictions_total),
-    ):
-        yield family(name, help_text, value=value)
-
-
-def _per_tenant(stats: EngineStats) -> Iterator[Metric]:
-    for family, name, help_text, values in (
-        (GaugeMetricFamily, "loraloom_tenant_requests_waiting", "Requests queued for admission, per tenant.",
-         stats.queued_per_tenant),
-        (GaugeMetricFamily, "loraloom_tenant_requests_running", "Requests being generated, per tenant.",
-         stats.running_per_tenant),
-        (CounterMetricFamily, "loraloom_tenant_served_tokens", "Tokens served (prompt + output), per tenant.",
-         stats.served_tokens_per_tenant),
-        (GaugeMetricFamily, "loraloom_tenant_share_counter",
-         "Fair-share virtual token counter (served tokens / weight, plus lifts), per tenant.",
-         stats.share_counter_per_tenant),
-    ):
-        metric = family(name, help_text, labels=["tenant"])
-        for tenant, value in sorted(values.items()):
-            metric.add_metric([tenant], value)
-        yield metric
-
-
-def _per_adapter(family: GaugeMetricFamily | CounterMetricFamily, counts: dict[tuple[str, str], int]) -> Metric:
-    for labels, count in sorted(counts.items()):
-        family.add_metric(list(labels), count)
-    return family
-
-
-def engine_metrics_registry(read_stats: Callable[[], EngineStats]) -> CollectorRegistry:
+def engine_metrics_registry(read_stats: Callable[[], EngineStats],
+                            read_replicas: ReadReplicas | None = None) -> CollectorRegistry:
     """A registry of its own (not the process-global default), so several apps in one process don't collide."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(EngineStatsCollector(read_stats))
+    registry.register(EngineStatsCollector(read_stats, read_replicas))
     return registry

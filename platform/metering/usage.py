@@ -103,7 +103,10 @@ class UsageMeter:
 
     def log_fields(self) -> dict[str, Any]:
         """What the request's log line (api/request_log.py) says of the generation, however far it got."""
-        return {"adapter": self.adapter_reference or None, "completion_id": self.request_id or None,
+        return {"adapter": self.adapter_reference or None,
+                # What served it: `name@N` for a registry version (the reference may be `name:prod`).
+                "adapter_resolved": None if self.adapter is None else self.adapter.handle.name,
+                "completion_id": self.request_id or None,
                 # A stream's HTTP status is 200 from its first byte: this says how the generation ended.
                 "outcome": None if self.status is None else self.status.value,
                 **self.token_counts()}

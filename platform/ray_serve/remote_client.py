@@ -26,8 +26,8 @@ from loraloom.engine import (
     SamplingParams,
     TenantTag,
     Tokenizer,
-    merge_histograms,
 )
+from loraloom.platform.metering.replica_stats import sum_stats
 from loraloom.platform.ray_serve.replica_board import replica_board
 from loraloom.platform.ray_serve.wire import RemoteGrammar, RemoteRequest, ReplicaStatus, multiplexed_model_id
 
@@ -112,6 +112,10 @@ class RayEngineClient:
     def stats(self) -> EngineStats:
         return sum_stats([status.stats for status in self.replica_statuses()])
 
+    def stats_by_replica(self) -> dict[str, EngineStats]:
+        """Each live replica's stats by its Ray Serve id: the metrics label its own series with it."""
+        return {status.replica: status.stats for status in self.replica_statuses()}
+
     def adapter_residency(self) -> AdapterResidency:
         """Every replica's adapters; a slot index is only meaningful within its replica, and a key held
         by several replicas shows one of their slots."""
@@ -120,32 +124,6 @@ class RayEngineClient:
             slots={key: slot for residency in residencies for key, slot in residency.slots.items()},
             host_cache_keys=frozenset().union(*(residency.host_cache_keys for residency in residencies)),
         )
-
-
-def sum_stats(stats: list[EngineStats]) -> EngineStats:
-    """The replicas' stats as one engine's: counts and totals added (per-adapter counts per pair,
-    histograms bucket by bucket), adapter lists joined, the block size as the replicas share it."""
-    merged = {}
-    for field in dataclasses.fields(EngineStats):
-        values = [getattr(one, field.name) for one in stats]
-        merged[field.name] = _merge_field(field.name, str(field.type), values)
-    return EngineStats(**merged)
-
-
-def _merge_field(name: str, annotation: str, values: list):
-    if name == "block_size":  # a configuration, the same on every replica of one deployment
-        return max(values, default=0)
-    if annotation.startswith("dict"):
-        total: dict = {}
-        for value in values:
-            for labels, count in value.items():
-                total[labels] = total.get(labels, 0) + count
-        return total
-    if annotation.startswith("list"):
-        return list(dict.fromkeys(item for value in values for item in value))  # each once, in order
-    if annotation.startswith("HistogramSnapshot"):
-        return merge_histograms([value for value in values if value is not None])
-    return sum(values)
 
 
 def engine_error(error: Exception) -> Exception:

@@ -25,6 +25,7 @@ from celery import Celery
 from celery.signals import worker_process_init
 
 from loraloom.platform.db import create_db_engine, create_session_factory
+from loraloom.platform.log_format import configure_logging, stdout_as_log_lines
 from loraloom.platform.settings import Settings
 from loraloom.platform.training.celery_app import RUN_JOB_TASK, TRAINING_QUEUE, create_celery_app, send_run_job
 from loraloom.platform.training.job_state import reap_stale_jobs
@@ -79,12 +80,16 @@ def create_worker_app(settings: Settings, model_dir: Path) -> Celery:
     return app
 
 
-def reap_forever(settings: Settings, worker_pid: int) -> None:
+def reap_forever(settings: Settings, worker_pid: int, log_level: str) -> None:
     """The reaper's process: every heartbeat interval, requeue or fail the jobs whose heartbeat is
     older than the timeout. A process, not a thread of the worker: the worker forks a child per
     job, and a fork while another thread holds a lock (SQLAlchemy's, kombu's) leaves the child
     waiting on that lock for ever."""
     end_with_parent(signal.SIGTERM, worker_pid)
+    # A fresh interpreter: its lines are JSON as the worker's. Ctrl-C reaches the whole process group;
+    # the worker stops the reaper itself (SIGTERM), so the reaper ignores it rather than print a traceback.
+    configure_logging(log_level)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     app = create_celery_app(settings)
     db_engine = create_db_engine(settings.database_url)
     factory = create_session_factory(db_engine)
@@ -104,22 +109,26 @@ def reap_forever(settings: Settings, worker_pid: int) -> None:
         db_engine.dispose()
 
 
-def start_reaper(settings: Settings) -> multiprocessing.process.BaseProcess:
+def start_reaper(settings: Settings, log_level: str) -> multiprocessing.process.BaseProcess:
     # Spawned, not forked: a fresh interpreter that shares nothing with the worker's state.
     reaper = multiprocessing.get_context("spawn").Process(
-        target=reap_forever, args=(settings, os.getpid()), name="training-reaper", daemon=True
+        target=reap_forever, args=(settings, os.getpid(), log_level), name="training-reaper", daemon=True
     )
     reaper.start()
     return reaper
 
 
 def run_worker(settings: Settings, model_dir: Path, *, loglevel: str = "INFO") -> None:
-    """Consume the training queue until stopped (SIGTERM: finish the current job's step and exit)."""
+    """Consume the training queue until stopped (SIGTERM: finish the current job's step and exit).
+    Its log is JSON lines on stderr, Celery's included (the caller configured logging): Celery keeps
+    the root logger's handler (worker_hijack_root_logger off), prints no banner (--quiet), and what it
+    writes to stdout regardless (its shutdown notices) becomes log lines of logger `celery.stdout`."""
+    stdout_as_log_lines("celery.stdout")
     app = create_worker_app(settings, model_dir)
-    reaper = start_reaper(settings)
+    reaper = start_reaper(settings, loglevel)
     try:
         app.worker_main([
-            "worker", f"--loglevel={loglevel}", "--queues", TRAINING_QUEUE, "--concurrency", "1",
+            "--quiet", "worker", f"--loglevel={loglevel}", "--queues", TRAINING_QUEUE, "--concurrency", "1",
             "--pool", "prefork", "--hostname", f"training@{socket.gethostname()}-{os.getpid()}",
             "--without-gossip", "--without-mingle",
         ])

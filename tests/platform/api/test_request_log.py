@@ -1,6 +1,6 @@
 """The request log, against a live server on the bundled model: one structured line per request
-(request id echoed or made, tenant, the adapter as written, status, tokens, time to first token,
-duration, how the generation ended), written once a stream has ended, for failures too; the audit
+(request id echoed or made, tenant name and id, the adapter as written and as resolved, status, tokens,
+time to first token, duration, how the generation ended; polling routes at DEBUG), written once a stream has ended, for failures too; the audit
 log records the same request id; the engine logs each adapter load (from storage into host memory,
 from there into a slot) and eviction, naming the adapter, its tenant scope, the slot, the source and
 the duration."""
@@ -101,8 +101,10 @@ def test_a_completion_is_logged_with_the_client_s_request_id_tenant_adapter_and_
     usage = response.json()["usage"]
     assert line["level"] == "INFO" and line["logger"] == "loraloom.request"
     assert (line["method"], line["path"], line["status"]) == ("POST", "/v1/chat/completions", 200)
-    assert line["tenant"] == tenant_id(logged.settings, "acme")
+    assert (line["tenant"], line["tenant_id"]) == ("acme", tenant_id(logged.settings, "acme"))
     assert line["adapter"] == "alpha"  # as the request wrote it: adapter_id, not the runtime key
+    assert line["adapter_resolved"] == "alpha"  # a server-local adapter serves under its name
+    assert line["route"] == "/v1/chat/completions"
     assert line["completion_id"] == response.json()["id"]
     assert line["outcome"] == "ok"
     assert (line["prompt_tokens"], line["completion_tokens"]) == (usage["prompt_tokens"], usage["completion_tokens"])
@@ -146,7 +148,22 @@ def test_failing_requests_are_logged_with_their_status(logged, request_log):
     assert line["status"] == 404 and line["adapter"] == "no-such-adapter:prod"
     assert (line["completion_tokens"], line["time_to_first_token_ms"]) == (0, None)
     line = logged_line(request_log, "anonymous-1")
-    assert line["status"] == 401 and line["tenant"] is None
+    assert line["status"] == 401 and line["tenant"] is None and line["tenant_id"] is None
+
+
+def test_polling_is_logged_at_debug_and_other_reads_at_info(logged, request_log):
+    with logged.http() as http:
+        polled = http.get("/v1/engine/status", headers={"X-Request-ID": "poll-1"})
+        job = http.get("/v1/fine_tuning/jobs/ftjob-none", headers={"X-Request-ID": "poll-2"})
+        listed = http.get("/v1/models", headers={"X-Request-ID": "read-1"})
+    assert (polled.status_code, job.status_code, listed.status_code) == (200, 404, 200)
+    assert logged_line(request_log, "read-1")["level"] == "INFO"
+    assert not lines_for(request_log, "poll-1") and not lines_for(request_log, "poll-2")  # not at INFO
+    request_log.set_level(logging.DEBUG, logger="loraloom.request")
+    with logged.http() as http:
+        assert http.get("/v1/fine_tuning/jobs/ftjob-none/events", headers={"X-Request-ID": "poll-3"}).status_code == 404
+    line = logged_line(request_log, "poll-3")
+    assert (line["level"], line["route"]) == ("DEBUG", "/v1/fine_tuning/jobs/{job_id}/events")
 
 
 def test_the_audit_log_records_the_request_id_the_response_returned(logged):

@@ -18,7 +18,8 @@ from lora_factory import make_peft_adapter
 from loraloom.engine.model.bundled import bundled_model_dir
 from loraloom.engine.config import EngineConfig
 from loraloom.platform.cli.main import build_parser, main
-from loraloom.platform.cli.serve import engine_config, fast_server_options
+from loraloom.platform.cli.serve import engine_config, fast_server_options, use_settings_defaults
+from loraloom.platform.settings import Settings
 
 LORALOOM = Path(sys.executable).parent / "loraloom"  # the installed console script
 
@@ -67,6 +68,14 @@ def test_serve_device_flags_map_onto_engine_config():
     assert config.gpu_memory_utilization == 0.75 and config.enforce_eager
     config = engine_config(build_parser().parse_args(["serve", "--device", "cpu", "--dtype", "bfloat16"]))
     assert (config.device, config.dtype) == ("cpu", "bfloat16")
+
+
+def test_the_metrics_adapter_cap_comes_from_the_flag_else_the_setting_else_the_engine_default(tmp_path):
+    assert engine_config(build_parser().parse_args(["serve"])).metrics_max_adapters == 100
+    for flags, setting, expected in ((["--metrics-max-adapters", "5"], 7, 5), ([], 7, 7), ([], None, 100)):
+        args = build_parser().parse_args(["serve", *flags])
+        use_settings_defaults(args, Settings(data_dir=tmp_path, metrics_max_adapters=setting))
+        assert engine_config(args).metrics_max_adapters == expected, (flags, setting)
 
 
 def test_scheduling_policy_flag_maps_onto_engine_config(capsys):
@@ -149,12 +158,12 @@ def test_serve_reports_a_broken_adapter_and_serves_the_rest(tmp_path, model_dir)
             port = int(match.group(1)) if match else None
         startup_log = "".join(stderr)
         assert "'broken'" in startup_log and "not a valid safetensors file" in startup_log
-        # A fresh data directory: migrated on start, and the bootstrap admin key printed once.
+        # A fresh data directory: migrated on start, and the bootstrap admin key written to a file.
         assert (data_dir / "loraloom.db").is_file()
-        bootstrap_keys = re.findall(r"^\s+(ll-\S+)$", startup_log, flags=re.MULTILINE)
-        assert len(bootstrap_keys) == 1, startup_log
+        bootstrap_key = (data_dir / "bootstrap-admin-key").read_text().strip()
+        assert bootstrap_key.startswith("ll-") and bootstrap_key not in startup_log
 
-        auth = {"Authorization": f"Bearer {bootstrap_keys[0]}"}
+        auth = {"Authorization": f"Bearer {bootstrap_key}"}
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60, headers=auth) as client:
             served = [card["id"] for card in client.get("/v1/models").json()["data"]]
             assert served == [model_dir.name, "broken", "good"]

@@ -1,11 +1,11 @@
 """`loraloom db upgrade` and `loraloom admin create-key` run as real commands on SQLite and
 PostgreSQL; the printed key works against a live server. The bootstrap admin key of
-`loraloom serve` is made on the first start only."""
+`loraloom serve` is made on the first start only, into a file only its user can read."""
 from __future__ import annotations
 
-import io
 import os
 import re
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -17,7 +17,7 @@ from sqlalchemy import select
 from loraloom.engine.async_engine import AsyncEngine
 from loraloom.engine.config import EngineConfig
 from loraloom.platform.api.app import create_app
-from loraloom.platform.cli.admin import prepare_database
+from loraloom.platform.cli.admin import bootstrap_notice, prepare_database
 from loraloom.platform.db import create_db_engine, create_session_factory, database_revision
 from loraloom.platform.db.api_keys import hash_api_key
 from loraloom.platform.db.models import ApiKey, ApiKeyRole, Tenant
@@ -82,18 +82,20 @@ def test_create_key_refuses_a_bad_tenant_name(tmp_path):
     assert "'Bad Name' is not a valid tenant name" in refused.stderr
 
 
-def test_bootstrap_admin_key_is_made_and_printed_on_the_first_start_only(database_url, tmp_path):
+def test_bootstrap_admin_key_is_made_and_written_to_a_private_file_on_the_first_start_only(database_url, tmp_path):
     settings = Settings(data_dir=tmp_path, database_url=database_url)
-    first = io.StringIO()
-    prepare_database(settings, first)  # an empty database: migrated, then bootstrapped
-    keys = re.findall(r"ll-[A-Za-z0-9_-]{40,}", first.getvalue())
-    assert len(keys) == 1 and "shown this once" in first.getvalue()
-    row, tenant = stored_key(database_url, keys[0])
+    key_file = prepare_database(settings)  # an empty database: migrated, then bootstrapped
+    assert key_file == tmp_path / "bootstrap-admin-key"
+    assert stat.S_IMODE(key_file.stat().st_mode) == 0o600  # this user's alone
+    assert KEY_LINE.fullmatch(key_file.read_text())  # the key and nothing else
+    row, tenant = stored_key(database_url, key_file.read_text().strip())
     assert (tenant, row.role) == ("default", ApiKeyRole.admin)
+    notice = bootstrap_notice(key_file)
+    assert str(key_file) in notice and key_file.read_text().strip() not in notice  # the path, never the key
 
-    second = io.StringIO()
-    prepare_database(settings, second)
-    assert second.getvalue() == ""
+    key_file.unlink()  # as the operator is told to, once the key is kept elsewhere
+    assert prepare_database(settings) is None
+    assert not key_file.exists()  # no second key
     engine = create_db_engine(database_url)
     try:
         with create_session_factory(engine)() as session:
@@ -103,11 +105,19 @@ def test_bootstrap_admin_key_is_made_and_printed_on_the_first_start_only(databas
         engine.dispose()
 
 
+def test_a_stale_key_file_is_replaced_and_made_private(tmp_path):
+    stale = tmp_path / "bootstrap-admin-key"
+    stale.write_text("ll-from-an-older-database\n")
+    stale.chmod(0o644)
+    key_file = prepare_database(Settings(data_dir=tmp_path, database_url=f"sqlite:///{tmp_path / 'loraloom.db'}"))
+    assert key_file == stale and stat.S_IMODE(stale.stat().st_mode) == 0o600
+    assert KEY_LINE.fullmatch(stale.read_text())
+
+
 def test_no_bootstrap_key_when_an_admin_key_was_made_first(tmp_path):
     database_url = f"sqlite:///{tmp_path / 'loraloom.db'}"
     assert loraloom(["db", "upgrade"], database_url, tmp_path).returncode == 0
     made = loraloom(["admin", "create-key", "--tenant", "ops", "--role", "admin"], database_url, tmp_path)
     assert made.returncode == 0
-    banner = io.StringIO()
-    prepare_database(Settings(data_dir=tmp_path, database_url=database_url), banner)
-    assert banner.getvalue() == ""
+    assert prepare_database(Settings(data_dir=tmp_path, database_url=database_url)) is None
+    assert not (tmp_path / "bootstrap-admin-key").exists()

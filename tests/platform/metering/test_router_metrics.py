@@ -146,15 +146,22 @@ def test_the_router_metrics_follow_the_protocol_while_requests_run_and_wait(serv
 
 
 def value_of_count(families: dict, name: str) -> float:
-    """A histogram's _count, after checking it is one: buckets ending at +Inf, cumulative, matching _count."""
+    """A histogram's _count over all its (tenant, model) series, after checking each is a histogram:
+    buckets ending at +Inf, cumulative, matching its _count."""
     family = families[name]
     assert family.type == "histogram"
-    buckets = [(sample.labels["le"], sample.value) for sample in family.samples if sample.name == f"{name}_bucket"]
-    (count,) = [sample.value for sample in family.samples if sample.name == f"{name}_count"]
-    assert [sample.name for sample in family.samples if sample.name == f"{name}_sum"] == [f"{name}_sum"]
-    assert buckets[-1] == ("+Inf", count)
-    assert [number for _, number in buckets] == sorted(number for _, number in buckets)
-    return count
+    total = 0.0
+    series = {tuple(sorted((k, v) for k, v in sample.labels.items() if k != "le")) for sample in family.samples}
+    for labels in series:
+        of_series = [sample for sample in family.samples
+                     if tuple(sorted((k, v) for k, v in sample.labels.items() if k != "le")) == labels]
+        buckets = [(sample.labels["le"], sample.value) for sample in of_series if sample.name == f"{name}_bucket"]
+        (count,) = [sample.value for sample in of_series if sample.name == f"{name}_count"]
+        assert [sample.name for sample in of_series if sample.name == f"{name}_sum"] == [f"{name}_sum"]
+        assert buckets[-1] == ("+Inf", count)
+        assert [number for _, number in buckets] == sorted(number for _, number in buckets)
+        total += count
+    return total
 
 
 def test_adapter_residency_is_exposed(server):

@@ -1,14 +1,12 @@
-"""The gateway over Ray Serve reports its replicas' stats as one engine's (remote_client.sum_stats):
+"""The gateway over Ray Serve reports its replicas' stats as one engine's (metering/replica_stats.sum_stats):
 counts added, per-adapter counts added per pair, adapter lists joined once each, latency histograms
 added bucket by bucket, and the block size (a setting every replica shares) kept, not added."""
 from __future__ import annotations
 
 import pytest
 
-pytest.importorskip("ray")
-
-from loraloom.engine import EngineStats, HistogramSnapshot  # noqa: E402
-from loraloom.platform.ray_serve.remote_client import sum_stats  # noqa: E402
+from loraloom.engine import EngineStats, HistogramSnapshot
+from loraloom.platform.metering.replica_stats import sum_stats
 
 BOUNDS = (0.1, 1.0, float("inf"))
 
@@ -17,7 +15,7 @@ def histogram(counts: tuple[int, int, int], total: float) -> HistogramSnapshot:
     return HistogramSnapshot(buckets=tuple(zip(BOUNDS, counts)), sum=total, count=counts[-1])
 
 
-def replica(running: int, adapters: list[str], per_adapter: dict, ttft: HistogramSnapshot | None) -> EngineStats:
+def replica(running: int, adapters: list[str], per_adapter: dict, ttft: dict) -> EngineStats:
     return EngineStats(
         num_running=running, num_waiting=1, kv_blocks_used=3, kv_blocks_total=10, kv_blocks_cached=2,
         adapter_slots_used=1, adapter_slots_total=4, prompt_tokens_total=100, generation_tokens_total=50,
@@ -28,8 +26,9 @@ def replica(running: int, adapters: list[str], per_adapter: dict, ttft: Histogra
 
 
 def test_two_replicas_read_as_one_engine():
-    a = replica(2, ["bot@1", "x@2"], {("acme", "bot@1"): 2}, histogram((1, 2, 2), 0.6))
-    b = replica(3, ["x@2", "y@1"], {("acme", "bot@1"): 1, ("other", "y@1"): 2}, histogram((0, 1, 3), 4.0))
+    a = replica(2, ["bot@1", "x@2"], {("acme", "bot@1"): 2}, {("acme", "bot@1"): histogram((1, 2, 2), 0.6)})
+    b = replica(3, ["x@2", "y@1"], {("acme", "bot@1"): 1, ("other", "y@1"): 2},
+                {("acme", "bot@1"): histogram((0, 1, 3), 4.0), ("acme", "base"): histogram((1, 1, 1), 0.05)})
     merged = sum_stats([a, b])
 
     assert (merged.num_running, merged.kv_blocks_total, merged.preemptions_total) == (5, 20, 2)
@@ -37,17 +36,23 @@ def test_two_replicas_read_as_one_engine():
     assert merged.block_size == 16
     assert merged.running_per_adapter == {("acme", "bot@1"): 3, ("other", "y@1"): 2}
     assert merged.running_lora_adapters == ["bot@1", "x@2", "y@1"]
-    assert merged.time_to_first_token == HistogramSnapshot(buckets=tuple(zip(BOUNDS, (1, 3, 5))), sum=4.6, count=5)
-    assert merged.e2e_request_latency is None  # no replica keeps one
+    # Histograms added per label pair, bucket by bucket; a pair only one replica has is kept as it is.
+    assert merged.time_to_first_token == {
+        ("acme", "bot@1"): HistogramSnapshot(buckets=tuple(zip(BOUNDS, (1, 3, 5))), sum=4.6, count=5),
+        ("acme", "base"): histogram((1, 1, 1), 0.05),
+    }
+    assert merged.e2e_request_latency == {}  # no replica observed one
 
 
-def test_a_replica_without_histograms_leaves_the_others_counted():
-    merged = sum_stats([replica(1, [], {}, None), replica(1, [], {}, histogram((1, 1, 1), 0.05))])
-    assert merged.time_to_first_token.count == 1
+def test_finished_requests_are_added_per_reason():
+    a, b = replica(1, [], {}, {}), replica(1, [], {}, {})
+    a.finished_requests_total = {("acme", "bot@1", "stop"): 2}
+    b.finished_requests_total = {("acme", "bot@1", "stop"): 1, ("acme", "base", "abort"): 4}
+    assert sum_stats([a, b]).finished_requests_total == {("acme", "bot@1", "stop"): 3, ("acme", "base", "abort"): 4}
 
 
 def test_per_tenant_loads_are_added_per_tenant():
-    a, b = replica(1, [], {}, None), replica(1, [], {}, None)
+    a, b = replica(1, [], {}, {}), replica(1, [], {}, {})
     a.queued_per_tenant, b.queued_per_tenant = {"acme": 2}, {"acme": 1, "globex": 4}
     a.running_per_tenant, b.running_per_tenant = {"acme": 1}, {"globex": 3}
     a.served_tokens_per_tenant, b.served_tokens_per_tenant = {"acme": 100}, {"acme": 20, "globex": 7}
