@@ -104,8 +104,10 @@ export function PlaygroundPage() {
           checkpoint id. The list comes from <code>/v1/models</code>.
         </p>
         <ErrorBox error={models.error} title="Models" />
-        <label htmlFor="system">System prompt</label>
-        <textarea id="system" rows={2} value={system} placeholder="optional: how the model should behave"
+        {/* "System message", OpenAI's name for the system prompt: a label holding "prompt" would also
+            answer to the Prompt box's label. */}
+        <label htmlFor="system">System message</label>
+        <textarea id="system" rows={2} value={system} placeholder="optional: the system prompt, how the model should behave"
           onChange={(event) => setSystem(event.target.value)} />
         <div className="row">
           <label>
