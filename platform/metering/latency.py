@@ -84,7 +84,7 @@ def _grouped_stats(groups: list[ColumnElement[Any]], where: list[ColumnElement[b
 
     columns = [
         func.count().label("requests"),
-        func.sum(case((ranked.c.status == UsageStatus.error, 1), else_=0)).label("errors"),
+        error_count(ranked).label("errors"),
         func.sum(ranked.c.prompt_tokens).label("prompt_tokens"),
         func.sum(ranked.c.completion_tokens).label("completion_tokens"),
     ]
@@ -95,6 +95,10 @@ def _grouped_stats(groups: list[ColumnElement[Any]], where: list[ColumnElement[b
                        .label(f"ttft_p{percent}"))
     keys = [ranked.c[group.name] for group in labelled]
     return select(*keys, *columns).group_by(*keys), ranked
+
+
+def error_count(ranked: Any) -> ColumnElement[Any]:
+    return func.sum(case((ranked.c.status == UsageStatus.error, 1), else_=0))
 
 
 def _stats(row: Any) -> LatencyStats:
@@ -155,7 +159,7 @@ def top_adapters(
     query, ranked = _grouped_stats([UsageRecord.tenant_id, adapter_name()], where)
     first = query.selected_columns.duration_p95 if order is TopOrder.latency else query.selected_columns.errors
     if order is TopOrder.errors:
-        query = query.having(func.sum(case((ranked.c.status == UsageStatus.error, 1), else_=0)) > 0)
+        query = query.having(error_count(ranked) > 0)  # PostgreSQL's HAVING cannot name the output column
     query = query.order_by(first.desc(), func.count().desc(), ranked.c.group_1).limit(limit)
     rows = session.execute(query).all()
     names = dict(session.execute(select(Tenant.id, Tenant.name).where(Tenant.id.in_({row.group_0 for row in rows}))).all())

@@ -58,7 +58,7 @@ def test_dataset_report_then_a_job_with_a_live_loss_chart_to_a_version_that_answ
     expect(chart).to_have_attribute("data-points", PART_OF_THE_STEPS, timeout=JOB_TIMEOUT_MS)
     # Progress while it runs: the step of the total, with the time left.
     expect(page.get_by_test_id("job-step")).to_contain_text(f"of {STEPS}")
-    expect(page.get_by_role("definition").filter(has_text=re.compile(r"^\d+ (s|min)"))).not_to_have_count(0)
+    expect(page.get_by_role("definition").filter(has_text=re.compile(r"^\d+ (s|min|h)"))).not_to_have_count(0)
     # Validation loss at each checkpoint as it comes (every CHECKPOINT_EVERY steps), before the end...
     evaluated = page.get_by_test_id("eval-points")
     expect(evaluated).to_have_attribute("data-count", re.compile(f"^[1-{STEPS // CHECKPOINT_EVERY - 1}]$"),

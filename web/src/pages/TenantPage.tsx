@@ -12,9 +12,7 @@ import { KeysSection } from "../components/KeysSection";
 import { Empty, ErrorBox, Loading } from "../components/States";
 import { formatDate, formatNumber } from "../lib/format";
 import { formatErrorRate, formatMs } from "../lib/latency";
-import { useApi } from "../session";
-
-const OPERATOR_TENANT = "default"; // the operator's own: the server refuses to suspend it
+import { useApi, useSession } from "../session";
 
 const column = createColumnHelper<UsageBucket>();
 const usageColumns = [
@@ -33,6 +31,7 @@ const usageColumns = [
 export function TenantPage() {
   const { name = "" } = useParams();
   const api = useApi();
+  const { me } = useSession();
   const client = useQueryClient();
   const tenants = useQuery({ queryKey: ["tenants"], queryFn: () => api.get<{ data: Tenant[] }>("/v1/tenants") });
   const since = useMemo(() => new Date(Date.now() - 30 * 86400 * 1000).toISOString(), []);
@@ -65,7 +64,8 @@ export function TenantPage() {
         <dt>Suspended</dt><dd>{suspended ? formatDate(tenant.suspended_at) : "no"}</dd>
         <dt>Limits</dt><dd><NavLink to={`/tenants/${encodeURIComponent(name)}/limits`}>Rate limits and quotas</NavLink></dd>
       </dl>
-      {name !== OPERATOR_TENANT && (
+      {/* Not the operator's own tenant: suspending it would lock out the keys that could resume it (the server refuses). */}
+      {name !== me.tenant && (
         <div className="row">
           {suspended ? (
             <ConfirmButton label="Resume tenant" question={`Resume ${name}? Its keys work again at once.`}
