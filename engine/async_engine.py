@@ -56,6 +56,7 @@ class AsyncEngine:
         self.model_name = engine.model_dir.name
         self.max_model_len = engine.max_model_len
         self.max_lora_rank = engine.config.max_lora_rank
+        self.device = engine.config.device
         # Adapter fetches may be slow (object storage); they must not hold up the step thread.
         self._fetch_threads = ThreadPoolExecutor(max_workers=2, thread_name_prefix="loraloom-fetch",
                                                  initializer=one_torch_thread)
@@ -138,7 +139,8 @@ class AsyncEngine:
 
     def facts(self) -> EngineFacts:
         return EngineFacts(model_name=self.model_name, max_model_len=self.max_model_len,
-                           max_lora_rank=self.max_lora_rank, model_config=self.model_config)
+                           max_lora_rank=self.max_lora_rank, model_config=self.model_config,
+                           device=self.device)
 
     def adapter_residency(self) -> AdapterResidency:
         """Read off the step thread: the slot table and cache change under it, so a read that races a

@@ -30,6 +30,7 @@ class EngineFacts:
     max_model_len: int
     max_lora_rank: int
     model_config: ModelConfig
+    device: str  # the torch device serving ("cpu", "cuda", "cuda:1"): what its adapter slots live in
 
 
 class EngineClient(Protocol):
@@ -38,6 +39,7 @@ class EngineClient(Protocol):
     max_model_len: int
     max_lora_rank: int
     model_config: ModelConfig
+    device: str
     tokenizer: Tokenizer
 
     async def start(self) -> None:

@@ -9,7 +9,7 @@ import re
 from sqlalchemy import exists, select
 from sqlalchemy.orm import Session
 
-from loraloom.platform.db.models import Tenant
+from loraloom.platform.db.models import Tenant, utcnow
 
 DEFAULT_TENANT = "default"
 TENANT_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}")
@@ -17,6 +17,10 @@ TENANT_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}")
 
 class TenantExistsError(ValueError):
     """POST /v1/tenants with a name in use: 409."""
+
+
+class OperatorTenantSuspensionError(ValueError):
+    """Suspending the operator's own tenant would lock every operator key out, with no key left to resume it."""
 
 
 class TenantNotFoundError(LookupError):
@@ -61,3 +65,19 @@ def get_or_create_tenant(session: Session, *, name: str) -> Tenant:
 
 def list_tenants(session: Session) -> list[Tenant]:
     return list(session.scalars(select(Tenant).order_by(Tenant.name)))
+
+
+def set_suspended(session: Session, *, name: str, suspended: bool) -> Tenant:
+    """Suspend (every key refused, open streams ended: api/auth.py, api/revocation.py) or resume a tenant.
+    Repeating either is a no-op that keeps the first suspension's time."""
+    tenant = find_tenant(session, name=name)
+    if suspended and tenant.name == DEFAULT_TENANT:
+        raise OperatorTenantSuspensionError(
+            f"tenant: {name!r} is the operator's tenant; suspending it would refuse the keys needed to resume it"
+        )
+    if not suspended:
+        tenant.suspended_at = None
+    elif tenant.suspended_at is None:
+        tenant.suspended_at = utcnow()
+    session.flush()
+    return tenant

@@ -74,6 +74,9 @@ ROUTE_ACCESS: dict[tuple[str, str], Access] = {
     # Usage, and the tenant's keys (listed without secrets).
     ("GET", "/v1/usage"): D,
     ("GET", "/v1/usage/series"): D,
+    ("GET", "/v1/usage/latency"): D,
+    # A tenant's own top list; all_tenants=true is the operator's only (403 for others, like ?tenant=).
+    ("GET", "/v1/usage/top_adapters"): D,
     ("GET", "/v1/keys"): D,
     # Keys: a tenant's admin in its tenant, the operator in any.
     ("POST", "/v1/keys"): A,
@@ -81,6 +84,9 @@ ROUTE_ACCESS: dict[tuple[str, str], Access] = {
     # Tenants and server-wide telemetry: the operator's.
     ("POST", "/v1/tenants"): O,
     ("GET", "/v1/tenants"): O,
+    # Suspension: every key of the tenant refused (403) and its streams ended, until resumed.
+    ("POST", "/v1/tenants/{tenant}/suspend"): O,
+    ("POST", "/v1/tenants/{tenant}/resume"): O,
     # Rate limits, quotas and fair-share weights (platform/limits): set by the operator only.
     ("GET", "/v1/tenants/{tenant}/limits"): O,
     ("PUT", "/v1/tenants/{tenant}/limits"): O,

@@ -38,6 +38,7 @@ from loraloom.platform.api.routes import (
     models,
     operations,
     usage,
+    usage_latency,
     usage_series,
 )
 from loraloom.platform.api.revocation import KeyWatch
@@ -68,6 +69,7 @@ logger = logging.getLogger(__name__)
 AUTHENTICATED_ROUTERS = (
     chat.router, completions.router, models.router, admin.router, usage.router, adapters.router, files.router,
     fine_tuning.router, adapter_downloads.router, me.router, engine_status.router, usage_series.router,
+    usage_latency.router,
     limits.router,
 )
 OPEN_ROUTERS = (operations.router,)

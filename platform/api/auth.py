@@ -60,7 +60,8 @@ def find_key(session_factory: sessionmaker[Session], token: str) -> ApiKey | Non
 
 
 def check_usable(key: ApiKey | None, now: datetime) -> ApiKey:
-    """The key if it may be used now; 401 naming why not otherwise."""
+    """The key if it may be used now; 401 naming why not otherwise (403 for a suspended tenant).
+    The key's tenant must be loaded with it (db/api_keys.py find_api_key does)."""
     if key is None:
         raise unauthorized("Incorrect API key provided: no such key exists", code="invalid_api_key")
     if key.revoked_at is not None:
@@ -72,6 +73,14 @@ def check_usable(key: ApiKey | None, now: datetime) -> ApiKey:
         raise unauthorized(
             f"The API key {key.prefix}... expired at {key.expires_at.isoformat()}; use another key",
             code="api_key_expired",
+        )
+    if key.tenant.suspended_at is not None:
+        # A 403, not a 401: the key is valid, its tenant is not allowed in; another key of it would fare the same.
+        raise APIError(
+            403,
+            f"The tenant {key.tenant.name!r} of this API key was suspended by the operator at "
+            f"{key.tenant.suspended_at.isoformat()}; its keys are refused until the operator resumes it",
+            code="tenant_suspended",
         )
     return key
 

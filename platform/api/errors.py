@@ -19,7 +19,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Message, Receive, Scope, Send
 
 from loraloom.engine import EngineUnavailableError, RequestFailedError
-from loraloom.platform.accounts.tenants import TenantExistsError, TenantNotFoundError
+from loraloom.platform.accounts.tenants import OperatorTenantSuspensionError, TenantExistsError, TenantNotFoundError
 from loraloom.platform.api.asgi import HttpMiddleware
 from loraloom.platform.api.schemas.common import ErrorDetail, ErrorResponse
 from loraloom.platform.json_input import too_deep_message
@@ -142,6 +142,8 @@ DOMAIN_ERRORS: dict[type[Exception], Callable[[Any], APIError]] = {
     ),
     TenantExistsError: lambda error: APIError(409, str(error), param="name", code="tenant_exists"),
     TenantNotFoundError: lambda error: APIError(404, str(error), param="tenant", code="tenant_not_found"),
+    OperatorTenantSuspensionError: lambda error: APIError(409, str(error), param="tenant",
+                                                          code="operator_tenant_not_suspendable"),
     RequestFailedError: lambda error: APIError(500, str(error), error_type=SERVER_ERROR, code="generation_failed"),
     EngineUnavailableError: lambda error: APIError(
         503, str(error), error_type=SERVER_ERROR, code="engine_unavailable",

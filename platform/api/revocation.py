@@ -4,8 +4,9 @@ A key is checked once, when its request arrives (api/auth.py); a stream may last
 that. Each gateway keeps the keys of its open generations (KeyWatch) and reads them from the
 database every POLL_INTERVAL_S, in one query for all of them, only while some are open: so a
 revocation made through any gateway on the same database, or an expiry passing, ends them within
-a second. An ended stream gets a last SSE error event in OpenAI's shape (`api_key_revoked`,
-`api_key_expired`), a request not streaming a 401; either way the engine's request is aborted,
+a second. A tenant suspended by the operator ends its keys' generations the same way. An ended
+stream gets a last SSE error event in OpenAI's shape (`api_key_revoked`, `api_key_expired`,
+`tenant_suspended`), a request not streaming that error's status (401, or 403 for a suspension); either way the engine's request is aborted,
 which frees its KV blocks.
 """
 from __future__ import annotations
@@ -19,7 +20,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import TypeVar
 
 from sqlalchemy import select
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import Session, joinedload, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
 from loraloom.platform.api.auth import check_usable
@@ -118,9 +119,11 @@ class KeyWatch:
             revocation.end(error)
 
     def ended_keys(self, key_ids: list[uuid.UUID]) -> dict[uuid.UUID, APIError]:
-        """Of `key_ids`, those no longer usable (revoked, expired, deleted), with the 401 each gets."""
+        """Of `key_ids`, those no longer usable (revoked, expired, deleted, tenant suspended), with the error each gets."""
         with self._session_factory() as session:
-            keys = {key.id: key for key in session.scalars(select(ApiKey).where(ApiKey.id.in_(key_ids)))}
+            # The tenant too: a suspended tenant's streams end like a revoked key's.
+            query = select(ApiKey).where(ApiKey.id.in_(key_ids)).options(joinedload(ApiKey.tenant))
+            keys = {key.id: key for key in session.scalars(query)}
         now = utcnow()
         ended = {}
         for key_id in key_ids:

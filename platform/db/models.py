@@ -137,6 +137,8 @@ class Tenant(Base):
     id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=uuid.uuid4)
     name: Mapped[str] = mapped_column(String(64), unique=True)
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+    # Set by the operator: every key of the tenant is refused (403) until it is cleared (api/auth.py).
+    suspended_at: Mapped[datetime | None]
 
     # Children are deleted with their parent by the database's ON DELETE CASCADE
     # (passive_deletes: the ORM does not load them first).

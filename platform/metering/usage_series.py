@@ -36,7 +36,7 @@ _SQLITE_FORMATS = {Granularity.hour: "%Y-%m-%d %H:00:00", Granularity.day: "%Y-%
 _POSTGRES_FORMATS = {Granularity.hour: "YYYY-MM-DD HH24:00:00", Granularity.day: "YYYY-MM-DD 00:00:00"}
 
 
-def _bucket(session: Session, granularity: Granularity) -> ColumnElement[Any]:
+def bucket_start(session: Session, granularity: Granularity) -> ColumnElement[Any]:
     created_at = UsageRecord.created_at
     if session.get_bind().dialect.name == "postgresql":
         return func.to_char(func.timezone("UTC", created_at), _POSTGRES_FORMATS[granularity])
@@ -53,7 +53,7 @@ def usage_series(
     adapter: str | None,
 ) -> list[SeriesPoint]:
     """Buckets with at least one request in [start, end), ordered by time then adapter name."""
-    bucket = _bucket(session, granularity).label("bucket")
+    bucket = bucket_start(session, granularity).label("bucket")
     name = func.coalesce(UsageRecord.adapter_name, BASE_ADAPTER).label("adapter")
     query = (
         select(

@@ -112,6 +112,14 @@ def _owned(claim: Claim):
     )
 
 
+def record_step(factory: sessionmaker[Session], claim: Claim, message: str, metrics: dict[str, Any]) -> None:
+    """One step's metrics: its event, and the job's `metrics` while this run holds the job, so that a
+    jobs list reads each job's progress (step of total, ETA, tokens/s) from the job row itself."""
+    with factory.begin() as session:
+        add_event(session, claim.job_id, message, type="metrics", data=metrics)
+        session.execute(update(FineTuningJob).where(_owned(claim)).values(metrics=metrics))
+
+
 def beat(factory: sessionmaker[Session], claim: Claim) -> bool:
     """Write a heartbeat; False when the job is no longer this run's."""
     with factory.begin() as session:

@@ -47,6 +47,7 @@ from loraloom.platform.training.job_state import (
     claim_next_job,
     finish_job,
     record_checkpoint,
+    record_step,
     requeue_or_fail,
     resume_point,
     set_checkpoint_metrics,
@@ -237,8 +238,8 @@ def _train_and_publish(factory: sessionmaker[Session], claim: Claim, context: Wo
         if (checkpoint_id := checkpoints_awaiting_metrics.pop(metrics.step, None)) is not None:
             set_checkpoint_metrics(factory, checkpoint_id, dict(last_metrics))
         evaluated = f", validation loss={metrics.eval_loss:.4f}" if metrics.eval_loss is not None else ""
-        _event(factory, f"Step {metrics.step}/{metrics.total_steps}: training loss={metrics.train_loss:.4f}"
-                        f"{evaluated}", claim, type="metrics", data=dict(last_metrics))
+        record_step(factory, claim, f"Step {metrics.step}/{metrics.total_steps}: training loss={metrics.train_loss:.4f}"
+                                    f"{evaluated}", dict(last_metrics))
 
     def save_checkpoint(step: int, directory: Path) -> None:
         state_file = directory / TRAINING_STATE_FILE  # absent from the final adapter saved on a late cancel

@@ -20,6 +20,9 @@ from loraloom.platform.settings import Settings
 
 LORALOOM = Path(sys.executable).parent / "loraloom"
 START_TIMEOUT_S = 300  # two shared, busy cores load torch and the model
+# A checkpoint, and with a validation file an evaluation, every 10 steps: a short job reports
+# validation loss while it runs, not only at its end.
+CHECKPOINT_EVERY = 10
 
 
 @dataclass
@@ -27,6 +30,7 @@ class Console:
     url: str
     keys: dict[str, str]  # "<tenant>-<role>" -> key
     log: Path
+    database_url: str  # the server's own database, for tests that write usage rows as its meter would
 
 
 def warm_up(url: str, key: str) -> None:
@@ -40,7 +44,7 @@ def warm_up(url: str, key: str) -> None:
 @contextmanager
 def console_server(data_dir: Path, log: Path) -> Iterator[Console]:
     settings = Settings(data_dir=data_dir, record_flush_interval_ms=20, training_heartbeat_interval_s=0.5,
-                        training_heartbeat_timeout_s=10.0)
+                        training_heartbeat_timeout_s=10.0, training_checkpoint_every=CHECKPOINT_EVERY)
     upgrade_database(settings.database_url)
     keys = {
         "default-admin": make_key(settings, tenant="default", role="admin"),
@@ -52,7 +56,8 @@ def console_server(data_dir: Path, log: Path) -> Iterator[Console]:
     }
     env = {name: value for name, value in os.environ.items() if not name.startswith("LORALOOM_")}
     env.update(LORALOOM_DATA_DIR=str(data_dir), LORALOOM_RECORD_FLUSH_INTERVAL_MS="20",
-               LORALOOM_TRAINING_HEARTBEAT_INTERVAL_S="0.5", LORALOOM_TRAINING_HEARTBEAT_TIMEOUT_S="10")
+               LORALOOM_TRAINING_HEARTBEAT_INTERVAL_S="0.5", LORALOOM_TRAINING_HEARTBEAT_TIMEOUT_S="10",
+               LORALOOM_TRAINING_CHECKPOINT_EVERY=str(CHECKPOINT_EVERY))
     process = subprocess.Popen(
         [str(LORALOOM), "serve", "--port", "0", "--num-kv-blocks", "128"],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True,
@@ -60,7 +65,7 @@ def console_server(data_dir: Path, log: Path) -> Iterator[Console]:
     try:
         url = served_url(process, log, START_TIMEOUT_S)
         warm_up(url, keys["acme-developer"])
-        yield Console(url=url, keys=keys, log=log)
+        yield Console(url=url, keys=keys, log=log, database_url=settings.database_url)
     finally:
         # The server and its worker (and the worker's job children) share this process group.
         try:

@@ -137,6 +137,7 @@ def test_playground_streams_from_an_alias_and_side_by_side(console, console_page
     page.get_by_label("Side by side").check()
     page.get_by_label("Model reference", exact=True).fill("base")
     page.get_by_label("Second model reference").fill(f"{ADAPTER}:prod")
+    page.get_by_label("Prompt").fill("Say hello in one sentence.")  # the box empties once a prompt is sent
     page.get_by_role("button", name="Send").click()
     for index in (0, 1):
         expect(page.get_by_test_id(f"answer-{index}")).not_to_be_empty()

@@ -1,11 +1,13 @@
 """Training from the console: a refused dataset shows its line-numbered report; a small dataset is
-accepted; a job started from the form shows its loss chart gaining points while it runs, ends
-succeeded, links to the version it made, and that version answers in the playground."""
+accepted; a job started from the form shows its loss chart gaining points while it runs, its step,
+time left and validation loss as they come, ends succeeded with its progress and file names in the
+jobs list, links to the version it made, and that version answers in the playground."""
 from __future__ import annotations
 
 import json
 import re
 
+from console_live import CHECKPOINT_EVERY
 from playwright.sync_api import expect
 
 # A real training run on two shared, busy cores; under pytest-timeout's 900 s per test, so that a
@@ -41,6 +43,8 @@ def test_dataset_report_then_a_job_with_a_live_loss_chart_to_a_version_that_answ
 
     form = page.get_by_role("form", name="Start a training job")
     expect(form.get_by_label("Training file")).to_contain_text("codes.jsonl")
+    validation = form.get_by_label("Validation file")
+    validation.select_option(validation.locator("option", has_text="codes.jsonl").get_attribute("value"))
     form.get_by_label("Adapter name").fill("codes")
     form.get_by_label("Seed").fill("7")
     expect(form.get_by_label("n_epochs")).to_have_value("3")  # the server's default, from its OpenAPI document
@@ -52,8 +56,26 @@ def test_dataset_report_then_a_job_with_a_live_loss_chart_to_a_version_that_answ
     chart = page.get_by_role("img", name="Loss per step")
     # The page polls while the job runs: it draws some of the steps before the job has them all...
     expect(chart).to_have_attribute("data-points", PART_OF_THE_STEPS, timeout=JOB_TIMEOUT_MS)
+    # Progress while it runs: the step of the total, with the time left.
+    expect(page.get_by_test_id("job-step")).to_contain_text(f"of {STEPS}")
+    expect(page.get_by_role("definition").filter(has_text=re.compile(r"^\d+ (s|min|h)"))).not_to_have_count(0)
+    # Validation loss at each checkpoint as it comes (every CHECKPOINT_EVERY steps), before the end...
+    evaluated = page.get_by_test_id("eval-points")
+    expect(evaluated).to_have_attribute("data-count", re.compile(f"^[1-{STEPS // CHECKPOINT_EVERY - 1}]$"),
+                                        timeout=JOB_TIMEOUT_MS)
     expect(page.get_by_test_id("job-status")).to_have_text("succeeded", timeout=JOB_TIMEOUT_MS)
     expect(chart).to_have_attribute("data-points", str(STEPS))  # ...and every one once it ends
+    expect(evaluated).to_have_attribute("data-count", str(STEPS // CHECKPOINT_EVERY))
+    expect(page.get_by_role("definition").filter(has_text="codes.jsonl")).to_have_count(2)  # training, validation
+    job_id = page.get_by_role("heading", level=1).inner_text()
+
+    page.get_by_role("link", name="← Training").click()
+    row = page.get_by_role("table", name="Jobs").get_by_role("row").filter(has_text=job_id)
+    expect(row.get_by_test_id("job-progress")).to_contain_text(f"{STEPS}/{STEPS}")
+    expect(row.get_by_test_id("job-progress")).to_contain_text("tok/s")
+    expect(row.get_by_test_id("job-progress")).not_to_contain_text("ETA")  # it has ended
+    expect(row).to_contain_text("codes.jsonl")
+    row.get_by_role("link", name=job_id).click()
     expect(page.get_by_role("list", name="Events")).to_contain_text("training loss")
 
     page.get_by_test_id("produced-version").click()

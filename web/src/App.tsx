@@ -2,11 +2,13 @@ import { Navigate, NavLink, Route, Routes } from "react-router-dom";
 import { AdapterPage } from "./pages/AdapterPage";
 import { AdaptersPage } from "./pages/AdaptersPage";
 import { JobPage } from "./pages/JobPage";
+import { KeyPage } from "./pages/KeyPage";
 import { KeysPage } from "./pages/KeysPage";
 import { PlaygroundPage } from "./pages/PlaygroundPage";
 import { ServerPage } from "./pages/ServerPage";
 import { SignInPage } from "./pages/SignInPage";
 import { TenantLimitsPage } from "./pages/TenantLimitsPage";
+import { TenantPage } from "./pages/TenantPage";
 import { TenantsPage } from "./pages/TenantsPage";
 import { TrainingPage } from "./pages/TrainingPage";
 import { UploadPage } from "./pages/UploadPage";
@@ -55,7 +57,10 @@ function Shell() {
           <Route path="/playground" element={<PlaygroundPage />} />
           <Route path="/server" element={<ServerPage />} />
           <Route path="/keys" element={admin ? <KeysPage /> : <NotAllowed />} />
+          <Route path="/keys/:keyId" element={admin ? <KeyPage /> : <NotAllowed />} />
           <Route path="/tenants" element={me.operator ? <TenantsPage /> : <NotAllowed />} />
+          <Route path="/tenants/:name" element={me.operator ? <TenantPage /> : <NotAllowed />} />
+          <Route path="/tenants/:name/keys/:keyId" element={me.operator ? <KeyPage /> : <NotAllowed />} />
           <Route path="/tenants/:name/limits" element={me.operator ? <TenantLimitsPage /> : <NotAllowed />} />
           <Route path="*" element={<p>No such page. <NavLink to="/adapters">Adapters</NavLink></p>} />
         </Routes>

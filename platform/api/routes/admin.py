@@ -1,4 +1,5 @@
-"""Tenants and API keys: POST/GET /v1/tenants, POST/GET /v1/keys, DELETE /v1/keys/{key_id}.
+"""Tenants and API keys: POST/GET /v1/tenants, POST /v1/tenants/{tenant}/suspend and /resume,
+POST/GET /v1/keys, DELETE /v1/keys/{key_id}.
 
 Two kinds of admin: the operator (an admin key of tenant "default", the bootstrap key among
 them) creates and lists tenants and acts on any tenant's keys; an admin key of any other tenant
@@ -13,7 +14,7 @@ import uuid
 from fastapi import APIRouter
 
 from loraloom.platform.accounts.keys import issue_key, list_keys, revoke_key
-from loraloom.platform.accounts.tenants import create_tenant, list_tenants
+from loraloom.platform.accounts.tenants import create_tenant, list_tenants, set_suspended
 from loraloom.platform.api.auth import tenant_in_scope
 from loraloom.platform.api.deps import AdminDep, DeveloperDep, OperatorDep, SessionDep
 from loraloom.platform.api.errors import ERROR_RESPONSES, APIError, FieldErrorRoute
@@ -42,6 +43,22 @@ def create_tenant_route(body: TenantCreate, session: SessionDep, caller: Operato
 @router.get("/v1/tenants", response_model=TenantList)
 def list_tenants_route(session: SessionDep, caller: OperatorDep) -> TenantList:
     return TenantList(data=[TenantObject.of(tenant) for tenant in list_tenants(session)])
+
+
+@router.post("/v1/tenants/{tenant}/suspend", response_model=TenantObject)
+def suspend_tenant_route(tenant: str, session: SessionDep, caller: OperatorDep) -> TenantObject:
+    """Refuse every key of the tenant with 403 `tenant_suspended`; its open generations end within a second."""
+    suspended = set_suspended(session, name=tenant, suspended=True)
+    session.commit()
+    return TenantObject.of(suspended)
+
+
+@router.post("/v1/tenants/{tenant}/resume", response_model=TenantObject)
+def resume_tenant_route(tenant: str, session: SessionDep, caller: OperatorDep) -> TenantObject:
+    """Let the tenant's keys in again."""
+    resumed = set_suspended(session, name=tenant, suspended=False)
+    session.commit()
+    return TenantObject.of(resumed)
 
 
 @router.post("/v1/keys", status_code=201, response_model=CreatedKey)

@@ -27,8 +27,10 @@ class ResidentAdapter(BaseModel):
     adapter: str = Field(description="The adapter's name, or a checkpoint id for a fine-tuning checkpoint.")
     version: int | None = Field(description="The version number; None for a checkpoint.")
     reference: str = Field(description="What to send as `model` for exactly these weights: name@N, or the checkpoint id.")
-    location: Literal["gpu", "host"] = Field(description="gpu: in a GPU adapter slot (and the host cache); host: host cache only.")
-    slot: int | None = Field(description="The GPU slot index when location is gpu.")
+    location: Literal["gpu", "host"] = Field(description="gpu: in one of the engine's adapter slots (and the host cache), "
+                                             "which are in CPU memory when `device` is cpu; host: host cache only.")
+    slot: int | None = Field(description="The adapter slot index when location is gpu. Versions and checkpoints whose "
+                             "weights are byte-identical share one runtime key and so one slot: each is listed.")
 
 
 class ServerEngineStatus(BaseModel):
@@ -56,6 +58,8 @@ class EngineStatus(BaseModel):
 
     object: Literal["engine.status"] = "engine.status"
     model: str
+    device: str = Field(description="The torch device the engine serves on (cpu, cuda, cuda:N): on cpu, an adapter "
+                        "'slot' is a slot of the engine's LoRA weight table in host memory, not GPU memory.")
     num_running: int = Field(description="The caller's tenant's requests generating now.")
     num_waiting: int = Field(description="The caller's tenant's requests queued in the engine now.")
     adapters: list[ResidentAdapter] = Field(description="The caller's tenant's adapters resident now.")
@@ -98,6 +102,7 @@ def get_engine_status(caller: CallerDep, engine: EngineDep, session: SessionDep)
     residency = engine.adapter_residency()
     return EngineStatus(
         model=engine.model_name,
+        device=engine.device,
         # The engine's own per-tenant counts (engine/fair_share.py), keyed by the tenant's name.
         num_running=stats.running_per_tenant.get(caller.tenant_name, 0),
         num_waiting=stats.queued_per_tenant.get(caller.tenant_name, 0),

@@ -20,10 +20,13 @@ class TenantObject(BaseModel):
     object: Literal["tenant"] = "tenant"
     name: str
     created_at: datetime
+    suspended_at: datetime | None = Field(
+        description="When the operator suspended the tenant (its keys are refused with 403); null when active."
+    )
 
     @classmethod
     def of(cls, tenant: Tenant) -> TenantObject:
-        return cls(id=tenant.id, name=tenant.name, created_at=tenant.created_at)
+        return cls(id=tenant.id, name=tenant.name, created_at=tenant.created_at, suspended_at=tenant.suspended_at)
 
 
 class TenantList(ListObject[TenantObject]):

@@ -50,7 +50,10 @@ class JobObject(BaseModel):
     suffix: str
     attempts: int = Field(description="Runs started so far (a run whose worker died is retried).")
     max_attempts: int
-    metrics: dict[str, Any] | None = Field(description="The last step's metrics.")
+    metrics: dict[str, Any] | None = Field(
+        description="The last step's metrics (step, total_steps, train_loss, eval_loss, tokens_per_second, "
+        "eta_seconds...), updated after every step while the job runs."
+    )
 
     @classmethod
     def of(cls, job: FineTuningJob) -> JobObject:

@@ -28,7 +28,9 @@ def test_another_tenants_request_changes_nothing_in_a_tenants_view(access_server
     after = {who: status(access_server, who) for who in ("globex", "operator")}
     assert after["globex"] == before["globex"]
     assert before["globex"]["server"] is None
-    assert set(before["globex"]) == {"object", "model", "num_running", "num_waiting", "adapters", "server"}
+    # `device` is a fact of the server, like `model`: nothing in it moves with anyone's traffic.
+    assert set(before["globex"]) == {"object", "model", "device", "num_running", "num_waiting", "adapters", "server"}
+    assert before["globex"]["device"] == "cpu"
     # The operator's view is the whole engine's: acme's tokens show there.
     prompt_tokens = reply.json()["usage"]["prompt_tokens"]
     server_before, server_after = before["operator"]["server"], after["operator"]["server"]

@@ -22,6 +22,7 @@ from loraloom.platform.training.job_state import (
     finish_job,
     queue_view,
     reap_stale_jobs,
+    record_step,
 )
 from loraloom.platform.training.jobs import cancel_job
 
@@ -71,6 +72,23 @@ def test_a_second_claim_of_the_same_job_does_nothing(factory: sessionmaker[Sessi
         session.commit()
     assert claim_job(factory, job_id, "worker-c") is None  # and after the end
     assert job_row(factory, job_id).status is FineTuningJobStatus.succeeded
+
+
+def test_each_step_s_metrics_reach_the_job_while_its_run_holds_it(factory: sessionmaker[Session]) -> None:
+    _, job_id = add_job(factory)
+    first = claim_job(factory, job_id, "worker-a")
+    step_one = {"step": 1, "total_steps": 4, "eta_seconds": 3.0, "tokens_per_second": 100.0}
+    record_step(factory, first, "Step 1/4", step_one)
+    assert job_row(factory, job_id).metrics == step_one  # live, for a jobs list's progress column
+    age_heartbeat(factory, job_id)
+    reap_stale_jobs(factory, heartbeat_timeout_s=HEARTBEAT_TIMEOUT_S, send=lambda _: None)
+    # A run that lost the job still logs its step, but no longer writes the job's progress.
+    record_step(factory, first, "Step 2/4", {**step_one, "step": 2})
+    assert job_row(factory, job_id).metrics == step_one
+    with factory() as session:
+        steps = session.scalars(select(FineTuningJobEvent.data).where(FineTuningJobEvent.job_id == job_id,
+                                                                      FineTuningJobEvent.type == "metrics")).all()
+    assert sorted(data["step"] for data in steps) == [1, 2]
 
 
 def test_stale_jobs_are_requeued_then_failed_after_max_attempts(factory: sessionmaker[Session]) -> None:

@@ -2,7 +2,7 @@
 import { useQuery } from "@tanstack/react-query";
 import { useApi } from "../session";
 import { type Api, withQuery } from "./client";
-import type { Adapter, Page, UsageBucket } from "./types";
+import type { Adapter, FileObject, Page, UsageBucket } from "./types";
 
 /** Every page of a cursor-paginated list (the console's lists are small enough to hold whole). */
 export async function allPages<T>(api: Api, path: string, cursor: (page: Page<T>) => string | undefined): Promise<T[]> {
@@ -52,6 +52,7 @@ export interface ServerEngineStatus {
 /** The caller's tenant's view: its own requests and resident adapters; `server` for the operator only. */
 export interface EngineStatus {
   model: string;
+  device: string;
   num_running: number;
   num_waiting: number;
   adapters: Residency[];
@@ -86,3 +87,56 @@ export function useUsageSeries(params: { adapter?: string; granularity: "hour" |
 }
 
 export type { UsageBucket };
+
+/** Latency percentiles, errors and tokens of one bucket or one adapter (GET /v1/usage/latency, /top_adapters). */
+export interface LatencyFigures {
+  requests: number;
+  errors: number;
+  error_rate: number;
+  prompt_tokens: number;
+  completion_tokens: number;
+  total_tokens: number;
+  duration_p50_ms: number;
+  duration_p95_ms: number;
+  ttft_p50_ms: number | null;
+  ttft_p95_ms: number | null;
+}
+
+export interface LatencyPoint extends LatencyFigures {
+  start: string;
+}
+
+export interface AdapterLatency extends LatencyFigures {
+  tenant: string;
+  adapter: string;
+}
+
+/** One adapter's latency per hour or day, the caller's tenant only. */
+export function useLatencySeries(params: { adapter: string; granularity: "hour" | "day"; start: string }) {
+  const api = useApi();
+  return useQuery({
+    queryKey: ["usage-latency", params],
+    queryFn: () => api.get<{ data: LatencyPoint[] }>(withQuery("/v1/usage/latency", params)),
+  });
+}
+
+/** The slowest or most failing adapters since `start`: the caller's tenant's, or every tenant's for the operator. */
+export function useTopAdapters(params: { order: "latency" | "errors"; start: string; all_tenants: boolean }, enabled = true) {
+  const api = useApi();
+  return useQuery({
+    queryKey: ["usage-top", params],
+    queryFn: () => api.get<{ data: AdapterLatency[] }>(withQuery("/v1/usage/top_adapters", { ...params, limit: 10 })),
+    enabled,
+    refetchInterval: 10_000,
+  });
+}
+
+/** The tenant's files by id, for showing names where the API gives ids (jobs). */
+export function useFileNames() {
+  const api = useApi();
+  return useQuery({
+    queryKey: ["files", "names"],
+    queryFn: () => allPages<FileObject>(api, "/v1/files", (page) => page.data[page.data.length - 1].id),
+    select: (files) => new Map(files.map((file) => [file.id, file.filename])),
+  });
+}

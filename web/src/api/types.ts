@@ -95,6 +95,13 @@ export interface Tenant {
   id: string;
   name: string;
   created_at: string;
+  suspended_at: string | null;
+}
+
+/** GET /v1/usage: a tenant's metered tokens, grouped. */
+export interface UsageReport {
+  tenant: string;
+  data: UsageBucket[];
 }
 
 export interface FileObject {
@@ -149,6 +156,10 @@ export interface UsageBucket {
   prompt_tokens: number;
   completion_tokens: number;
   total_tokens: number;
+  errors: number;
+  aborted: number;
+  mean_time_to_first_token_ms: number | null;
+  mean_duration_ms: number;
 }
 
 /** A tenant's rate limits and quotas (GET/PUT /v1/tenants/{tenant}/limits); null is unlimited. */

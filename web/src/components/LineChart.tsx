@@ -8,6 +8,8 @@ export interface Series {
   label: string;
   color: string;
   values: (number | null)[];
+  // Mark every value: for a sparse series (eval loss every few steps) whose lone points a line would not show.
+  points?: boolean;
 }
 
 // Tick spacings uPlot may choose from. Steps are whole numbers and a time axis never goes below a
@@ -37,7 +39,10 @@ export function LineChart({ x, series, time = false, xLabel, height = 240, label
       height,
       scales: { x: xRange ? { time, range: () => xRange } : { time } },
       axes: [{ label: xLabel, incrs: time ? TIME_INCRS : STEP_INCRS }, {}],
-      series: [{ label: xLabel }, ...series.map((s) => ({ label: s.label, stroke: s.color, width: 2, spanGaps: true }))],
+      series: [{ label: xLabel }, ...series.map((s) => ({
+        label: s.label, stroke: s.color, width: 2, spanGaps: true,
+        ...(s.points ? { points: { show: true, size: 7, fill: s.color } } : {}),
+      }))],
     };
     plot.current = new uPlot(options, [[], ...series.map(() => [])], element);
     const resize = new ResizeObserver(() => plot.current?.setSize({ width: Math.max(element.clientWidth, 300), height }));

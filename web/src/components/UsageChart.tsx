@@ -4,7 +4,8 @@ import { useUsageSeries } from "../api/queries";
 import { LineChart } from "./LineChart";
 import { Empty, ErrorBox, Loading } from "./States";
 
-const RANGES = { hour: 48 * 3600, day: 30 * 86400 } as const;
+// How far back each granularity looks: enough buckets to see a trend, few enough to draw.
+export const RANGES = { hour: 48 * 3600, day: 30 * 86400 } as const;
 
 export function UsageChart({ adapter }: { adapter: string }) {
   const [granularity, setGranularity] = useState<"hour" | "day">("hour");

@@ -5,7 +5,7 @@ import { formatAgo, formatBytes } from "./format";
 import { hyperparameterBody, hyperparameterFields } from "./hyperparameters";
 import { lossCurve } from "./loss";
 import { rate } from "./rate";
-import { placeOf, totalsByAdapter } from "./residency";
+import { placeOf, sharedSlots, totalsByAdapter } from "./residency";
 
 describe("errorFromBody", () => {
   it("keeps the server's message, param and details", () => {
@@ -97,9 +97,10 @@ describe("dropped files", () => {
 describe("residency", () => {
   it("reports the best place of any version", () => {
     const entry = (location: "gpu" | "host") => ({ adapter: "a", version: 1, reference: "a@1", location, slot: null });
-    expect(placeOf("a", [entry("host"), entry("gpu")])).toBe("GPU slot");
-    expect(placeOf("a", [entry("host")])).toBe("host cache");
-    expect(placeOf("b", [entry("host")])).toBe("storage only");
+    expect(placeOf("a", [entry("host"), entry("gpu")], "cuda:0")).toBe("GPU slot");
+    expect(placeOf("a", [entry("host"), entry("gpu")], "cpu")).toBe("CPU slot");
+    expect(placeOf("a", [entry("host")], "cpu")).toBe("host cache");
+    expect(placeOf("b", [entry("host")], "cuda")).toBe("storage only");
   });
   it("sums points per adapter", () => {
     const totals = totalsByAdapter([
@@ -107,5 +108,14 @@ describe("residency", () => {
     ]);
     expect(totals.get("a")).toEqual({ requests: 3, tokens: 15 });
     expect(totals.get("base")).toEqual({ requests: 1, tokens: 1 });
+  });
+});
+
+describe("shared slots", () => {
+  it("lists the slots several byte-identical names share, and only those", () => {
+    const at = (reference: string, slot: number | null) =>
+      ({ adapter: reference.split("@")[0], version: 1, reference, location: slot === null ? "host" as const : "gpu" as const, slot });
+    const shared = sharedSlots([at("a@1", 0), at("b@1", 0), at("c@1", 1), at("d@1", null), at("e@2", 0)]);
+    expect([...shared]).toEqual([[0, ["a@1", "b@1", "e@2"]]]);
   });
 });

@@ -1,12 +1,13 @@
 import { useMutation, useQuery, useQueryClient } from "@tanstack/react-query";
 import { createColumnHelper } from "@tanstack/react-table";
 import { useMemo, useState } from "react";
-import { Link, useParams } from "react-router-dom";
+import { Link, useNavigate, useParams } from "react-router-dom";
 import { allPages } from "../api/queries";
 import type { Adapter, AliasMove, Version } from "../api/types";
 import { ConfirmButton } from "../components/Confirm";
 import { DataTable } from "../components/DataTable";
 import { Empty, ErrorBox, Loading } from "../components/States";
+import { LatencyChart } from "../components/LatencyChart";
 import { UsageChart } from "../components/UsageChart";
 import { formatBytes, formatDate } from "../lib/format";
 import { useApi, useSession } from "../session";
@@ -66,7 +67,42 @@ export function AdapterPage() {
       ) : (
         <DataTable label="Versions" data={versions.data} columns={columns} initialSort={[{ id: "version", desc: true }]} />
       )}
+      <LatencyChart adapter={name} />
       <UsageChart adapter={name} />
+      <DeleteAdapter name={name} />
+    </section>
+  );
+}
+
+/** Deleting is here, on the adapter's own page, not on the list's rows: one click away from a
+ * mis-aimed row is too close for an action that removes every version. */
+function DeleteAdapter({ name }: { name: string }) {
+  const api = useApi();
+  const { me } = useSession();
+  const client = useQueryClient();
+  const navigate = useNavigate();
+  const remove = useMutation({
+    mutationFn: () => api.delete(`/v1/adapters/${encodeURIComponent(name)}?force=true`),
+    onSuccess: async () => {
+      client.removeQueries({ queryKey: ["adapters", name] });
+      await client.invalidateQueries({ queryKey: ["adapters"], exact: true });
+      navigate("/adapters");
+    },
+  });
+  if (me.role === "inference") return null;
+  return (
+    <section aria-label="Delete" className="danger-zone">
+      <h2>Delete</h2>
+      <p className="muted">Deletes every version and alias of {name}. Requests naming it are refused from then on.</p>
+      <ConfirmButton
+        label="Delete adapter"
+        danger
+        question={`Delete ${name} and all its versions?`}
+        confirmLabel="Delete"
+        disabled={remove.isPending}
+        onConfirm={() => remove.mutate()}
+      />
+      <ErrorBox error={remove.error} />
     </section>
   );
 }

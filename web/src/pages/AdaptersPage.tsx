@@ -1,15 +1,12 @@
-import { useMutation, useQueryClient } from "@tanstack/react-query";
 import { createColumnHelper } from "@tanstack/react-table";
 import { useMemo, useState } from "react";
 import { Link } from "react-router-dom";
 import { useAdapters, useEngineStatus, useUsageSeries } from "../api/queries";
 import type { Adapter } from "../api/types";
-import { ConfirmButton } from "../components/Confirm";
 import { DataTable } from "../components/DataTable";
 import { Empty, ErrorBox, Loading } from "../components/States";
 import { formatAgo, formatBytes, formatDate, formatNumber } from "../lib/format";
 import { placeOf, totalsByAdapter } from "../lib/residency";
-import { useApi, useSession } from "../session";
 
 interface Row {
   adapter: Adapter;
@@ -53,7 +50,7 @@ export function AdaptersPage() {
       lastUsed: lastUsed.get(adapter.name) ?? null,
       requests: totals.get(adapter.name)?.requests ?? 0,
       tokens: totals.get(adapter.name)?.tokens ?? 0,
-      place: placeOf(adapter.name, engine.data?.adapters),
+      place: placeOf(adapter.name, engine.data?.adapters, engine.data?.device),
     }));
   }, [adapters.data, usage.data, engine.data]);
 
@@ -82,7 +79,6 @@ export function AdaptersPage() {
       column.accessor("requests", { header: "Requests 24 h", cell: (info) => formatNumber(info.getValue()) }),
       column.accessor("tokens", { header: "Tokens 24 h", cell: (info) => formatNumber(info.getValue()) }),
       column.accessor("place", { header: "Resident", cell: (info) => <span className="badge">{info.getValue()}</span> }),
-      column.display({ id: "actions", header: "", cell: (info) => <DeleteAdapter name={info.row.original.name} /> }),
     ],
     [],
   );
@@ -122,28 +118,4 @@ function LastUsed({ hourStart }: { hourStart: string | null }) {
   if (hourStart === null) return <>not in 24 h</>;
   const end = Date.parse(hourStart) + 3600 * 1000;
   return <>{end > Date.now() ? "this hour" : formatAgo(new Date(end).toISOString())}</>;
-}
-
-function DeleteAdapter({ name }: { name: string }) {
-  const api = useApi();
-  const { me } = useSession();
-  const client = useQueryClient();
-  const remove = useMutation({
-    mutationFn: () => api.delete(`/v1/adapters/${encodeURIComponent(name)}?force=true`),
-    onSuccess: () => client.invalidateQueries({ queryKey: ["adapters"] }),
-  });
-  if (me.role === "inference") return null;
-  return (
-    <>
-      <ConfirmButton
-        label="Delete"
-        danger
-        question={`Delete ${name} and all its versions?`}
-        confirmLabel="Delete"
-        disabled={remove.isPending}
-        onConfirm={() => remove.mutate()}
-      />
-      <ErrorBox error={remove.error} />
-    </>
-  );
 }

@@ -1,11 +1,13 @@
 import { useMutation, useQuery, useQueryClient } from "@tanstack/react-query";
 import { useMemo } from "react";
 import { Link, useParams } from "react-router-dom";
-import { allPages } from "../api/queries";
+import { allPages, useFileNames } from "../api/queries";
 import type { Checkpoint, Job, JobEvent } from "../api/types";
 import { ConfirmButton } from "../components/Confirm";
 import { LineChart } from "../components/LineChart";
 import { Empty, ErrorBox, Loading } from "../components/States";
+import { FileName } from "../components/FileName";
+import { ProgressFacts } from "../components/JobProgress";
 import { formatDate, formatNumber } from "../lib/format";
 import { lossCurve } from "../lib/loss";
 import { useApi, useSession } from "../session";
@@ -42,11 +44,13 @@ export function JobPage() {
     mutationFn: () => api.post<Job>(`${path}/cancel`),
     onSuccess: () => client.invalidateQueries({ queryKey: ["jobs"] }),
   });
+  const fileNames = useFileNames();
   const curve = useMemo(() => lossCurve(events.data ?? []), [events.data]);
+  const evalPoints = curve.eval.filter((value) => value !== null).length;
   const series = useMemo(
     () => [
       { label: "train loss", color: "#2563eb", values: curve.train },
-      { label: "eval loss", color: "#dc2626", values: curve.eval },
+      { label: "eval loss", color: "#dc2626", values: curve.eval, points: true },
     ],
     [curve],
   );
@@ -80,8 +84,9 @@ export function JobPage() {
             </>
           ) : "—"}
         </dd>
-        <dt>Training file</dt><dd><code>{j.training_file}</code></dd>
-        <dt>Validation file</dt><dd>{j.validation_file ? <code>{j.validation_file}</code> : "none"}</dd>
+        <dt>Training file</dt><dd><FileName id={j.training_file} names={fileNames.data} /></dd>
+        <dt>Validation file</dt><dd>{j.validation_file ? <FileName id={j.validation_file} names={fileNames.data} /> : "none"}</dd>
+        <ProgressFacts job={j} />
         <dt>Created</dt><dd>{formatDate(j.created_at)}</dd>
         <dt>Finished</dt><dd>{formatDate(j.finished_at)}</dd>
         <dt>Trained tokens</dt><dd>{formatNumber(j.trained_tokens)}</dd>
@@ -103,6 +108,11 @@ export function JobPage() {
       ) : null}
       <div hidden={curve.steps.length === 0}>
         <LineChart label="Loss per step" x={curve.steps} series={series} xLabel="step" />
+        <p className="muted" data-testid="eval-points" data-count={evalPoints}>
+          {evalPoints === 0
+            ? "No validation loss yet: it is measured at each checkpoint and at the end, when the job has a validation file."
+            : `Validation loss at ${evalPoints} step${evalPoints === 1 ? "" : "s"} (the marked points).`}
+        </p>
       </div>
       <h2>Checkpoints</h2>
       <ErrorBox error={checkpoints.error} />

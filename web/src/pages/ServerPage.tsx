@@ -7,45 +7,73 @@ import { LineChart } from "../components/LineChart";
 import { Empty, ErrorBox, Loading } from "../components/States";
 import { formatNumber } from "../lib/format";
 import { addSample, rate, type Sample } from "../lib/rate";
+import { sharedSlots, slotName } from "../lib/residency";
+import { TopAdapters } from "../components/TopAdapters";
+import { useSession } from "../session";
 
 const REFRESH_MS = 2000;
 const column = createColumnHelper<Residency>();
-const columns = [
-  column.accessor("reference", {
-    header: "Adapter version",
-    cell: (info) => <Link to={`/adapters/${encodeURIComponent(info.row.original.adapter)}`}>{info.getValue()}</Link>,
-  }),
-  column.accessor("location", { header: "Where", cell: (info) => (info.getValue() === "gpu" ? "GPU slot" : "host cache") }),
-  column.accessor("slot", { header: "Slot", cell: (info) => info.getValue() ?? "—" }),
-];
+
+function residencyColumns(device: string, shared: Map<number, string[]>) {
+  return [
+    column.accessor("reference", {
+      header: "Adapter version",
+      cell: (info) => <Link to={`/adapters/${encodeURIComponent(info.row.original.adapter)}`}>{info.getValue()}</Link>,
+    }),
+    column.accessor("location", { header: "Where", cell: (info) => (info.getValue() === "gpu" ? slotName(device) : "host cache") }),
+    column.accessor("slot", {
+      header: "Slot",
+      cell: (info) => {
+        const slot = info.getValue();
+        if (slot === null) return "—";
+        const others = (shared.get(slot) ?? []).filter((reference) => reference !== info.row.original.reference);
+        if (others.length === 0) return String(slot);
+        const names = others.length <= 3 ? others.join(", ") : `${others.length} other names`;
+        return `${slot} (shared with ${names}: identical weights)`;
+      },
+    }),
+  ];
+}
 
 // What the API gives: a tenant sees its own requests and adapters; the operator's key also gets the
 // whole engine (`server`), shown below them.
 export function ServerPage() {
   const status = useEngineStatus(REFRESH_MS);
+  const { me } = useSession();
+  const shared = useMemo(() => sharedSlots(status.data?.adapters ?? []), [status.data]);
+  const columns = useMemo(() => residencyColumns(status.data?.device ?? "cpu", shared), [status.data?.device, shared]);
   if (status.isPending) return <Loading what="Loading server status" />;
   if (status.error) return <ErrorBox error={status.error} />;
   const s = status.data;
+  const onGpu = s.device.startsWith("cuda");
   return (
     <section>
       <h1>Server</h1>
-      <p className="muted">Model {s.model}; refreshed every {REFRESH_MS / 1000} s.</p>
+      <p className="muted" data-testid="engine-device">
+        Model {s.model} on {onGpu ? `GPU (${s.device})` : "CPU"}; refreshed every {REFRESH_MS / 1000} s.
+      </p>
+      <p className="help" data-testid="slots-explained">
+        An adapter in use is copied into one of the engine's adapter slots ({onGpu ? "in GPU memory" : "in CPU memory: this server has no GPU"});
+        the others wait in the host cache or in storage. Versions, adapters or checkpoints whose weights are byte-identical
+        share one slot, so a slot may hold several names.
+      </p>
       <dl className="stats" aria-label="Your requests">
         <Stat label="Your requests running" value={formatNumber(s.num_running)} />
         <Stat label="Your requests waiting" value={formatNumber(s.num_waiting)} />
       </dl>
       <h2>Your resident adapters</h2>
       {s.adapters.length === 0 ? (
-        <Empty>None of your adapters is in a GPU slot or the host cache now.</Empty>
+        <Empty>None of your adapters is in a {slotName(s.device)} or the host cache now.</Empty>
       ) : (
         <DataTable label="Resident adapters" data={s.adapters} columns={columns} />
       )}
-      {s.server && <WholeEngine server={s.server} at={status.dataUpdatedAt / 1000} />}
+      {s.server && <WholeEngine server={s.server} at={status.dataUpdatedAt / 1000} device={s.device} />}
+      {me.role !== "inference" && <TopAdapters allTenants={me.operator} ownTenant={me.tenant} />}
     </section>
   );
 }
 
-function WholeEngine({ server, at }: { server: ServerEngineStatus; at: number }) {
+function WholeEngine({ server, at, device }: { server: ServerEngineStatus; at: number; device: string }) {
   const [samples, setSamples] = useState<Sample[]>([]);
   const [points, setPoints] = useState<{ at: number[]; tps: (number | null)[] }>({ at: [], tps: [] });
 
@@ -71,7 +99,7 @@ function WholeEngine({ server, at }: { server: ServerEngineStatus; at: number })
         <Stat label="Waiting" value={formatNumber(server.num_waiting)} />
         <Stat label="Tokens/s" value={tps === null ? "…" : tps.toFixed(1)} />
         <Stat label="KV cache" value={`${(kv * 100).toFixed(0)}% (${server.kv_blocks_used}/${server.kv_blocks_total} blocks)`} />
-        <Stat label="Adapter slots" value={`${server.adapter_slots_used}/${server.adapter_slots_total}`} />
+        <Stat label={`Adapter slots (${device.startsWith("cuda") ? "GPU" : "CPU"})`} value={`${server.adapter_slots_used}/${server.adapter_slots_total}`} />
         <Stat label="Host cache" value={`${server.host_cache_adapters} adapters`} />
         <Stat label="Host-cache hits" value={lookups ? `${formatNumber(server.host_cache_hits)} of ${formatNumber(lookups)}` : "none yet"} />
         <Stat label="Preemptions" value={formatNumber(server.preemptions_total)} />

@@ -10,7 +10,13 @@ import { useApi } from "../session";
 
 const column = createColumnHelper<Tenant>();
 const columns = [
-  column.accessor("name", { header: "Name" }),
+  column.accessor("name", {
+    header: "Name",
+    cell: (info) => <NavLink to={`/tenants/${encodeURIComponent(info.getValue())}`}>{info.getValue()}</NavLink>,
+  }),
+  column.accessor((tenant) => (tenant.suspended_at ? "suspended" : "active"), {
+    id: "state", header: "State", cell: (info) => <span className={`badge ${info.getValue()}`}>{info.getValue()}</span>,
+  }),
   column.accessor("id", { header: "Id", cell: (info) => <code>{info.getValue()}</code> }),
   column.accessor("created_at", { header: "Created", cell: (info) => formatDate(info.getValue()) }),
   column.display({
@@ -39,6 +45,7 @@ export function TenantsPage() {
   return (
     <section>
       <h1>Tenants</h1>
+      <p className="muted">Open a tenant to manage its keys, see its usage, or suspend it.</p>
       <form onSubmit={submit} className="row" aria-label="Create a tenant">
         <label>
           Name <input value={name} onChange={(event) => setName(event.target.value)} aria-label="Tenant name" required />

@@ -1,26 +1,39 @@
 import { useMutation, useQuery, useQueryClient } from "@tanstack/react-query";
 import { createColumnHelper } from "@tanstack/react-table";
-import { type FormEvent, useState } from "react";
+import { type FormEvent, useMemo, useState } from "react";
 import { Link, useNavigate } from "react-router-dom";
 import { ApiError } from "../api/client";
-import { allPages } from "../api/queries";
+import { allPages, useFileNames } from "../api/queries";
 import type { FileObject, Job, Model } from "../api/types";
 import { DataTable } from "../components/DataTable";
+import { FileName } from "../components/FileName";
+import { ProgressCell } from "../components/JobProgress";
 import { Empty, ErrorBox, Loading } from "../components/States";
 import { formatDate, formatNumber } from "../lib/format";
+import { jobProgress } from "../lib/progress";
 import { defaultHelp, defaultText, hyperparameterBody, hyperparameterFields } from "../lib/hyperparameters";
 import { useApi, useSession } from "../session";
 
 const FINISHED = ["succeeded", "failed", "cancelled"];
 const column = createColumnHelper<Job>();
-const columns = [
-  column.accessor("id", { header: "Job", cell: (info) => <Link to={`/training/${info.getValue()}`}>{info.getValue()}</Link> }),
-  column.accessor("suffix", { header: "Adapter" }),
-  column.accessor("status", { header: "Status", cell: (info) => <span className={`badge ${info.getValue()}`}>{info.getValue()}</span> }),
-  column.accessor("fine_tuned_model", { header: "Produced", cell: (info) => info.getValue() ?? "—" }),
-  column.accessor("created_at", { header: "Created", cell: (info) => formatDate(info.getValue()) }),
-  column.accessor("finished_at", { header: "Finished", cell: (info) => formatDate(info.getValue()) }),
-];
+
+function jobColumns(fileNames: Map<string, string> | undefined) {
+  return [
+    column.accessor("id", { header: "Job", cell: (info) => <Link to={`/training/${info.getValue()}`}>{info.getValue()}</Link> }),
+    column.accessor("suffix", { header: "Adapter" }),
+    column.accessor("status", { header: "Status", cell: (info) => <span className={`badge ${info.getValue()}`}>{info.getValue()}</span> }),
+    // Sorted by how far along: the fraction of steps done.
+    column.accessor((job) => jobProgress(job)?.fraction, {
+      id: "progress", header: "Progress", cell: (info) => <ProgressCell job={info.row.original} />, sortUndefined: "last",
+    }),
+    column.accessor((job) => fileNames?.get(job.training_file) ?? job.training_file, {
+      id: "training_file", header: "Training file", cell: (info) => <FileName id={info.row.original.training_file} names={fileNames} />,
+    }),
+    column.accessor("fine_tuned_model", { header: "Produced", cell: (info) => info.getValue() ?? "—" }),
+    column.accessor("created_at", { header: "Created", cell: (info) => formatDate(info.getValue()) }),
+    column.accessor("finished_at", { header: "Finished", cell: (info) => formatDate(info.getValue()) }),
+  ];
+}
 
 export function TrainingPage() {
   const api = useApi();
@@ -31,6 +44,8 @@ export function TrainingPage() {
     // Live while any job is still going.
     refetchInterval: (query) => (query.state.data?.some((job) => !FINISHED.includes(job.status)) ? 3000 : false),
   });
+  const fileNames = useFileNames();
+  const columns = useMemo(() => jobColumns(fileNames.data), [fileNames.data]);
   return (
     <section>
       <h1>Training</h1>
