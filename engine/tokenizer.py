@@ -122,20 +122,35 @@ class Tokenizer:
                 "tokenizer: this model has no chat template (no chat_template.jinja, no "
                 "tokenizer_config.json 'chat_template'); use the completions endpoint with a raw prompt"
             )
-        normalized = [_normalize_message(message, index) for index, message in enumerate(messages)]
-        if not normalized:
-            raise ChatTemplateError("messages: must contain at least one message")
-        try:
-            return self._compiled_template.render(
-                messages=normalized, add_generation_prompt=add_generation_prompt, tools=tools, **self.special_tokens
-            )
-        except TemplateError as error:
-            raise ChatTemplateError(f"messages: the model's chat template rejected them: {error}") from error
+        return render_chat_template(self._compiled_template, messages, add_generation_prompt=add_generation_prompt,
+                                    tools=tools, special_tokens=self.special_tokens)
 
     def encode_chat(
         self, messages: list[dict], add_generation_prompt: bool = True, tools: list[dict] | None = None
     ) -> list[int]:
         return self.encode(self.apply_chat_template(messages, add_generation_prompt, tools), add_special_tokens=False)
+
+
+def compile_chat_template(source: str):
+    """A chat template compiled in the sandbox requests render in; ValueError (caused by Jinja's error,
+    which carries the line) if it does not compile."""
+    return _compile_template(source)[0]
+
+
+def render_chat_template(
+    template, messages: list[dict], *, add_generation_prompt: bool = True, tools: list[dict] | None = None,
+    special_tokens: dict[str, str] | None = None,
+) -> str:
+    """A compiled template's prompt for `messages`; ChatTemplateError (caused by Jinja's) if it refuses them."""
+    normalized = [_normalize_message(message, index) for index, message in enumerate(messages)]
+    if not normalized:
+        raise ChatTemplateError("messages: must contain at least one message")
+    try:
+        return template.render(
+            messages=normalized, add_generation_prompt=add_generation_prompt, tools=tools, **(special_tokens or {})
+        )
+    except TemplateError as error:
+        raise ChatTemplateError(f"messages: the model's chat template rejected them: {error}") from error
 
 
 def _read_json(path: Path) -> dict:

@@ -8,6 +8,7 @@ from fastapi import APIRouter, Request, Response
 from starlette.concurrency import run_in_threadpool
 
 from loraloom.engine import ChatTemplateError, RequestOutput, TokenLogprob
+from loraloom.platform.api.chat_templates import chat_tokenizer, tool_parser
 from loraloom.platform.api.deps import CallerDep, ChatUsageMeterDep, EngineDep, LookupDep
 from loraloom.platform.api.errors import ERROR_RESPONSES, field_error
 from loraloom.platform.api.generation import (
@@ -137,9 +138,10 @@ async def create_chat_completion(
     caller: CallerDep,
 ) -> ChatCompletionResponse | Response:
     adapter = await resolve_adapter(lookup, body, caller.tenant_id, meter)
-    tokenizer = engine.tokenizer
+    tokenizer = chat_tokenizer(engine.tokenizer, adapter)
     tools = plan_tools(body.tools, body.tool_choice, body.parallel_tool_calls, wants_json=body.wants_json,
-                       parser=request.app.state.settings.tool_parser, template=tokenizer.chat_template)
+                       parser=tool_parser(request.app.state.settings.tool_parser, adapter),
+                       template=tokenizer.chat_template)
     try:
         messages, template_tools = tools.template_input(
             [message.model_dump(exclude_none=True) for message in body.messages], tokenizer.template_renders_tools)
