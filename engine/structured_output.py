@@ -17,6 +17,7 @@ grammar may cost (LLParserLimits), which is how one tenant's schema is kept from
 from __future__ import annotations
 
 import json
+import re
 import threading
 from collections import OrderedDict
 from collections.abc import Collection, Sequence
@@ -137,7 +138,10 @@ class GrammarCompiler:
             # and not in the step loop.
             _fill(start, np.empty((1, _mask_words(self.tokenizer.vocab_size)), dtype=np.int32), 0)
         if start.is_error():
-            raise ValueError(f"{field}: the JSON schema cannot be served: {start.get_error()}")
+            error = start.get_error()
+            if field == "tools":  # the first line says what; the rest would quote the whole generated grammar
+                error = re.sub(r"^at \d+\(\d+\): ", "", error.splitlines()[0] if error else error)
+            raise ValueError(f"{field}: the JSON schema cannot be served: {error}")
         compiled = CompiledGrammar(key, start)
         with self._lock:
             self._cache[key] = compiled

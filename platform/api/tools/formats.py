@@ -24,6 +24,7 @@ MAX_PARALLEL_CALLS = 4
 # JSON as models write it (the same options as response_format's grammar, engine/structured_output.py).
 _JSON_STYLE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 NO_PARAMETERS: dict[str, Any] = {"type": "object", "properties": {}}
+_DEFINITIONS = ("$defs", "definitions")
 
 
 @dataclass(frozen=True)
@@ -72,12 +73,17 @@ class ToolFormat:
         return "\n".join([start, f"call: {alternatives}", *rules])
 
     def _call_schema(self, function: Function) -> dict[str, Any]:
+        # The parameters' definitions move to the root: their "#/$defs/..." references are written
+        # against the parameters' schema, which is the call schema's root here.
+        parameters = {key: value for key, value in function.parameters.items() if key not in _DEFINITIONS}
+        definitions = {key: function.parameters[key] for key in _DEFINITIONS if key in function.parameters}
         return {
             "type": "object",
-            "properties": {"name": {"const": function.name}, self.arguments_key: function.parameters},
+            "properties": {"name": {"const": function.name}, self.arguments_key: parameters},
             "required": ["name", self.arguments_key],
             "additionalProperties": False,
             "x-guidance": _JSON_STYLE,
+            **definitions,
         }
 
     # How calls are laid out around their JSON objects: opening, separator between calls, closing.

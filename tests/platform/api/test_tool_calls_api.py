@@ -209,6 +209,9 @@ def test_a_call_its_result_and_the_answer(client):
         (dict(tools=[WEATHER], tool_choice="required", response_format={"type": "json_object"}), "response_format",
          "tool_choice"),
         (dict(functions=[WEATHER["function"]]), "functions", "send tools"),
+        (dict(tools=[{"type": "function", "function": {"name": "f", "parameters": {
+            "type": "object", "properties": {"a": {"type": "foo"}}}}}], tool_choice="required"), "tools",
+         "Invalid type"),
     ],
 )
 def test_tool_fields_that_do_not_fit_are_refused(client, fields, param, says):

@@ -197,3 +197,22 @@ def test_the_bundled_template_gets_tools_described_and_calls_written(tokenizer):
     assert "<|im_start|>tool\nsunny<|im_end|>" in prompt
     quiet, _ = template_input(HISTORY, TOOLS, describe_tools=False, renders_tools=False, tool_format=tool_format)
     assert "<tools>" not in tokenizer.apply_chat_template(quiet)
+
+
+def test_parameters_with_definitions_compile_against_their_own_root(compiler, tokenizer):
+    """$defs references are written against the parameters' schema: they still resolve inside a call."""
+    function = Function("pick", None, {"type": "object", "properties": {"level": {"$ref": "#/$defs/Level"}},
+                                       "required": ["level"], "additionalProperties": False,
+                                       "$defs": {"Level": {"type": "integer", "minimum": 0, "maximum": 3}}})
+    tool_format = TOOL_FORMATS["smollm2"]
+    grammar = tool_format.grammar([function], parallel=False)
+    assert accepts(compiler, tokenizer, grammar, tool_format.write([ToolCall("pick", '{"level": 2}')]))
+    assert not accepts(compiler, tokenizer, grammar, tool_format.write([ToolCall("pick", '{"level": 7}')]))
+
+
+def test_a_schema_the_grammar_cannot_take_is_named_shortly(compiler):
+    bad = Function("f", None, {"type": "object", "properties": {"a": {"type": "foo"}}})
+    with pytest.raises(ValueError) as refusal:
+        compiler.compile(TOOL_FORMATS["hermes"].grammar([bad], parallel=False))
+    message = str(refusal.value)
+    assert message.startswith("tools: ") and "Invalid type: foo" in message and "call_0" not in message
