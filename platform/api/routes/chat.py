@@ -102,11 +102,14 @@ async def chat_event_stream(
     async for index, output in outputs:
         lasts[index] = output
         reader = readers[index]
-        content = output.text_delta if reader is None else reader.feed(output.text_delta)
+        content, calls = (output.text_delta, []) if reader is None else reader.feed(output.text_delta)
         if content or output.logprobs:
             logprobs = chat_logprobs(output.logprobs) if output.logprobs is not None else None
             delta = ChatDelta(content=content)
             yield chunk(ChatChunkChoice(index=index, delta=delta, logprobs=logprobs, finish_reason=None))
+        for call in calls:
+            yield chunk(ChatChunkChoice(index=index, delta=ChatDelta(tool_calls=[call]), logprobs=None,
+                                        finish_reason=None))
         if output.finished:
             finish_reason = output.finish_reason
             if reader is not None:

@@ -10,6 +10,7 @@ import uuid
 from dataclasses import dataclass
 
 from loraloom.platform.api.tools.formats import Parsed, ToolFormat
+from loraloom.platform.api.tools.live_calls import LiveCalls
 from loraloom.platform.api.tools.request import ToolRequest
 from loraloom.platform.api.tools.shapes import FunctionCall, FunctionCallDelta, ToolCallDelta, ToolCallItem
 
@@ -49,8 +50,9 @@ def _calls_finish(request: ToolRequest) -> str:
 
 
 class ToolStream:
-    """One choice's stream: content passes through until calls may be starting; from there the text is
-    held, and read as calls when the choice ends (content again if it does not read as calls)."""
+    """One choice's stream. Constrained answers stream their calls as they are generated (LiveCalls).
+    Free ones pass content through until calls may be starting; from there the text is held, and read
+    as calls when the choice ends (content again if it does not read as calls)."""
 
     def __init__(self, request: ToolRequest, tool_format: ToolFormat) -> None:
         self.request = request
@@ -58,12 +60,15 @@ class ToolStream:
         self.text = ""
         self.sent = 0  # characters of text already sent as content
         self.calling = request.constrained  # constrained answers are calls from their first token
+        self.live = LiveCalls(tool_format, call_id) if request.constrained else None
 
-    def feed(self, delta: str) -> str:
-        """The content that may be sent now."""
+    def feed(self, delta: str) -> tuple[str, list[ToolCallDelta]]:
+        """The content that may be sent now, and the calls' deltas (constrained answers only)."""
         self.text += delta
+        if self.live is not None:
+            return "", self.live.advance(self.text)
         if self.calling:
-            return ""
+            return "", []
         start = self.format.find_start(self.text)
         if start >= 0:
             self.calling = True
@@ -71,10 +76,12 @@ class ToolStream:
         else:
             end = self.format.hold_from(self.text)
         content, self.sent = self.text[self.sent:end], max(self.sent, end)
-        return content
+        return content, []
 
     def finish(self, finish_reason: str | None) -> tuple[str, list[ToolCallDelta], str | None]:
         """(content not sent yet, the calls' deltas, the finish reason) once generation ended."""
+        if self.live is not None and self.live.count:  # sent as they came; cut short, they stay cut
+            return "", [], finish_reason if finish_reason == "length" else _calls_finish(self.request)
         parsed = _parsed(self.text, self.request, self.format) if self.calling else Parsed(self.text, [])
         if not parsed.calls:
             rest, self.sent = self.text[self.sent:], len(self.text)

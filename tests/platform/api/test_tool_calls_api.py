@@ -147,8 +147,10 @@ def test_required_calls_pick_offered_functions(client, parallel):
 
 
 def assembled(stream) -> tuple[list[tuple[str, str]], str | None, str]:
-    """(name, arguments) per call from tool_calls deltas, the finish reason, and the content."""
+    """(name, arguments) per call from tool_calls deltas, the finish reason, and the content; each
+    call's arguments must come in more than one fragment (as generated, not whole at the end)."""
     calls: dict[int, dict] = {}
+    fragments: dict[int, int] = {}
     finish_reason, content = None, ""
     for chunk in stream:
         [choice] = chunk.choices
@@ -161,7 +163,9 @@ def assembled(stream) -> tuple[list[tuple[str, str]], str | None, str]:
             else:
                 assert delta.id is None and delta.function.name is None
             calls[delta.index]["arguments"] += delta.function.arguments or ""
+            fragments[delta.index] = fragments.get(delta.index, 0) + bool(delta.function.arguments)
         finish_reason = choice.finish_reason or finish_reason
+    assert calls and all(count > 1 for count in fragments.values()), fragments
     return [(call["name"], call["arguments"]) for _, call in sorted(calls.items())], finish_reason, content
 
 
@@ -173,7 +177,9 @@ def test_streamed_calls_assemble_to_the_same_calls(client, tool_choice):
                   temperature=0.0)
     whole = client.chat.completions.create(**fields).choices[0]
     calls, finish_reason, content = assembled(client.chat.completions.create(**fields, stream=True))
-    assert calls == [(call.function.name, call.function.arguments) for call in whole.message.tool_calls]
+    # The same calls: names, and arguments that parse to the same values (streamed as the model wrote them).
+    assert [(name, json.loads(arguments)) for name, arguments in calls] == [
+        (call.function.name, json.loads(call.function.arguments)) for call in whole.message.tool_calls]
     assert finish_reason == whole.finish_reason and content == ""
 
 

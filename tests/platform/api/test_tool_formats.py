@@ -74,7 +74,7 @@ def test_parallel_tool_calls_false_keeps_the_first_call():
 def streamed(name: str, text: str, piece: int) -> tuple[str, list[tuple[str, str]], str | None]:
     """Feed `text` in pieces of `piece` characters: (content sent, (name, arguments) per call, finish)."""
     reader = ToolStream(auto_request(), TOOL_FORMATS[name])
-    content = "".join(reader.feed(text[start:start + piece]) for start in range(0, len(text), piece))
+    content = "".join(reader.feed(text[start:start + piece])[0] for start in range(0, len(text), piece))
     rest, deltas, finish_reason = reader.finish("stop")
     calls: dict[int, list[str]] = {}
     for delta in deltas:
@@ -98,9 +98,9 @@ def test_a_stream_gives_what_the_whole_text_gives(name, text, content, calls, pi
 
 def test_content_streams_before_the_calls_are_known():
     reader = ToolStream(auto_request(), TOOL_FORMATS["smollm2"])
-    assert reader.feed("Let me ") == "Let me "
-    assert reader.feed("check <tool") == "check "  # "<tool" may open a call: held
-    assert reader.feed("_call>[") == ""
+    assert reader.feed("Let me ") == ("Let me ", [])
+    assert reader.feed("check <tool") == ("check ", [])  # "<tool" may open a call: held
+    assert reader.feed("_call>[") == ("", [])
 
 
 @pytest.fixture(scope="module")
@@ -216,3 +216,25 @@ def test_a_schema_the_grammar_cannot_take_is_named_shortly(compiler):
         compiler.compile(TOOL_FORMATS["hermes"].grammar([bad], parallel=False))
     message = str(refusal.value)
     assert message.startswith("tools: ") and "Invalid type: foo" in message and "call_0" not in message
+
+
+@pytest.mark.parametrize("name", sorted(TOOL_FORMATS))
+def test_constrained_calls_stream_their_arguments_as_they_come(name):
+    """A required answer, fed a character at a time: each call's head comes as soon as its name is
+    complete, its arguments in fragments before the answer ends, and nothing is left for the end."""
+    tool_format = TOOL_FORMATS[name]
+    request = ToolRequest([Function(n, None, {"type": "object"}) for n in sorted(KNOWN)], "required", True)
+    reader = ToolStream(request, tool_format)
+    text = tool_format.write([WEATHER, TIME])
+    fed: list[tuple[int, object]] = []  # (characters fed when the delta came, delta)
+    for position in range(len(text)):
+        content, deltas = reader.feed(text[position])
+        assert content == ""
+        fed += [(position + 1, delta) for delta in deltas]
+    assert reader.finish("stop") == ("", [], "tool_calls")
+    heads = [(at, delta) for at, delta in fed if delta.id is not None]
+    assert [delta.function.name for _, delta in heads] == ["get_weather", "get_time"]
+    assert heads[0][0] == text.index('"get_weather"') + len('"get_weather", "') + len(tool_format.arguments_key) + 3
+    for index, call in enumerate([WEATHER, TIME]):
+        fragments = [delta.function.arguments for _, delta in fed if delta.index == index and delta.id is None]
+        assert len(fragments) > 1 and "".join(fragments) == call.arguments
