@@ -181,7 +181,8 @@ class PlannedFileBody(StrictBody):
 
 
 class UploadRequestBody(StrictBody):
-    files: list[PlannedFileBody] = Field(description="adapter_config.json and adapter_model.safetensors, with sizes.")
+    files: list[PlannedFileBody] = Field(description="adapter_config.json and adapter_model.safetensors, with sizes "
+                                         "(and chat_template.jinja for an adapter with its own chat template).")
 
 
 class PresignedFileObject(BaseModel):
