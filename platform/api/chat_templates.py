@@ -4,14 +4,18 @@ from __future__ import annotations
 
 import functools
 
-from loraloom.engine.tokenizer import Tokenizer
+from loraloom.engine.tokenizer import ChatTemplateError, Tokenizer
 from loraloom.platform.registry.named import NamedAdapter
 
 
 def chat_tokenizer(tokenizer: Tokenizer, adapter: NamedAdapter | None) -> Tokenizer:
     if adapter is None or adapter.chat_template is None:
         return tokenizer
-    return _with_template(tokenizer, adapter.chat_template)
+    try:
+        return _with_template(tokenizer, adapter.chat_template)
+    except ValueError as error:  # checked at upload, so only a sandbox stricter since then gets here
+        raise ChatTemplateError(f"model: the adapter's own chat template no longer compiles ({error}); "
+                                "upload a version with a template that does") from None
 
 
 @functools.lru_cache(maxsize=64)

@@ -141,7 +141,10 @@ async def create_chat_completion(
     caller: CallerDep,
 ) -> ChatCompletionResponse | Response:
     adapter = await resolve_adapter(lookup, body, caller.tenant_id, meter)
-    tokenizer = chat_tokenizer(engine.tokenizer, adapter)
+    try:
+        tokenizer = chat_tokenizer(engine.tokenizer, adapter)
+    except ChatTemplateError as error:
+        raise field_error(error, {}) from None
     tools = plan_tools(body.tools, body.tool_choice, body.parallel_tool_calls, wants_json=body.wants_json,
                        parser=tool_parser(request.app.state.settings.tool_parser, adapter),
                        template=tokenizer.chat_template)
