@@ -120,7 +120,7 @@ class AsyncEngine:
             )
             raise
 
-    async def compile_grammar(self, schema: dict | None) -> CompiledGrammar:
+    async def compile_grammar(self, schema: dict | str | None) -> CompiledGrammar:
         """A JSON schema's grammar (None: any JSON object) for SamplingParams.grammar, compiled off the
         step thread (cached by schema text). Raises ValueError naming response_format."""
         compiling = asyncio.get_running_loop().run_in_executor(self._grammar_thread, self.engine.compile_grammar, schema)

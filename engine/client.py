@@ -64,9 +64,10 @@ class EngineClient(Protocol):
         naming the field, AdapterLoadError, RequestFailedError). Closing the stream before its last
         output (aclose, or cancelling the task that iterates it) aborts the request: that is the abort."""
 
-    async def compile_grammar(self, schema: dict | None) -> Any:
-        """A JSON schema's grammar (None: any JSON object), for SamplingParams.grammar of a request sent
-        to this same client. Raises ValueError naming response_format."""
+    async def compile_grammar(self, schema: dict | str | None) -> Any:
+        """A JSON schema's grammar (None: any JSON object; a str: a Lark grammar's source, as tool calls
+        are constrained), for SamplingParams.grammar of a request sent to this same client. Raises
+        ValueError naming response_format (tools for a Lark grammar)."""
 
     async def load_adapter(self, adapter: AdapterHandle) -> None:
         """Fetch and validate the adapter ahead of its first request; raises AdapterLoadError."""

@@ -182,8 +182,9 @@ class LLMEngine:
         """Drop an adapter's weights from the host cache. Requests already holding its GPU slot finish on it."""
         self.adapter_cache.discard(key)
 
-    def compile_grammar(self, schema: dict | None) -> CompiledGrammar:
-        """Compile a JSON schema (None: any JSON object) for this engine's tokenizer; cached by schema text.
+    def compile_grammar(self, schema: dict | str | None) -> CompiledGrammar:
+        """Compile a JSON schema (None: any JSON object), or a Lark grammar given as its source text, for this
+        engine's tokenizer; cached by its text.
         Thread-safe, and slow for a big schema: AsyncEngine runs it off the step thread.
         Raises ValueError naming response_format."""
         if self.tokenizer is None:

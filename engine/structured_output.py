@@ -17,6 +17,7 @@ grammar may cost (LLParserLimits), which is how one tenant's schema is kept from
 from __future__ import annotations
 
 import json
+import re
 import threading
 from collections import OrderedDict
 from collections.abc import Collection, Sequence
@@ -111,28 +112,39 @@ class GrammarCompiler:
         self._cache: OrderedDict[str, CompiledGrammar] = OrderedDict()
         self._lock = threading.Lock()
 
-    def compile(self, schema: dict[str, Any] | None) -> CompiledGrammar:
-        """The grammar of `schema` (None: any JSON object). Raises ValueError naming response_format."""
-        schema_text = _schema_text(ANY_OBJECT_SCHEMA if schema is None else schema)
+    def compile(self, schema: dict[str, Any] | str | None) -> CompiledGrammar:
+        """The grammar of `schema`: a JSON schema (None: any JSON object), or a Lark grammar's source
+        (a str, as tool calls are constrained: platform/api/tools/formats.py). Raises ValueError naming
+        the request field the grammar came from (response_format or tools)."""
+        if isinstance(schema, str):
+            field, key = "tools", "lark:" + schema
+        else:
+            field, key = "response_format", _schema_text(ANY_OBJECT_SCHEMA if schema is None else schema)
         with self._lock:
-            cached = self._cache.get(schema_text)
+            cached = self._cache.get(key)
             if cached is not None:
-                self._cache.move_to_end(schema_text)
+                self._cache.move_to_end(key)
                 return cached
         try:
-            grammar = llguidance.LLMatcher.grammar_from_json_schema(schema_text, overrides=JSON_OPTIONS)
+            if isinstance(schema, str):
+                grammar = llguidance.LLMatcher.grammar_from_lark(schema)
+            else:
+                grammar = llguidance.LLMatcher.grammar_from_json_schema(key, overrides=JSON_OPTIONS)
         except ValueError as error:
-            raise ValueError(f"response_format: the JSON schema is not valid: {error}") from None
+            raise ValueError(f"{field}: the JSON schema is not valid: {error}") from None
         start = llguidance.LLMatcher(self.tokenizer, grammar, log_level=0, limits=self._limits)
         if not start.is_error():
             # The first mask builds the lexer's start states; done here, so a bad grammar fails here
             # and not in the step loop.
             _fill(start, np.empty((1, _mask_words(self.tokenizer.vocab_size)), dtype=np.int32), 0)
         if start.is_error():
-            raise ValueError(f"response_format: the JSON schema cannot be served: {start.get_error()}")
-        compiled = CompiledGrammar(schema_text, start)
+            error = start.get_error()
+            if field == "tools":  # the first line says what; the rest would quote the whole generated grammar
+                error = re.sub(r"^at \d+\(\d+\): ", "", error.splitlines()[0] if error else error)
+            raise ValueError(f"{field}: the JSON schema cannot be served: {error}")
+        compiled = CompiledGrammar(key, start)
         with self._lock:
-            self._cache[schema_text] = compiled
+            self._cache[key] = compiled
             if len(self._cache) > CACHE_SIZE:
                 self._cache.popitem(last=False)
         return compiled

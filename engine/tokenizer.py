@@ -11,7 +11,7 @@ import json
 from datetime import datetime
 from pathlib import Path
 
-from jinja2 import TemplateError, nodes
+from jinja2 import TemplateError, meta, nodes
 from jinja2.ext import Extension
 from jinja2.parser import Parser
 from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -39,7 +39,10 @@ class Tokenizer:
         self.special_tokens = special_tokens  # {"bos_token": "<|im_start|>", ...}, only the ones the model defines
         self.eos_token_ids = eos_token_ids
         self.chat_template = chat_template
-        self._compiled_template = _compile_template(chat_template) if chat_template is not None else None
+        self._compiled_template, variables = (
+            _compile_template(chat_template) if chat_template is not None else (None, frozenset()))
+        # Whether the template shows `tools` to the model itself; if not, the gateway describes them.
+        self.template_renders_tools = "tools" in variables
 
     @classmethod
     def from_dir(cls, model_dir: str | Path) -> "Tokenizer":
@@ -105,25 +108,49 @@ class Tokenizer:
 
     # --- chat ---------------------------------------------------------------------------
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
-        """The prompt text for a conversation; encode it with add_special_tokens=False (it carries BOS)."""
+    def with_chat_template(self, chat_template: str) -> "Tokenizer":
+        """This tokenizer with another chat template (an adapter's own); raises ValueError if it does not compile."""
+        return Tokenizer(self._tokenizer, self.special_tokens, self.eos_token_ids, chat_template)
+
+    def apply_chat_template(
+        self, messages: list[dict], add_generation_prompt: bool = True, tools: list[dict] | None = None
+    ) -> str:
+        """The prompt text for a conversation; encode it with add_special_tokens=False (it carries BOS).
+        `tools`: OpenAI's tool definitions, for a template that renders them (template_renders_tools)."""
         if self._compiled_template is None:
             raise ChatTemplateError(
                 "tokenizer: this model has no chat template (no chat_template.jinja, no "
                 "tokenizer_config.json 'chat_template'); use the completions endpoint with a raw prompt"
             )
-        normalized = [_normalize_message(message, index) for index, message in enumerate(messages)]
-        if not normalized:
-            raise ChatTemplateError("messages: must contain at least one message")
-        try:
-            return self._compiled_template.render(
-                messages=normalized, add_generation_prompt=add_generation_prompt, tools=None, **self.special_tokens
-            )
-        except TemplateError as error:
-            raise ChatTemplateError(f"messages: the model's chat template rejected them: {error}") from error
+        return render_chat_template(self._compiled_template, messages, add_generation_prompt=add_generation_prompt,
+                                    tools=tools, special_tokens=self.special_tokens)
 
-    def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
-        return self.encode(self.apply_chat_template(messages, add_generation_prompt), add_special_tokens=False)
+    def encode_chat(
+        self, messages: list[dict], add_generation_prompt: bool = True, tools: list[dict] | None = None
+    ) -> list[int]:
+        return self.encode(self.apply_chat_template(messages, add_generation_prompt, tools), add_special_tokens=False)
+
+
+def compile_chat_template(source: str):
+    """A chat template compiled in the sandbox requests render in; ValueError (caused by Jinja's error,
+    which carries the line) if it does not compile."""
+    return _compile_template(source)[0]
+
+
+def render_chat_template(
+    template, messages: list[dict], *, add_generation_prompt: bool = True, tools: list[dict] | None = None,
+    special_tokens: dict[str, str] | None = None,
+) -> str:
+    """A compiled template's prompt for `messages`; ChatTemplateError (caused by Jinja's) if it refuses them."""
+    normalized = [_normalize_message(message, index) for index, message in enumerate(messages)]
+    if not normalized:
+        raise ChatTemplateError("messages: must contain at least one message")
+    try:
+        return template.render(
+            messages=normalized, add_generation_prompt=add_generation_prompt, tools=tools, **(special_tokens or {})
+        )
+    except TemplateError as error:
+        raise ChatTemplateError(f"messages: the model's chat template rejected them: {error}") from error
 
 
 def _read_json(path: Path) -> dict:
@@ -211,7 +238,7 @@ def _compile_template(source: str):
     environment.globals["raise_exception"] = _raise_exception
     environment.globals["strftime_now"] = _strftime_now
     try:
-        return environment.from_string(source)
+        return environment.from_string(source), frozenset(meta.find_undeclared_variables(environment.parse(source)))
     except TemplateError as error:
         raise ValueError(f"tokenizer: the model's chat template does not compile: {error}") from error
 
@@ -233,6 +260,8 @@ def _normalize_message(message: dict, index: int) -> dict:
                 )
             texts.append(part["text"])
         content = "\n".join(texts)
+    elif content is None and message.get("tool_calls"):
+        content = ""  # an assistant turn that only called tools
     elif not isinstance(content, str):
         raise ChatTemplateError(f"messages[{index}].content: must be a string or a list of text parts")
     return {**message, "role": ROLE_RENDERED_AS.get(role, role), "content": content}

@@ -7,6 +7,7 @@ PostgreSQL and `storage_url` at `s3://bucket/prefix`.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -77,6 +78,9 @@ class Settings(BaseSettings):
     training_dispatch_timeout_s: float = Field(default=180.0, gt=0)
     training_checkpoint_every: int = Field(default=100, ge=1)  # optimizer steps between checkpoints
     training_work_dir: Path | None = None  # None = <data_dir>/training; scratch space of running jobs
+    # How tool calls are written and parsed (platform/api/tools/formats.py): auto reads the family from the
+    # chat template; an adapter with its own template may name its own.
+    tool_parser: Literal["auto", "smollm2", "hermes", "llama3_json"] = "auto"
     # Rate limits (platform/limits/; the limits themselves are set per tenant and key through the API).
     # The counters live in this process's memory, or with rate_limit_redis_url (redis://...) in Redis,
     # shared by every gateway, under keys starting with rate_limit_redis_prefix. A per-minute limit

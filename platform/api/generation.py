@@ -89,13 +89,16 @@ def default_max_tokens(num_prompt_tokens: int, max_model_len: int) -> int:
     return max(1, min(DEFAULT_MAX_TOKENS, max_model_len - num_prompt_tokens))
 
 
-async def compile_grammar(engine: EngineClient, body: GenerationRequest) -> CompiledGrammar | None:
-    """The grammar a JSON response_format asks for (None for text), compiled by the engine off its step
-    thread, before the request is queued; a schema it cannot serve is a 400 naming response_format."""
-    if not body.wants_json:
+async def compile_grammar(
+    engine: EngineClient, body: GenerationRequest, tool_grammar: str | None = None
+) -> CompiledGrammar | None:
+    """The grammar a JSON response_format asks for (None for text), or the Lark grammar of constrained
+    tool calls, compiled by the engine off its step thread, before the request is queued; a schema it
+    cannot serve is a 400 naming response_format (or tools)."""
+    if tool_grammar is None and not body.wants_json:
         return None
     try:
-        return await engine.compile_grammar(body.json_schema())
+        return await engine.compile_grammar(tool_grammar if tool_grammar is not None else body.json_schema())
     except ValueError as error:
         raise field_error(error, {}) from None
 
@@ -336,19 +339,20 @@ async def respond(
     meter: UsageMeter,
     events: Callable[[AsyncGenerator[ChoiceOutput, None], ResponseHead, bool], AsyncGenerator[str, None]],
     build: Callable[[list[Collected], ResponseHead], T],
+    tool_grammar: str | None = None,
 ) -> T | Response:
     """Start the generation (open_generation; `max_tokens` None: the default),
     then answer with server-sent events made by `events` (given whether the
     client asked for usage), or with the whole response made by `build` once
     generation ends. A client that leaves before its answer begins streaming
-    cancels the generation (Starlette handles it after)."""
+    cancels the generation (Starlette handles it after). `tool_grammar`: constrained tool calls' grammar."""
     if max_tokens is None:
         max_tokens = default_max_tokens(len(prompt_token_ids), engine.max_model_len)
     # Charged at most its prompt and every token it may generate; trued up when its meter finishes.
     rate_limits = request.app.state.rate_limits
     ticket = await rate_limits.admit(request, engine, meter, tokens=len(prompt_token_ids) + max_tokens * body.n)
     try:
-        grammar = await compile_grammar(engine, body)
+        grammar = await compile_grammar(engine, body, tool_grammar)
     except BaseException:
         rate_limits.release(ticket)  # refused before it reached the engine
         raise

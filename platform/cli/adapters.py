@@ -17,6 +17,7 @@ from loraloom.platform.cli.listing import add_json_option, field_columns, print_
 from loraloom.platform.cli.options import positive_int
 
 # adapter_model.safetensors, .bin, .pt...: whatever format the weights were saved in.
+TEMPLATE_FILES = ("chat_template.jinja", "tokenizer_config.json")
 ADAPTER_WEIGHTS_STEM = ADAPTER_WEIGHTS_FILE.split(".")[0] + "."
 
 
@@ -45,7 +46,7 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
 
 
 def upload_paths(path: Path) -> list[Path]:
-    """An archive file itself; from a directory, its two PEFT files. A directory without both sends
+    """An archive file itself; from a directory, its two PEFT files (and chat template). A directory without both sends
     the adapter files it has (adapter_config.json, adapter_model.*) as they are: the server judges
     them, and its message (e.g. why a pickled adapter_model.bin is refused) reaches the user as is."""
     if path.is_file():
@@ -53,7 +54,9 @@ def upload_paths(path: Path) -> list[Path]:
     if not path.is_dir():
         raise CommandError(f"{path}: no such file or directory")
     if all((path / name).is_file() for name in ADAPTER_FILES):
-        return [path / name for name in ADAPTER_FILES]
+        # With its own chat template when it has one (transformers writes either file; the server keeps one).
+        templates = [path / name for name in TEMPLATE_FILES if (path / name).is_file()]
+        return [path / name for name in ADAPTER_FILES] + templates
     found = sorted(file for file in path.iterdir() if file.is_file() and (
         file.name == ADAPTER_CONFIG_FILE or file.name.startswith(ADAPTER_WEIGHTS_STEM)))
     if not found:

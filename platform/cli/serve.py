@@ -83,6 +83,10 @@ def add_serve_command(commands: argparse._SubParsersAction) -> None:
         f"counters; later ones count as model=\"other\" (default: LORALOOM_METRICS_MAX_ADAPTERS, else "
         f"{defaults.metrics_max_adapters})",
     )
+    serve.add_argument("--tool-parser", choices=("auto", "smollm2", "hermes", "llama3_json"), default=None,
+                       help="the format tool calls are constrained to and parsed in: auto reads the model family "
+                       "from the chat template (default: LORALOOM_TOOL_PARSER, else auto); an adapter with its own "
+                       "chat template may name its own")
     serve.add_argument("--enforce-eager", action="store_true",
                        help="run every step eagerly instead of replaying decode steps from CUDA graphs")
     serve.add_argument(
@@ -216,6 +220,8 @@ def serve(args: argparse.Namespace) -> None:
     # The training side: the worker beside the server (unless --no-worker), restarted when it dies or
     # gets stuck, and a reaper of jobs whose worker died.
     training = TrainingSupervisor(settings, None if args.no_worker else worker_command(model_dir, settings.broker_url))
+    if args.tool_parser is not None:
+        settings.tool_parser = args.tool_parser
     if settings.max_waiting_requests is None:  # a full server is judged against this engine's size
         settings.max_waiting_requests = default_max_waiting(args.max_num_seqs)
     app = create_app(engine, lookup, settings, training=training)

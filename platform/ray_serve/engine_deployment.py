@@ -79,7 +79,7 @@ class EngineDeployment:
                 first = False
             yield detached(output)
 
-    async def compile_grammar(self, schema: dict | None) -> RemoteGrammar:
+    async def compile_grammar(self, schema: dict | str | None) -> RemoteGrammar:
         """Compile here to refuse an unservable schema before the request is sent (ValueError)."""
         await self.engine.compile_grammar(schema)
         return RemoteGrammar(schema)

@@ -86,7 +86,7 @@ class RayEngineClient:
             if not finished:  # the caller went away, or the replica failed: stop the request there
                 stream.cancel()
 
-    async def compile_grammar(self, schema: dict | None) -> RemoteGrammar:
+    async def compile_grammar(self, schema: dict | str | None) -> RemoteGrammar:
         try:
             return await self._handle.compile_grammar.remote(schema)
         except Exception as error:

@@ -14,7 +14,7 @@ class RemoteGrammar:
     """A JSON schema a replica has compiled once (so it is known to be servable); each replica that
     serves a request compiles it again, from its cache, since a compiled grammar does not pickle."""
 
-    schema: dict | None  # None: any JSON object
+    schema: dict | str | None  # None: any JSON object; a str: a Lark grammar (tool calls)
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,8 @@ from sqlalchemy.orm import Session
 
 from loraloom.engine import ADAPTER_CONFIG_FILE, ADAPTER_FILES, ADAPTER_WEIGHTS_FILE
 from loraloom.platform.db.models import AdapterVersionStatus
-from loraloom.platform.registry.errors import RegistryConflictError
+from loraloom.platform.registry.chat_templates import CHAT_TEMPLATE_FILE
+from loraloom.platform.registry.errors import RegistryConflictError, RegistryNotFoundError
 from loraloom.platform.registry.versions import find_version
 from loraloom.platform.storage import BlobStore, content_key
 
@@ -54,14 +55,17 @@ class ExportedVersion:
     adapter_name: str
     number: int
     created_at: datetime
-    files: tuple[ExportedFile, ...]  # in ADAPTER_FILES order: the small config first
+    files: tuple[ExportedFile, ...]  # in ADAPTER_FILES order (the small config first), then its chat template
 
     @property
     def reference(self) -> str:
         return f"{self.adapter_name}@{self.number}"
 
     def file(self, filename: str) -> ExportedFile:
-        return next(file for file in self.files if file.filename == filename)
+        for file in self.files:
+            if file.filename == filename:
+                return file
+        raise RegistryNotFoundError(f"version {self.number} of {self.adapter_name!r} has no {filename}")
 
 
 def export_version(
@@ -90,11 +94,15 @@ def export_version(
             blob_key=content_key(weights.sha256),
         ),
     }
+    template = stored.get(CHAT_TEMPLATE_FILE)
+    if template is not None:  # the adapter's own chat template, as uploaded
+        files[CHAT_TEMPLATE_FILE] = ExportedFile(filename=CHAT_TEMPLATE_FILE, size_bytes=template.size_bytes,
+                                                 sha256=template.sha256, blob_key=content_key(template.sha256))
     return ExportedVersion(
         adapter_name=name,
         number=version.number,
         created_at=version.created_at,
-        files=tuple(files[filename] for filename in ADAPTER_FILES),
+        files=tuple(files[filename] for filename in (*ADAPTER_FILES, CHAT_TEMPLATE_FILE) if filename in files),
     )
 
 

@@ -13,6 +13,7 @@ Checkpoints belong to training, which builds on the registry: the lookup is hand
 """
 from __future__ import annotations
 
+import functools
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,7 +36,7 @@ from loraloom.platform.registry.references import LATEST_ALIAS, AdapterReference
 from loraloom.platform.registry.resolution import ResolutionCache, ResolvedVersion, resolve_reference
 from loraloom.platform.registry.staging import UploadLimits
 from loraloom.platform.settings import Settings
-from loraloom.platform.storage import BlobStore
+from loraloom.platform.storage import BlobStore, content_key
 
 RESOLUTION_CACHE_ENTRIES = 100_000  # (tenant, reference) answers; a few hundred bytes each
 CHECKPOINT_ID_PREFIX = "ftckpt-"
@@ -107,13 +108,20 @@ class RegistryAdapterLookup:
         if reference is not None and tenant_id is not None:
             resolved = self._registry_version(reference, tenant_id)
             if resolved is not None:
+                template = None if resolved.template_sha256 is None else self._template(resolved.template_sha256)
                 return NamedAdapter(
                     resolved.handle(self.registry.store), name=resolved.adapter_name, version=resolved.number,
-                    alias=reference.target_alias, version_id=resolved.version_id,
+                    alias=reference.target_alias, version_id=resolved.version_id, chat_template=template,
                 )
         if reference is not None and not reference.is_bare_name:
             raise AdapterNotFoundError(model)  # aliases and versions exist only in the registry
         return self.local.resolve_named(model, tenant_id)
+
+    @functools.lru_cache(maxsize=64)  # noqa: B019 (one lookup per server): templates are read per request
+    def _template(self, sha256: str) -> str:
+        """A version's chat template text, by its content digest (reached only through the tenant's version)."""
+        with self.registry.store.open(content_key(sha256)) as blob:
+            return blob.read().decode("utf-8")
 
     def _registry_version(self, reference: AdapterReference, tenant_id: uuid.UUID) -> ResolvedVersion | None:
         def load() -> ResolvedVersion | None:

@@ -20,3 +20,5 @@ class NamedAdapter:
     # The alias the request followed (`latest` for a bare name); None when it named `name@N` or a non-registry one.
     alias: str | None = None
     version_id: uuid.UUID | None = None  # the registry version's row
+    # The version's own chat template (an upload's chat_template.jinja): its requests render with it.
+    chat_template: str | None = None

@@ -6,7 +6,7 @@ fails the transaction is rolled back and the blobs nothing else holds are collec
 upload leaves no row and no blob, and a deletion running beside it never takes its bytes.
 
 Content seen before is not registered again: when a ready version of the same adapter holds the
-same two files byte for byte (the weights and the adapter_config.json that scales them), that
+same files byte for byte (the weights, the adapter_config.json that scales them, and its chat template if any), that
 version is the answer, `deduplicated`, and nothing is written (no row, no alias move, no blob).
 """
 from __future__ import annotations
@@ -31,6 +31,7 @@ from loraloom.platform.db.models import (
     AdapterVersionStatus,
 )
 from loraloom.platform.registry.blobs import claimed_blobs
+from loraloom.platform.registry.chat_templates import CHAT_TEMPLATE_FILE
 from loraloom.platform.registry.references import LATEST_ALIAS, check_adapter_name
 from loraloom.platform.registry.staging import ADAPTER_FILES
 from loraloom.platform.registry.validation import ServedBase, validate_adapter_dir
@@ -53,8 +54,14 @@ class Published:
     deduplicated: bool  # an existing version with the same content, returned instead of a new one
 
 
+def version_filenames(directory: Path) -> tuple[str, ...]:
+    """The files of a staged version: the two PEFT files, and its own chat template if it has one."""
+    return ADAPTER_FILES + ((CHAT_TEMPLATE_FILE,) if (directory / CHAT_TEMPLATE_FILE).is_file() else ())
+
+
 def store_adapter_files(directory: Path, *, store: BlobStore) -> list[StoredFile]:
-    return [StoredFile(filename=filename, ref=store.put_file(directory / filename)) for filename in ADAPTER_FILES]
+    return [StoredFile(filename=filename, ref=store.put_file(directory / filename))
+            for filename in version_filenames(directory)]
 
 
 def publish_adapter_dir(
@@ -75,7 +82,7 @@ def publish_adapter_dir(
     check_adapter_name(adapter_name, reserved=base.reserved_names)
     summary = validate_adapter_dir(directory, base=base, allow_base_mismatch=allow_base_mismatch)
     # Checked before storing too, so that a repeated push uploads no blob at all.
-    digests = {filename: file_sha256(directory / filename) for filename in ADAPTER_FILES}
+    digests = {filename: file_sha256(directory / filename) for filename in version_filenames(directory)}
     existing = same_content_version(session, tenant_id=tenant_id, adapter_name=adapter_name, digests=digests)
     if existing is not None:
         return Published(existing, deduplicated=True)
@@ -167,13 +174,19 @@ def same_content_version(
     session: Session, *, tenant_id: uuid.UUID, adapter_name: str, digests: dict[str, str]
 ) -> AdapterVersion | None:
     """The adapter's lowest-numbered ready version whose files have these sha256 digests, or None.
-    Only ready versions count: a deleted one's blobs are gone and its number is never reused."""
+    Only ready versions count: a deleted one's blobs are gone and its number is never reused.
+    The chat template counts too: the same weights with another template (or none) are another version."""
     weights, config = (
         select(AdapterVersionFile.version_id).where(
             AdapterVersionFile.filename == filename, AdapterVersionFile.sha256 == digests[filename]
         )
         for filename in (ADAPTER_WEIGHTS_FILE, ADAPTER_CONFIG_FILE)
     )
+    templated = select(AdapterVersionFile.version_id).where(AdapterVersionFile.filename == CHAT_TEMPLATE_FILE)
+    if CHAT_TEMPLATE_FILE in digests:
+        template = AdapterVersion.id.in_(templated.where(AdapterVersionFile.sha256 == digests[CHAT_TEMPLATE_FILE]))
+    else:
+        template = AdapterVersion.id.not_in(templated)
     return session.scalars(
         select(AdapterVersion)
         .join(Adapter, AdapterVersion.adapter_id == Adapter.id)
@@ -183,6 +196,7 @@ def same_content_version(
             AdapterVersion.status == AdapterVersionStatus.ready,
             AdapterVersion.id.in_(weights),
             AdapterVersion.id.in_(config),
+            template,
         )
         .order_by(AdapterVersion.number)
         .limit(1)

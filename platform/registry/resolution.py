@@ -22,6 +22,7 @@ from sqlalchemy.orm import Session, selectinload
 
 from loraloom.engine import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE, AdapterHandle, runtime_key
 from loraloom.platform.db.models import Adapter, AdapterVersion, AdapterVersionStatus, Alias
+from loraloom.platform.registry.chat_templates import CHAT_TEMPLATE_FILE
 from loraloom.platform.registry.fetch import version_uri
 from loraloom.platform.registry.references import AdapterReference
 from loraloom.platform.storage import BlobStore
@@ -37,6 +38,7 @@ class ResolvedVersion:
     number: int
     weights_sha256: str
     config_sha256: str
+    template_sha256: str | None = None  # the version's own chat template (chat_template.jinja), if it has one
 
     @classmethod
     def of(cls, version: AdapterVersion, adapter: Adapter) -> "ResolvedVersion":
@@ -48,6 +50,7 @@ class ResolvedVersion:
             number=version.number,
             weights_sha256=digests[ADAPTER_WEIGHTS_FILE],
             config_sha256=digests[ADAPTER_CONFIG_FILE],
+            template_sha256=digests.get(CHAT_TEMPLATE_FILE),
         )
 
     @property

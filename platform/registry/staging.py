@@ -1,4 +1,5 @@
-"""Turn the parts of an upload into a directory holding exactly the two PEFT files.
+"""Turn the parts of an upload into a directory holding exactly the two PEFT files, and the
+adapter's own chat template if it brought one (chat_template.jinja, or tokenizer_config.json's).
 
 An upload is either the two files themselves or one .tar.gz/.tgz/.tar/.zip archive of
 them (at its top level or inside one folder, as `tar czf a.tgz my-adapter/` makes).
@@ -18,9 +19,12 @@ from pathlib import Path, PurePosixPath
 from typing import BinaryIO, TypeVar
 
 from loraloom.engine import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE
+from loraloom.platform.registry.chat_templates import CHAT_TEMPLATE_FILE, TOKENIZER_CONFIG_FILE, gather_chat_template
 from loraloom.platform.registry.errors import UploadRejectedError
 
 ADAPTER_FILES = (ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE)
+# Files an upload may add: the adapter's own chat template (kept as chat_template.jinja).
+TEMPLATE_FILES = (CHAT_TEMPLATE_FILE, TOKENIZER_CONFIG_FILE)
 MODEL_CARD_FILE = "README.md"  # PEFT's save_pretrained writes one beside the adapter; it is not needed
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".pkl", ".pickle", ".ckpt")
 TAR_SUFFIXES = (".tar.gz", ".tgz", ".tar")
@@ -60,7 +64,8 @@ class _ArchiveEntry:
 
 
 def stage_adapter_files(parts: Sequence[UploadedPart], dest: Path, *, limits: UploadLimits) -> None:
-    """Write adapter_config.json and adapter_model.safetensors into the empty directory `dest`."""
+    """Write adapter_config.json and adapter_model.safetensors (and chat_template.jinja, checked, if the
+    upload has a template) into the empty directory `dest`."""
     if not parts:
         raise UploadRejectedError(
             f"files: nothing was uploaded; send {ADAPTER_CONFIG_FILE} and {ADAPTER_WEIGHTS_FILE} as parts named "
@@ -85,6 +90,7 @@ def stage_adapter_files(parts: Sequence[UploadedPart], dest: Path, *, limits: Up
         raise UploadRejectedError(
             f"files: {missing[0]} is missing; a PEFT adapter needs {ADAPTER_CONFIG_FILE} and {ADAPTER_WEIGHTS_FILE}"
         )
+    gather_chat_template(dest)
 
 
 class _Budget:
@@ -119,7 +125,7 @@ def _archive_kind(name: str) -> str | None:
 
 def _target_name(name: str, where: str) -> str | None:
     """The adapter file `name` is, None for a file that is skipped, or a refusal naming it."""
-    if name in ADAPTER_FILES:
+    if name in ADAPTER_FILES or name in TEMPLATE_FILES:
         return name
     if name == MODEL_CARD_FILE:
         return None
@@ -129,7 +135,8 @@ def _target_name(name: str, where: str) -> str | None:
             f"re-save the adapter with save_pretrained(safe_serialization=True) and upload {ADAPTER_WEIGHTS_FILE}"
         )
     raise UploadRejectedError(
-        f"files: {where} is not part of a PEFT adapter; upload only {ADAPTER_CONFIG_FILE} and {ADAPTER_WEIGHTS_FILE}"
+        f"files: {where} is not part of a PEFT adapter; upload only {ADAPTER_CONFIG_FILE} and {ADAPTER_WEIGHTS_FILE} "
+        f"(and the adapter's chat template, {CHAT_TEMPLATE_FILE} or {TOKENIZER_CONFIG_FILE}, if it has its own)"
     )
 
 

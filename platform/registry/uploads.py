@@ -16,6 +16,7 @@ from sqlalchemy.orm import Session
 from loraloom.platform.db.models import AdapterVersionSource
 from loraloom.platform.registry.errors import UploadRejectedError
 from loraloom.platform.registry.blobs import claimed_blobs
+from loraloom.platform.registry.chat_templates import CHAT_TEMPLATE_FILE, check_uploaded_template
 from loraloom.platform.registry.publish import Published, StoredFile, publish_adapter_dir, register_version
 from loraloom.platform.registry.references import check_adapter_name
 from loraloom.platform.registry.staging import ADAPTER_FILES, UploadedPart, UploadLimits, stage_adapter_files
@@ -144,6 +145,7 @@ def complete_presigned_upload(
                 store.get_to_path(ref.key, Path(workdir) / file.filename)
                 stored.append(StoredFile(filename=file.filename, ref=ref))
             summary = validate_adapter_dir(Path(workdir), base=base, allow_base_mismatch=allow_base_mismatch)
+            check_uploaded_template(Path(workdir))
             return register_version(
                 session,
                 tenant_id=tenant_id,
@@ -182,9 +184,10 @@ def _check_declared_sha256(file: UploadedFile) -> None:
 
 def _check_files(files: Sequence[PlannedFile | UploadedFile], limits: UploadLimits) -> None:
     filenames = [file.filename for file in files]
-    if sorted(filenames) != sorted(ADAPTER_FILES):
+    if sorted(filenames) not in (sorted(ADAPTER_FILES), sorted((*ADAPTER_FILES, CHAT_TEMPLATE_FILE))):
         raise UploadRejectedError(
-            f"files: expected exactly {ADAPTER_FILES[0]} and {ADAPTER_FILES[1]} (archives go through "
+            f"files: expected exactly {ADAPTER_FILES[0]} and {ADAPTER_FILES[1]}, and {CHAT_TEMPLATE_FILE} if the "
+            f"adapter has its own chat template (archives and tokenizer_config.json go through "
             f"POST /v1/adapters/{{name}}/versions), got {filenames}"
         )
     total = sum(file.size_bytes for file in files)

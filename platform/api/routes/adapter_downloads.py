@@ -30,11 +30,13 @@ router = APIRouter(
 )
 
 FileName = Annotated[
-    Literal["adapter_config.json", "adapter_model.safetensors"], Path(description="Which of the version's two files.")
+    Literal["adapter_config.json", "adapter_model.safetensors", "chat_template.jinja"],
+    Path(description="Which of the version's files (chat_template.jinja only for an adapter with its own template)."),
 ]
 TAR_GZ = "application/gzip"
 OCTET_STREAM = "application/octet-stream"
-MEDIA_TYPES = {ADAPTER_CONFIG_FILE: "application/json", ADAPTER_WEIGHTS_FILE: OCTET_STREAM}
+MEDIA_TYPES = {ADAPTER_CONFIG_FILE: "application/json", ADAPTER_WEIGHTS_FILE: OCTET_STREAM,
+               "chat_template.jinja": "text/plain; charset=utf-8"}
 
 
 def _binary(media_type: str, description: str) -> dict:

@@ -1,12 +1,14 @@
 """POST /v1/chat/completions."""
 from __future__ import annotations
 
+import functools
 from collections.abc import AsyncGenerator, AsyncIterator
 
 from fastapi import APIRouter, Request, Response
 from starlette.concurrency import run_in_threadpool
 
 from loraloom.engine import ChatTemplateError, RequestOutput, TokenLogprob
+from loraloom.platform.api.chat_templates import chat_tokenizer, tool_parser
 from loraloom.platform.api.deps import CallerDep, ChatUsageMeterDep, EngineDep, LookupDep
 from loraloom.platform.api.errors import ERROR_RESPONSES, field_error
 from loraloom.platform.api.generation import (
@@ -34,6 +36,7 @@ from loraloom.platform.api.schemas.chat import (
     ChatTokenLogprob,
 )
 from loraloom.platform.api.schemas.generation import TopLogprob
+from loraloom.platform.api.tools.plan import ToolPlan, plan_tools
 
 router = APIRouter(tags=["chat"])
 
@@ -55,28 +58,30 @@ def chat_logprobs(logprobs: list[TokenLogprob]) -> ChatChoiceLogprobs:
     )
 
 
-def chat_choice(index: int, collected: Collected) -> ChatChoice:
+def chat_choice(index: int, collected: Collected, tools: ToolPlan) -> ChatChoice:
     logprobs = chat_logprobs(collected.logprobs) if collected.logprobs is not None else None
+    answer = tools.answer(collected.text, collected.finish_reason)
     return ChatChoice(
-        index=index, message=AssistantMessage(content=collected.text), logprobs=logprobs,
-        finish_reason=collected.finish_reason,
+        index=index, message=AssistantMessage(content=answer.content, tool_calls=answer.tool_calls),
+        logprobs=logprobs, finish_reason=answer.finish_reason,
     )
 
 
-def chat_completion(collected: list[Collected], head: ResponseHead) -> ChatCompletionResponse:
+def chat_completion(collected: list[Collected], head: ResponseHead, *, tools: ToolPlan) -> ChatCompletionResponse:
     return ChatCompletionResponse(
         id=head.id, created=head.created, model=head.model,
-        choices=[chat_choice(index, choice) for index, choice in enumerate(collected)],
+        choices=[chat_choice(index, choice, tools) for index, choice in enumerate(collected)],
         usage=usage([choice.last for choice in collected]),
     )
 
 
 async def chat_event_stream(
-    outputs: AsyncIterator[ChoiceOutput], head: ResponseHead, include_usage: bool
+    outputs: AsyncIterator[ChoiceOutput], head: ResponseHead, include_usage: bool, *, tools: ToolPlan
 ) -> AsyncGenerator[str, None]:
     """OpenAI's chunk sequence: the role first, then content deltas, then the finish reason in an
     empty delta, then (if asked) usage with no choices. Each choice's chunks carry its index; with
-    several choices their chunks interleave as the choices generate."""
+    several choices their chunks interleave as the choices generate. With tools, text that may be
+    calls is held back, and the calls are sent as tool_calls deltas before the finish reason."""
 
     def chunk(choice: ChatChunkChoice | None, lasts: list[RequestOutput] | None = None) -> str:
         return sse_event(
@@ -93,15 +98,29 @@ async def chat_event_stream(
         role_delta = ChatDelta(role="assistant", content="")
         yield chunk(ChatChunkChoice(index=index, delta=role_delta, logprobs=None, finish_reason=None))
     lasts: dict[int, RequestOutput] = {}
+    readers = {index: tools.stream() for index in range(head.num_choices)}
     async for index, output in outputs:
         lasts[index] = output
-        if output.text_delta or output.logprobs:
+        reader = readers[index]
+        content, calls = (output.text_delta, []) if reader is None else reader.feed(output.text_delta)
+        if content or output.logprobs:
             logprobs = chat_logprobs(output.logprobs) if output.logprobs is not None else None
-            delta = ChatDelta(content=output.text_delta)
+            delta = ChatDelta(content=content)
             yield chunk(ChatChunkChoice(index=index, delta=delta, logprobs=logprobs, finish_reason=None))
+        for call in calls:
+            yield chunk(ChatChunkChoice(index=index, delta=ChatDelta(tool_calls=[call]), logprobs=None,
+                                        finish_reason=None))
         if output.finished:
-            yield chunk(ChatChunkChoice(index=index, delta=ChatDelta(), logprobs=None,
-                                        finish_reason=output.finish_reason))
+            finish_reason = output.finish_reason
+            if reader is not None:
+                rest, calls, finish_reason = reader.finish(finish_reason)
+                if rest:
+                    yield chunk(ChatChunkChoice(index=index, delta=ChatDelta(content=rest), logprobs=None,
+                                                finish_reason=None))
+                for call in calls:
+                    yield chunk(ChatChunkChoice(index=index, delta=ChatDelta(tool_calls=[call]), logprobs=None,
+                                                finish_reason=None))
+            yield chunk(ChatChunkChoice(index=index, delta=ChatDelta(), logprobs=None, finish_reason=finish_reason))
     if include_usage and len(lasts) == head.num_choices:
         yield chunk(None, [lasts[index] for index in range(head.num_choices)])
     yield SSE_DONE
@@ -122,10 +141,18 @@ async def create_chat_completion(
     caller: CallerDep,
 ) -> ChatCompletionResponse | Response:
     adapter = await resolve_adapter(lookup, body, caller.tenant_id, meter)
-    messages = [message.model_dump(exclude_none=True) for message in body.messages]
     try:
+        tokenizer = chat_tokenizer(engine.tokenizer, adapter)
+    except ChatTemplateError as error:
+        raise field_error(error, {}) from None
+    tools = plan_tools(body.tools, body.tool_choice, body.parallel_tool_calls, wants_json=body.wants_json,
+                       parser=tool_parser(request.app.state.settings.tool_parser, adapter),
+                       template=tokenizer.chat_template)
+    try:
+        messages, template_tools = tools.template_input(
+            [message.model_dump(exclude_none=True) for message in body.messages], tokenizer.template_renders_tools)
         # Off the event loop: templating and tokenizing a long conversation takes a while.
-        prompt_token_ids = await run_in_threadpool(engine.tokenizer.encode_chat, messages)
+        prompt_token_ids = await run_in_threadpool(tokenizer.encode_chat, messages, True, template_tools)
     except ChatTemplateError as error:
         raise field_error(error, {"tokenizer": "messages"}) from None
     # max_completion_tokens supersedes the older max_tokens; errors name the one the client used.
@@ -137,5 +164,6 @@ async def create_chat_completion(
         request, engine, body, id_prefix="chatcmpl", prompt_token_ids=prompt_token_ids, max_tokens=max_tokens,
         logprobs=(body.top_logprobs or 0) if body.logprobs else None, adapter=adapter,
         field_names={"prompt": "messages", "max_tokens": max_tokens_field, "logprobs": "top_logprobs"},
-        meter=meter, events=chat_event_stream, build=chat_completion,
+        meter=meter, events=functools.partial(chat_event_stream, tools=tools),
+        build=functools.partial(chat_completion, tools=tools), tool_grammar=tools.grammar,
     )

@@ -37,6 +37,10 @@ class VersionObject(BaseModel):
     source: str
     training_job_id: str | None
     files: list[VersionFile]
+    chat_template: bool = Field(
+        default=False, description="Whether the version brought its own chat template (chat_template.jinja among "
+        "its files, downloadable from .../files/chat_template.jinja): chat requests to it render with that template.",
+    )
     aliases: list[str] = Field(description="The aliases pointing at this version now.")
     created_at: datetime
     created_by_key_id: uuid.UUID | None
@@ -61,6 +65,7 @@ class VersionObject(BaseModel):
             source=version.source.value,
             training_job_id=version.training_job_id,
             files=[VersionFile(filename=f.filename, sha256=f.sha256, size_bytes=f.size_bytes) for f in version.files],
+            chat_template=any(f.filename == "chat_template.jinja" for f in version.files),
             aliases=sorted(aliases),
             created_at=version.created_at,
             created_by_key_id=version.created_by_key_id,
@@ -176,7 +181,8 @@ class PlannedFileBody(StrictBody):
 
 
 class UploadRequestBody(StrictBody):
-    files: list[PlannedFileBody] = Field(description="adapter_config.json and adapter_model.safetensors, with sizes.")
+    files: list[PlannedFileBody] = Field(description="adapter_config.json and adapter_model.safetensors, with sizes "
+                                         "(and chat_template.jinja for an adapter with its own chat template).")
 
 
 class PresignedFileObject(BaseModel):

@@ -6,6 +6,8 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationInfo, field_validator
 
 from loraloom.platform.api.schemas.common import StrictBody, one_error_for_union
+from loraloom.platform.api.tools.request import ToolChoice, ToolDefinition, check_tools
+from loraloom.platform.api.tools.shapes import ToolCallDelta, ToolCallItem
 from loraloom.platform.api.schemas.generation import (
     GenerationRequest,
     TopLogprob,
@@ -32,6 +34,8 @@ class ChatMessage(BaseModel):
         one_error_for_union("a string or a list of text parts ({'type': 'text', 'text': ...})"),
     ] = None
     name: str | None = None
+    tool_calls: list[ToolCallItem] | None = Field(default=None, description="An assistant turn's calls, as returned.")
+    tool_call_id: str | None = Field(default=None, description="A tool message: the call it answers.")
 
 
 class ChatCompletionRequest(GenerationRequest):
@@ -39,9 +43,13 @@ class ChatCompletionRequest(GenerationRequest):
     max_completion_tokens: StrictInt | None = Field(default=None, description="Preferred over the older `max_tokens`.")
     logprobs: StrictBool = False
     top_logprobs: StrictInt | None = Field(default=None, description="Alternatives per token; needs `logprobs: true`.")
-    tools: Unsupported
-    tool_choice: Unsupported
-    parallel_tool_calls: Unsupported
+    tools: list[ToolDefinition] | None = Field(default=None, description="Functions the model may call.")
+    tool_choice: ToolChoice | None = Field(
+        default=None, description="none: never call; auto (the default with tools): the model decides, and its calls "
+        "are parsed; required: at least one call; {\"type\": \"function\", \"function\": {\"name\": ...}}: that "
+        "function. required and named calls are constrained to the model's call format and each function's schema.",
+    )
+    parallel_tool_calls: StrictBool = Field(default=True, description="false: at most one call per answer.")
     functions: Unsupported
     function_call: Unsupported
     audio: Unsupported
@@ -54,9 +62,11 @@ class ChatCompletionRequest(GenerationRequest):
     service_tier: Unsupported
 
     _refuse_unsupported = field_validator(
-        "tools", "tool_choice", "parallel_tool_calls", "functions", "function_call", "audio", "modalities",
+        "functions", "function_call", "audio", "modalities",
         "prediction", "web_search_options", "reasoning_effort", "store", "metadata", "service_tier",
     )(refuse_unsupported)
+
+    _tools_list = field_validator("tools")(check_tools)
 
     @field_validator("top_logprobs")
     @classmethod
@@ -76,7 +86,9 @@ class ChatChoiceLogprobs(BaseModel):
 
 class AssistantMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    # OpenAI leaves tool_calls out of a message that made no calls.
+    tool_calls: list[ToolCallItem] | None = Field(default=None, exclude_if=lambda value: value is None)
 
 
 class ChatChoice(BaseModel):
@@ -99,6 +111,7 @@ class ChatDelta(BaseModel):
     # OpenAI leaves out what a chunk does not carry: the role only in the first, nothing in the last.
     role: Literal["assistant"] | None = Field(default=None, exclude_if=lambda value: value is None)
     content: str | None = Field(default=None, exclude_if=lambda value: value is None)
+    tool_calls: list[ToolCallDelta] | None = Field(default=None, exclude_if=lambda value: value is None)
 
 
 class ChatChunkChoice(BaseModel):

@@ -4,7 +4,7 @@ and the usage and logprob shapes of their responses. OpenAI's shapes and field n
 Extensions beyond OpenAI, as vLLM and LoRAX spell them: `top_k`,
 `stop_token_ids`, `ignore_eos`, `repetition_penalty`, `min_tokens`, `adapter_id`.
 Unknown request fields are refused (400 naming the field) rather than silently
-ignored, so a client asking for something unsupported (tools, echo) learns it at once.
+ignored, so a client asking for something unsupported (echo) learns it at once.
 """
 from __future__ import annotations
 
@@ -27,11 +27,8 @@ MAX_CHOICES = 8
 # declares the ones of its endpoint as `Unsupported` fields, hidden from the OpenAPI document, only so
 # that they are refused with this message and the field in `param` (an unknown field gets pydantic's
 # bare "Extra inputs are not permitted").
-_NO_TOOLS = "tool and function calling are not supported by this server; remove it"
+_NO_TOOLS = "the deprecated function calling fields are not supported; send tools and tool_choice instead"
 UNSUPPORTED_FIELDS = {
-    "tools": _NO_TOOLS,
-    "tool_choice": _NO_TOOLS,
-    "parallel_tool_calls": _NO_TOOLS,
     "functions": _NO_TOOLS,
     "function_call": _NO_TOOLS,
     "audio": "audio output is not supported: only text is generated; remove it",

@@ -346,8 +346,8 @@ def test_errors_in_openai_shape_over_raw_http(server):
         assert_openai_error(wrong_type, 400, "messages[0].content")
         missing = http.post("/v1/completions", json={"model": "base"})
         assert_openai_error(missing, 400, "prompt")
-        unsupported = http.post("/v1/chat/completions", json={"model": "base", "messages": CHAT, "tools": []})
-        assert_openai_error(unsupported, 400, "tools")
+        no_tools = http.post("/v1/chat/completions", json={"model": "base", "messages": CHAT, "tools": []})
+        assert_openai_error(no_tools, 400, "tools")
         bad_role = http.post(
             "/v1/chat/completions", json={"model": "base", "messages": [{"role": "robot", "content": "x"}]}
         )

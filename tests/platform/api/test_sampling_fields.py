@@ -200,9 +200,7 @@ def test_n_choices_stream_with_their_index(server):
 @pytest.mark.parametrize(
     ("fields", "param", "says"),
     [
-        (dict(tools=[{"type": "function", "function": {"name": "f", "parameters": {}}}]), "tools", "not supported"),
-        (dict(tool_choice="none"), "tool_choice", "not supported"),
-        (dict(parallel_tool_calls=False), "parallel_tool_calls", "not supported"),
+        (dict(functions=[{"name": "f", "parameters": {}}]), "functions", "not supported"),
         (dict(audio={"voice": "alloy", "format": "wav"}), "audio", "not supported"),
     ],
 )

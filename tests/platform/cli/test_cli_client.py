@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -174,3 +175,18 @@ def test_pushing_a_pickle_shows_the_server_s_own_refusal(server, tmp_path):
     refused = loraloom(server, "developer", "adapters", "push", str(pickled), "--name", "pickled")
     assert refused.returncode == 1 and refused.stdout == ""
     assert message in refused.stderr and "400" in refused.stderr
+
+
+def test_pushing_a_directory_brings_its_chat_template(server, tmp_path):
+    """A fine-tune saved with its tokenizer holds tokenizer_config.json: push sends it, and the server
+    keeps its chat_template (and nothing else of it)."""
+    directory = tmp_path / "templated"
+    shutil.copytree(server.adapters[0], directory)
+    template = "{% for message in messages %}{{ message['content'] }}{% endfor %}"
+    (directory / "tokenizer_config.json").write_text(json.dumps({"chat_template": template}))
+    pushed = loraloom(server, "developer", "adapters", "push", str(directory), "--name", "templated")
+    assert pushed.returncode == 0, pushed.stderr
+    with httpx.Client(base_url=server.url, timeout=60, headers=bearer(server.keys["developer"])) as http:
+        version = http.get("/v1/adapters/templated/versions/1").json()
+        assert version["chat_template"] is True
+        assert http.get("/v1/adapters/templated/versions/1/files/chat_template.jinja").text == template

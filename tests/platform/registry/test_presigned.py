@@ -25,8 +25,8 @@ NAMES = ("adapter_config.json", "adapter_model.safetensors")
 LIMITS = UploadLimits(max_total_bytes=64 * 1024 * 1024)
 
 
-def presign(store, served, directory: Path, limits: UploadLimits = LIMITS):
-    files = [PlannedFile(name, (directory / name).stat().st_size) for name in NAMES]
+def presign(store, served, directory: Path, limits: UploadLimits = LIMITS, names=NAMES):
+    files = [PlannedFile(name, (directory / name).stat().st_size) for name in names]
     return request_presigned_uploads(
         store=store, adapter_name="big-bot", files=files, limits=limits, base=served, expires_s=600
     )
@@ -131,3 +131,22 @@ def test_bad_upload_plans_are_refused_before_any_url(s3_store, served, files, ma
 def test_file_storage_offers_no_presigned_uploads(file_store, served, peft_adapter):
     with pytest.raises(UploadRejectedError, match="does not take presigned uploads.*POST /v1/adapters/big-bot/versions"):
         presign(file_store, served, peft_adapter)
+
+
+@pytest.mark.parametrize(("template", "refused"), [("{{ messages[0].content }}", False), ("{{ messages[0].content }", True)])
+def test_a_chat_template_comes_along_checked(sqlite_session_factory, s3_store, served, make_tenant, peft_adapter,
+                                             tmp_path, template, refused):
+    """chat_template.jinja is a third presigned file: kept when it renders, refused (nothing kept) when not."""
+    directory = Path(shutil.copytree(peft_adapter, tmp_path / "adapter"))
+    (directory / "chat_template.jinja").write_text(template)
+    tenant = make_tenant(sqlite_session_factory, "acme")
+    presigned = presign(s3_store, served, directory, names=(*NAMES, "chat_template.jinja"))
+    put_all(presigned, directory)
+    if not refused:
+        version = complete(sqlite_session_factory, s3_store, served, tenant, presigned, directory)
+        assert "chat_template.jinja" in [f.filename for f in version.files]
+        return
+    with pytest.raises(UploadRejectedError, match="chat_template: line 1") as refusal:
+        complete(sqlite_session_factory, s3_store, served, tenant, presigned, directory)
+    assert refusal.value.param == "chat_template"
+    assert registry_row_counts(sqlite_session_factory)["adapter_versions"] == 0 and stored_objects(s3_store) == []

@@ -261,7 +261,7 @@ def test_the_download_routes_are_documented(local_server):
     one_file = document["paths"][f"{prefix}/files/{{filename}}"]["get"]
     assert one_file["responses"]["200"]["content"] == {"application/octet-stream": {"schema": binary}}
     filename = next(p for p in one_file["parameters"] if p["name"] == "filename")
-    assert filename["schema"]["enum"] == list(NAMES)
+    assert filename["schema"]["enum"] == [*NAMES, "chat_template.jinja"]
     download = document["paths"][f"{prefix}/download"]["get"]["responses"]["200"]["content"]["application/json"]
     assert download["schema"] == {"$ref": "#/components/schemas/DownloadObject"}
     fields = document["components"]["schemas"]["DownloadFileObject"]["properties"]

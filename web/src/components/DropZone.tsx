@@ -53,7 +53,7 @@ export function DropZone({ onFiles }: Props) {
           className="visually-hidden"
           aria-label="Choose files or an archive"
           multiple
-          accept=".json,.safetensors,.gz,.tgz,.tar,.zip"
+          accept=".json,.safetensors,.jinja,.gz,.tgz,.tar,.zip"
           onChange={(event) => event.target.files && onFiles([...event.target.files], event.target.files[0]?.name ?? "")}
         />
       </label>

@@ -2,6 +2,8 @@
 // Directory Entries API (the only way a browser exposes a dropped folder's contents).
 
 export const ADAPTER_FILES = ["adapter_config.json", "adapter_model.safetensors"];
+// An adapter's own chat template, which the server keeps and renders its chats with.
+export const TEMPLATE_FILES = ["chat_template.jinja", "tokenizer_config.json"];
 const ARCHIVE = /\.(tar\.gz|tgz|tar|zip)$/i;
 
 export function isArchive(name: string): boolean {
@@ -9,11 +11,12 @@ export function isArchive(name: string): boolean {
 }
 
 /** The files to upload from what was picked: one archive as it is, or the two PEFT files of a
- * directory (a saved PEFT directory also holds a README and such, which the server does not need). */
+ * directory and its chat template if it has one (a saved PEFT directory also holds a README and
+ * such, which the server does not need). */
 export function adapterFiles(files: File[]): File[] {
   const archives = files.filter((file) => isArchive(file.name));
   if (archives.length > 0) return archives.slice(0, 1);
-  const wanted = files.filter((file) => ADAPTER_FILES.includes(file.name));
+  const wanted = files.filter((file) => ADAPTER_FILES.includes(file.name) || TEMPLATE_FILES.includes(file.name));
   return wanted.length > 0 ? wanted : files;
 }
 

@@ -86,6 +86,8 @@ describe("dropped files", () => {
   it("keeps the two PEFT files of a directory, or one archive", () => {
     expect(adapterFiles([file("README.md"), file("adapter_config.json"), file("adapter_model.safetensors")]).map((f) => f.name))
       .toEqual(["adapter_config.json", "adapter_model.safetensors"]);
+    expect(adapterFiles([file("adapter_config.json"), file("tokenizer.json"), file("chat_template.jinja")]).map((f) => f.name))
+      .toEqual(["adapter_config.json", "chat_template.jinja"]);
     expect(adapterFiles([file("bot.tar.gz")]).map((f) => f.name)).toEqual(["bot.tar.gz"]);
   });
   it("suggests a valid adapter name", () => {

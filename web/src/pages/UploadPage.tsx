@@ -49,8 +49,10 @@ export function UploadPage() {
     <section>
       <h1>Upload an adapter</h1>
       <p className="muted">
-        A PEFT LoRA directory (<code>adapter_config.json</code> and <code>adapter_model.safetensors</code>) or one
-        .tar.gz / .zip of it. The server checks every module and shape against the served base before storing it.
+        A PEFT LoRA directory (<code>adapter_config.json</code> and <code>adapter_model.safetensors</code>, and its
+        own chat template if it has one: <code>chat_template.jinja</code> or <code>tokenizer_config.json</code>) or one
+        .tar.gz / .zip of it. The server checks every module and shape against the served base, and renders a test
+        chat with the template, before storing it.
       </p>
       <form onSubmit={submit} aria-label="Upload an adapter">
         <DropZone onFiles={choose} />

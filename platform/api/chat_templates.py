@@ -1,0 +1,32 @@
+"""Which chat template a chat request renders with: its adapter's own (uploaded with it, checked
+then: platform/registry/chat_templates.py), else the served model's."""
+from __future__ import annotations
+
+import functools
+
+from loraloom.engine.tokenizer import ChatTemplateError, Tokenizer
+from loraloom.platform.registry.named import NamedAdapter
+
+
+def chat_tokenizer(tokenizer: Tokenizer, adapter: NamedAdapter | None) -> Tokenizer:
+    if adapter is None or adapter.chat_template is None:
+        return tokenizer
+    try:
+        return _with_template(tokenizer, adapter.chat_template)
+    except ValueError as error:  # checked at upload, so only a sandbox stricter since then gets here
+        raise ChatTemplateError(f"model: the adapter's own chat template no longer compiles ({error}); "
+                                "upload a version with a template that does") from None
+
+
+@functools.lru_cache(maxsize=64)
+def _with_template(tokenizer: Tokenizer, template: str) -> Tokenizer:
+    # Compiled once per template text (a few ms), not per request; the vocabulary is shared.
+    return tokenizer.with_chat_template(template)
+
+
+def tool_parser(configured: str, adapter: NamedAdapter | None) -> str:
+    """An adapter with its own template takes the tool format that template's family writes
+    (formats.format_for_template); others take the server's --tool-parser."""
+    if adapter is not None and adapter.chat_template is not None:
+        return "auto"
+    return configured
