@@ -86,7 +86,7 @@ def add_serve_command(commands: argparse._SubParsersAction) -> None:
     serve.add_argument("--tool-parser", choices=("auto", "smollm2", "hermes", "llama3_json"), default=None,
                        help="the format tool calls are constrained to and parsed in: auto reads the model family "
                        "from the chat template (default: LORALOOM_TOOL_PARSER, else auto); an adapter with its own "
-                       "chat template may name its own")
+                       "chat template gets the format that template shows")
     serve.add_argument("--enforce-eager", action="store_true",
                        help="run every step eagerly instead of replaying decode steps from CUDA graphs")
     serve.add_argument(
