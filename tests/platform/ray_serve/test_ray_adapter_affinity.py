@@ -171,13 +171,15 @@ def test_a_replica_killed_during_traffic_gives_clean_503s_and_is_replaced(cluste
     from live_api import wait_until
 
     board = replica_board()
-    holder = next(post for post in ray.get(board.live_posts.remote())
-                  if any(adapter.split("@")[0] == "bot0" for (_, adapter) in post.stats.requests_per_adapter_total))
-    victim = ray.get(board.actor_of.remote(holder.replica))
     body = {**chat_body("bot0", PROMPTS[0]), "max_tokens": 48}
     with httpx.Client(base_url=cluster.url, timeout=300) as client:
+        # First, so that a replica holds bot0 even if Ray Serve replaced one since the test above (a
+        # replica too slow for its health check on a loaded machine is restarted, with fresh stats).
         before = client.post("/v1/chat/completions", json=chat_body("bot0", PROMPTS[0]), headers=cluster.headers)
         assert before.status_code == 200, before.text
+        holder = next(post for post in ray.get(board.live_posts.remote())
+                      if any(adapter.split("@")[0] == "bot0" for (_, adapter) in post.stats.requests_per_adapter_total))
+        victim = ray.get(board.actor_of.remote(holder.replica))
         with ThreadPoolExecutor(max_workers=4) as pool:
             calls = [pool.submit(client.post, "/v1/chat/completions", json=body, headers=cluster.headers)
                      for _ in range(4)]
