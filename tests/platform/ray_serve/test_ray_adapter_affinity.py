@@ -177,8 +177,13 @@ def test_a_replica_killed_during_traffic_gives_clean_503s_and_is_replaced(cluste
         # replica too slow for its health check on a loaded machine is restarted, with fresh stats).
         before = client.post("/v1/chat/completions", json=chat_body("bot0", PROMPTS[0]), headers=cluster.headers)
         assert before.status_code == 200, before.text
-        holder = next(post for post in ray.get(board.live_posts.remote())
-                      if any(adapter.split("@")[0] == "bot0" for (_, adapter) in post.stats.requests_per_adapter_total))
+
+        def bot0_holders() -> list:
+            return [post for post in ray.get(board.live_posts.remote())
+                    if any(adapter.split("@")[0] == "bot0" for (_, adapter) in post.stats.requests_per_adapter_total)]
+
+        wait_until(bot0_holders, "bot0's replica on the board (it posts as its requests end)")
+        holder = bot0_holders()[0]
         victim = ray.get(board.actor_of.remote(holder.replica))
         with ThreadPoolExecutor(max_workers=4) as pool:
             calls = [pool.submit(client.post, "/v1/chat/completions", json=body, headers=cluster.headers)
