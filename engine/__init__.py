@@ -21,6 +21,7 @@ _PUBLIC_NAMES: dict[str, tuple[str, ...]] = {
         "SCHEDULING_POLICIES"),
     "outputs": (
         "AdapterResidency", "EngineStats", "EngineUnavailableError", "RequestFailedError", "RequestOutput", "TokenLogprob"),
+    "generation_defaults": ("GENERATION_CONFIG_SOURCES", "GenerationDefaults", "read_generation_defaults"),
     "request": ("SamplingParams",),
     "request_latency": ("HistogramSnapshot", "merge_histograms"),
     "structured_output": ("CompiledGrammar",),

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from loraloom.engine.config import ModelConfig
+from loraloom.engine.generation_defaults import GenerationDefaults
 from loraloom.engine.lora.handle import AdapterHandle
 from loraloom.engine.outputs import AdapterResidency, EngineStats, RequestOutput
 from loraloom.engine.request import SamplingParams
@@ -30,6 +31,7 @@ class EngineFacts:
     max_model_len: int
     max_lora_rank: int
     model_config: ModelConfig
+    generation_defaults: GenerationDefaults = GenerationDefaults()
 
 
 class EngineClient(Protocol):
@@ -39,6 +41,8 @@ class EngineClient(Protocol):
     max_lora_rank: int
     model_config: ModelConfig
     tokenizer: Tokenizer
+    # What a request leaves out (temperature, top_p, ...) is taken from here before the server's defaults.
+    generation_defaults: GenerationDefaults
 
     async def start(self) -> None:
         """Start serving (the app's start-up calls it once)."""

@@ -5,6 +5,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from loraloom.engine.generation_defaults import GENERATION_CONFIG_SOURCES
+
 
 @dataclass(frozen=True)
 class ModelConfig:
@@ -211,6 +213,9 @@ class EngineConfig:
     # How waiting requests are admitted across tenants (SCHEDULING_POLICIES; engine/scheduler.py). With one
     # tenant both are oldest first.
     scheduling_policy: str = "fair"
+    # Where omitted sampling fields come from (engine/generation_defaults.py): "auto", the model's
+    # generation_config.json, as vLLM does; "none", the server's built-in defaults (temperature 1).
+    generation_config: str = "auto"
 
     def __post_init__(self) -> None:
         if self.scheduling_policy not in SCHEDULING_POLICIES:
@@ -224,6 +229,9 @@ class EngineConfig:
                              f"use one of {list(FP8_ACTIVATION_TERMS)}")
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"EngineConfig.kv_cache_dtype is {self.kv_cache_dtype!r}; use one of {list(KV_CACHE_DTYPES)}")
+        if self.generation_config not in GENERATION_CONFIG_SOURCES:
+            raise ValueError(f"EngineConfig.generation_config is {self.generation_config!r}; "
+                             f"use one of {list(GENERATION_CONFIG_SOURCES)}")
         if self.lora_dtype not in LORA_DTYPES:
             raise ValueError(f"EngineConfig.lora_dtype is {self.lora_dtype!r}; use one of {list(LORA_DTYPES)}")
         if self.resolved_lora_dtype != self.dtype and not self.device.startswith("cpu"):

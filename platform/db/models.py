@@ -313,6 +313,8 @@ class UsageRecord(Base):
     model: Mapped[str] = mapped_column(String(256))  # what the client asked for, e.g. "support-bot:prod"
     request_id: Mapped[str] = mapped_column(String(64))
     endpoint: Mapped[str] = mapped_column(String(32))  # "chat.completions" | "completions"
+    # The request's OpenAI `metadata` (at most 16 string pairs), kept for the tenant's own bookkeeping.
+    request_metadata: Mapped[dict[str, Any] | None]
     # The defaults match what migration 0002 gave rows metered before it (outcome and time unknown).
     status: Mapped[UsageStatus] = mapped_column(_enum_column(UsageStatus, "usage_status"), default=UsageStatus.ok)
     prompt_tokens: Mapped[int]

@@ -45,6 +45,7 @@ class RayEngineClient:
         self.max_model_len = facts.max_model_len
         self.max_lora_rank = facts.max_lora_rank
         self.model_config = facts.model_config
+        self.generation_defaults = facts.generation_defaults
         # Tokenized here, in the gateway, as with the engine in process: replicas receive token ids.
         self.tokenizer = Tokenizer.from_dir(model_dir)
         self._board = replica_board()

@@ -6,6 +6,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationInfo, field_validator
 
 from loraloom.platform.api.schemas.common import StrictBody, one_error_for_union
+from loraloom.platform.api.schemas.ignored_fields import IgnoredChatFields, MetadataField
 from loraloom.platform.api.schemas.generation import (
     GenerationRequest,
     TopLogprob,
@@ -34,7 +35,7 @@ class ChatMessage(BaseModel):
     name: str | None = None
 
 
-class ChatCompletionRequest(GenerationRequest):
+class ChatCompletionRequest(GenerationRequest, IgnoredChatFields, MetadataField):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: StrictInt | None = Field(default=None, description="Preferred over the older `max_tokens`.")
     logprobs: StrictBool = False
@@ -45,17 +46,12 @@ class ChatCompletionRequest(GenerationRequest):
     functions: Unsupported
     function_call: Unsupported
     audio: Unsupported
-    modalities: Unsupported
     prediction: Unsupported
     web_search_options: Unsupported
-    reasoning_effort: Unsupported
-    store: Unsupported
-    metadata: Unsupported
-    service_tier: Unsupported
 
     _refuse_unsupported = field_validator(
-        "tools", "tool_choice", "parallel_tool_calls", "functions", "function_call", "audio", "modalities",
-        "prediction", "web_search_options", "reasoning_effort", "store", "metadata", "service_tier",
+        "tools", "tool_choice", "parallel_tool_calls", "functions", "function_call", "audio",
+        "prediction", "web_search_options",
     )(refuse_unsupported)
 
     @field_validator("top_logprobs")

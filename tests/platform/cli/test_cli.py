@@ -78,6 +78,15 @@ def test_scheduling_policy_flag_maps_onto_engine_config(capsys):
     assert "--scheduling-policy" in capsys.readouterr().err
 
 
+def test_generation_config_flag_maps_onto_engine_config(capsys):
+    assert engine_config(build_parser().parse_args(["serve"])).generation_config == "auto"
+    config = engine_config(build_parser().parse_args(["serve", "--device", "cpu", "--generation-config", "none"]))
+    assert config.generation_config == "none"
+    with pytest.raises(SystemExit):
+        main(["serve", "--generation-config", "vllm"])
+    assert "--generation-config" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("value", ["0", "1.5", "most"])
 def test_gpu_memory_utilization_must_be_a_fraction(capsys, value):
     with pytest.raises(SystemExit):
