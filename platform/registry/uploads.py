@@ -61,7 +61,6 @@ def upload_version(
     parts: Sequence[UploadedPart],
     limits: UploadLimits,
     base: ServedBase,
-    allow_base_mismatch: bool,
     actor_key_id: uuid.UUID | None,
     staging_dir: Path,
 ) -> Published:
@@ -77,7 +76,6 @@ def upload_version(
             adapter_name=adapter_name,
             directory=Path(workdir),
             base=base,
-            allow_base_mismatch=allow_base_mismatch,
             source=AdapterVersionSource.upload,
             training_job_id=None,
             actor_key_id=actor_key_id,
@@ -122,7 +120,6 @@ def complete_presigned_upload(
     files: Sequence[UploadedFile],
     limits: UploadLimits,
     base: ServedBase,
-    allow_base_mismatch: bool,
     actor_key_id: uuid.UUID | None,
     staging_dir: Path,
 ) -> Published:
@@ -143,7 +140,7 @@ def complete_presigned_upload(
                 ref = store.complete_upload(file.upload_key, sha256=file.sha256, size=file.size_bytes)
                 store.get_to_path(ref.key, Path(workdir) / file.filename)
                 stored.append(StoredFile(filename=file.filename, ref=ref))
-            summary = validate_adapter_dir(Path(workdir), base=base, allow_base_mismatch=allow_base_mismatch)
+            summary = validate_adapter_dir(Path(workdir), base=base)
             return register_version(
                 session,
                 tenant_id=tenant_id,
