@@ -166,7 +166,7 @@ def test_serve_reports_a_broken_adapter_and_serves_the_rest(tmp_path, model_dir)
         auth = {"Authorization": f"Bearer {bootstrap_keys[0]}"}
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60, headers=auth) as client:
             served = [card["id"] for card in client.get("/v1/models").json()["data"]]
-            assert served == [model_dir.name, "broken", "good"]
+            assert served == ["base", model_dir.name, "broken", "good"]
             reply = client.post("/v1/completions", json={"model": "good", "prompt": "Hello", "max_tokens": 2})
             assert reply.status_code == 200, reply.text
             refused = client.post("/v1/completions", json={"model": "broken", "prompt": "Hello", "max_tokens": 2})
