@@ -21,6 +21,7 @@ _PUBLIC_NAMES: dict[str, tuple[str, ...]] = {
         "SCHEDULING_POLICIES"),
     "outputs": (
         "AdapterResidency", "EngineStats", "EngineUnavailableError", "RequestFailedError", "RequestOutput", "TokenLogprob"),
+    "generation_defaults": ("GENERATION_CONFIG_SOURCES", "GenerationDefaults", "read_generation_defaults"),
     "request": ("SamplingParams",),
     "metric_labels": ("OTHER_ADAPTERS_LABEL",),
     "request_latency": ("HistogramSnapshot", "merge_histograms", "total_histogram"),

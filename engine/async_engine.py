@@ -24,6 +24,7 @@ from pathlib import Path
 from loraloom.engine.lora.host_cache import AdapterFetcher, fetch_local_dir
 from loraloom.engine.lora.handle import AdapterHandle
 from loraloom.engine.client import EngineFacts
+from loraloom.engine.generation_defaults import read_generation_defaults
 from loraloom.engine.config import EngineConfig
 from loraloom.engine.llm_engine import LLMEngine
 from loraloom.engine.outputs import AdapterResidency, EngineStats, RequestFailedError, RequestOutput
@@ -57,6 +58,7 @@ class AsyncEngine:
         self.max_model_len = engine.max_model_len
         self.max_lora_rank = engine.config.max_lora_rank
         self.device = engine.config.device
+        self.generation_defaults = read_generation_defaults(engine.model_dir, engine.config.generation_config)
         # Adapter fetches may be slow (object storage); they must not hold up the step thread.
         self._fetch_threads = ThreadPoolExecutor(max_workers=2, thread_name_prefix="loraloom-fetch",
                                                  initializer=one_torch_thread)
@@ -140,7 +142,7 @@ class AsyncEngine:
     def facts(self) -> EngineFacts:
         return EngineFacts(model_name=self.model_name, max_model_len=self.max_model_len,
                            max_lora_rank=self.max_lora_rank, model_config=self.model_config,
-                           device=self.device)
+                           device=self.device, generation_defaults=self.generation_defaults)
 
     def adapter_residency(self) -> AdapterResidency:
         """Read off the step thread: the slot table and cache change under it, so a read that races a

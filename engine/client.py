@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from loraloom.engine.config import ModelConfig
+from loraloom.engine.generation_defaults import GenerationDefaults
 from loraloom.engine.lora.handle import AdapterHandle
 from loraloom.engine.outputs import AdapterResidency, EngineStats, RequestOutput
 from loraloom.engine.request import SamplingParams
@@ -31,6 +32,7 @@ class EngineFacts:
     max_lora_rank: int
     model_config: ModelConfig
     device: str  # the torch device serving ("cpu", "cuda", "cuda:1"): what its adapter slots live in
+    generation_defaults: GenerationDefaults = GenerationDefaults()
 
 
 class EngineClient(Protocol):
@@ -41,6 +43,8 @@ class EngineClient(Protocol):
     model_config: ModelConfig
     device: str
     tokenizer: Tokenizer
+    # What a request leaves out (temperature, top_p, ...) is taken from here before the server's defaults.
+    generation_defaults: GenerationDefaults
 
     async def start(self) -> None:
         """Start serving (the app's start-up calls it once)."""

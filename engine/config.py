@@ -5,6 +5,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
+from loraloom.engine.generation_defaults import GENERATION_CONFIG_SOURCES
+
 
 @dataclass(frozen=True)
 class ModelConfig:
@@ -214,6 +216,9 @@ class EngineConfig:
     # Adapters ((tenant, adapter) pairs) whose requests get metric labels of their own; later ones are
     # counted under model "other" (engine/metric_labels.py), which bounds the metrics' series.
     metrics_max_adapters: int = 100
+    # Where omitted sampling fields come from (engine/generation_defaults.py): "auto", the model's
+    # generation_config.json, as vLLM does; "none", the server's built-in defaults (temperature 1).
+    generation_config: str = "auto"
 
     def __post_init__(self) -> None:
         if self.metrics_max_adapters < 0:
@@ -229,6 +234,9 @@ class EngineConfig:
                              f"use one of {list(FP8_ACTIVATION_TERMS)}")
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             raise ValueError(f"EngineConfig.kv_cache_dtype is {self.kv_cache_dtype!r}; use one of {list(KV_CACHE_DTYPES)}")
+        if self.generation_config not in GENERATION_CONFIG_SOURCES:
+            raise ValueError(f"EngineConfig.generation_config is {self.generation_config!r}; "
+                             f"use one of {list(GENERATION_CONFIG_SOURCES)}")
         if self.lora_dtype not in LORA_DTYPES:
             raise ValueError(f"EngineConfig.lora_dtype is {self.lora_dtype!r}; use one of {list(LORA_DTYPES)}")
         if self.resolved_lora_dtype != self.dtype and not self.device.startswith("cpu"):

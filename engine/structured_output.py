@@ -141,7 +141,7 @@ class GrammarCompiler:
             error = start.get_error()
             if field == "tools":  # the first line says what; the rest would quote the whole generated grammar
                 error = re.sub(r"^at \d+\(\d+\): ", "", error.splitlines()[0] if error else error)
-            raise ValueError(f"{field}: the JSON schema cannot be served: {error}")
+            raise ValueError(f"{field}: the JSON schema cannot be served: {_in_our_words(error)}")
         compiled = CompiledGrammar(key, start)
         with self._lock:
             self._cache[key] = compiled
@@ -178,6 +178,23 @@ def apply_grammar_masks(
         return
     index = torch.tensor(list(rows), device=values.device)
     values[index] = values[index].masked_fill_(torch.from_numpy(forbidden).to(values.device), float("-inf"))
+
+
+# llguidance's terse codes for grammars it builds but cannot run, in words a client can act on.
+_ENGINE_ERRORS = {
+    "NoExtensionBias": "its $ref definitions refer to one another in a cycle that never describes a value; give "
+                       "each recursive definition an object or array around its reference, or drop the cycle",
+}
+_NON_VERBOSE_MARK = "<non-verbose/>"  # llguidance appends it when verbose_errors is off (LIMITS)
+
+
+def _in_our_words(engine_error: str) -> str:
+    """The grammar engine's refusal of a compiled schema, as a message naming the fault and the fix."""
+    text = engine_error.replace(_NON_VERBOSE_MARK, "").strip()
+    for code, words in _ENGINE_ERRORS.items():
+        if code in text:
+            return words
+    return f"the grammar built from it is refused ({text}); simplify the schema (fewer alternatives, no $ref cycles)"
 
 
 def _fill(matcher: llguidance.LLMatcher, bitmask: np.ndarray, row: int) -> None:

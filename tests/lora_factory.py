@@ -31,7 +31,7 @@ def make_peft_adapter(
     out_dir: Path,
     rank: int,
     alpha: float,
-    target_modules: list[str],
+    target_modules: list[str] | str,
     seed: int,
     use_rslora: bool = False,
     init_scale: float = DEFAULT_INIT_SCALE,
@@ -40,12 +40,13 @@ def make_peft_adapter(
     modules_to_save: list[str] | None = None,
     safe_serialization: bool = True,
     saved_as: torch.dtype | None = None,
+    layers_to_transform: list[int] | None = None,
 ) -> Path:
     """Save a PEFT LoRA adapter for the model in `model_dir` to `out_dir`; return out_dir (absolute).
 
     Every LoRA weight (and every modules_to_save copy) is drawn from N(0, init_scale^2)
     with a generator seeded by `seed`, so the same arguments give the same adapter.
-    `saved_as`: the dtype its safetensors file stores (default: PEFT's, float32), as an adapter
+    `target_modules` may be one regular expression, as PEFT allows. `saved_as`: the dtype its safetensors file stores (default: PEFT's, float32), as an adapter
     trained or published in bfloat16 or float16 is saved.
     """
     from peft import LoraConfig, get_peft_model
@@ -54,7 +55,8 @@ def make_peft_adapter(
     config = LoraConfig(
         r=rank,
         lora_alpha=alpha,
-        target_modules=list(target_modules),
+        target_modules=target_modules if isinstance(target_modules, str) else list(target_modules),
+        layers_to_transform=layers_to_transform,
         use_rslora=use_rslora,
         rank_pattern=dict(rank_pattern or {}),
         alpha_pattern=dict(alpha_pattern or {}),

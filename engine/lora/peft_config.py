@@ -21,6 +21,7 @@ from typing import Any, Generic, NamedTuple, TypeVar
 
 from loraloom.engine.lora.errors import AdapterLoadError
 from loraloom.engine.lora.files import ADAPTER_CONFIG_FILE
+from loraloom.engine.lora.peft_selection import ModuleSelection, parse_module_selection
 
 # PEFT's configs are about 1 KB; a rank_pattern naming every projection of an 80-layer model is under 50 KB.
 MAX_CONFIG_BYTES = 1024 * 1024
@@ -79,6 +80,7 @@ class PeftLoRAConfig:
     rank_pattern: ModulePatterns[int]
     alpha_pattern: ModulePatterns[float]
     base_model: str | None  # base_model_name_or_path, if it names one
+    selection: ModuleSelection  # target_modules, layers_to_transform, layers_pattern
 
     def module_lora(self, module_name: str) -> ModuleLoRA:
         """Rank, alpha and scaling of the module named like "model.layers.3.self_attn.q_proj"."""
@@ -116,6 +118,7 @@ def parse_peft_config(data: bytes) -> PeftLoRAConfig:
         rank_pattern=_patterns(config, "rank_pattern", ("rank", 8), integer=True),
         alpha_pattern=_patterns(config, "alpha_pattern", ("alpha", 16), integer=False),
         base_model=base_model if isinstance(base_model, str) and base_model else None,
+        selection=parse_module_selection(config),
     )
 
 

@@ -27,6 +27,7 @@ from loraloom.engine.lora.errors import AdapterLoadError
 from loraloom.engine.config import ModelConfig
 from loraloom.engine.lora.files import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE, LORA_MODULE_PARENTS
 from loraloom.engine.lora.peft_config import MAX_CONFIG_BYTES, ModuleLoRA, PeftLoRAConfig, read_peft_config
+from loraloom.engine.lora.peft_selection import ModuleSelection
 
 # Pickle checkpoints that PEFT or torch may have written; never unpickled: unpickling a tenant's upload
 # would run whatever code it holds.
@@ -266,7 +267,25 @@ def _validate_headers(
                     "the adapter was trained for another base model or its config's r does not match its weights"
                 )
         plan[key] = ModulePlan(hf_name, names, lora)
+    # After the shapes: a module the base does not have in that shape says more than the selection does.
+    _refuse_unselected(hf_names, peft_config.selection)
     return plan
+
+
+def _refuse_unselected(hf_names: dict[tuple[int, str], str], selection: ModuleSelection) -> None:
+    """PEFT applies only the modules its config selects and skips other weights in the file; applying them
+    would serve another model than the one trained, skipping them would hide a broken upload: refuse."""
+    unselected = [hf_names[key] for key in sorted(hf_names) if not selection.selects(hf_names[key])]
+    if unselected:
+        shown = ", ".join(unselected[:5]) + (f" and {len(unselected) - 5} more" if len(unselected) > 5 else "")
+        field = "target_modules" if selection.layers is None else "layers_to_transform"
+        raise AdapterLoadError(
+            f"adapter: {ADAPTER_WEIGHTS_FILE} holds weights for {len(unselected)} module"
+            f"{'s' if len(unselected) > 1 else ''} that {ADAPTER_CONFIG_FILE} "
+            f"does not select ({selection.describe()}): {shown}; PEFT would not apply them. Save the adapter again "
+            "with save_pretrained, or make the config select exactly the modules it was trained on",
+            param=field,
+        )
 
 
 def _scaled_module(tensors, plan: ModulePlan) -> LoRAModuleWeights:

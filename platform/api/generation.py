@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import functools
+import logging
 import time
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
@@ -20,6 +21,7 @@ from loraloom.engine import (
     AdapterLoadError,
     CompiledGrammar,
     EngineClient,
+    GenerationDefaults,
     RequestOutput,
     SamplingParams,
     TenantTag,
@@ -29,11 +31,14 @@ from loraloom.platform.accounts.keys import Caller
 from loraloom.platform.api.errors import APIError, field_error
 from loraloom.platform.api.revocation import revocable
 from loraloom.platform.api.schemas.generation import DEFAULT_MAX_TOKENS, GenerationRequest, PromptTokensDetails, Usage
+from loraloom.platform.api.schemas.ignored_fields import IGNORED_FIELDS_HEADER, ignored_field_names
 from loraloom.platform.api.sse import ending_in_error_event, events_once_open, opened_within, sse_response
 from loraloom.platform.metering.usage import UsageMeter
 from loraloom.platform.registry.errors import AdapterNotFoundError, InvalidAdapterError
 from loraloom.platform.registry.lookup import AdapterLookup
 from loraloom.platform.registry.named import NamedAdapter
+
+logger = logging.getLogger(__name__)
 
 SSE_DONE = "data: [DONE]\n\n"
 CLIENT_CLOSED_REQUEST = 499  # nginx's status for a client that left; nobody reads this response
@@ -83,10 +88,28 @@ def check_model_agrees(body: GenerationRequest, adapter: NamedAdapter | None, mo
         )
 
 
-def default_max_tokens(num_prompt_tokens: int, max_model_len: int) -> int:
-    """The context left after the prompt, capped. At least 1, so a prompt that
-    fills the context is reported as too long rather than as a bad max_tokens."""
-    return max(1, min(DEFAULT_MAX_TOKENS, max_model_len - num_prompt_tokens))
+def name_ignored_fields(result: T | Response, response: Response, body: GenerationRequest) -> T | Response:
+    """Name the accepted-and-ignored fields the client sent in a header of the answer: on `result` when it
+    is a response already (a stream), else on the route's `response` (FastAPI merges its headers)."""
+    names = ignored_field_names(body)
+    if names:
+        logger.debug("request fields ignored: %s", ", ".join(names))
+        (result if isinstance(result, Response) else response).headers[IGNORED_FIELDS_HEADER] = ", ".join(names)
+    return result
+
+
+def default_max_tokens(num_prompt_tokens: int, max_model_len: int, defaults: GenerationDefaults) -> int:
+    """The context left after the prompt, capped by the model's max_new_tokens, else by ours. At least 1,
+    so a prompt that fills the context is reported as too long rather than as a bad max_tokens."""
+    cap = DEFAULT_MAX_TOKENS if defaults.max_tokens is None else defaults.max_tokens
+    return max(1, min(cap, max_model_len - num_prompt_tokens))
+
+
+def _chosen(value: T | None, model_default: T | None, fallback: T) -> T:
+    """The request's value, else the model's, else the server's."""
+    if value is not None:
+        return value
+    return fallback if model_default is None else model_default
 
 
 async def compile_grammar(
@@ -104,13 +127,19 @@ async def compile_grammar(
 
 
 def sampling_params(
-    body: GenerationRequest, *, max_tokens: int, logprobs: int | None, grammar: CompiledGrammar | None = None
+    body: GenerationRequest,
+    *,
+    max_tokens: int,
+    logprobs: int | None,
+    defaults: GenerationDefaults,
+    grammar: CompiledGrammar | None = None,
 ) -> SamplingParams:
+    """The engine's parameters: what the request sets, else the model's `defaults`, else 1 (0 for top_k)."""
     return SamplingParams(
         max_tokens=max_tokens,
-        temperature=body.temperature,
-        top_p=body.top_p,
-        top_k=body.top_k,
+        temperature=_chosen(body.temperature, defaults.temperature, 1.0),
+        top_p=_chosen(body.top_p, defaults.top_p, 1.0),
+        top_k=_chosen(body.top_k, defaults.top_k, 0),
         seed=body.seed,
         stop=body.stop_list(),
         stop_token_ids=list(body.stop_token_ids),
@@ -118,7 +147,7 @@ def sampling_params(
         logprobs=logprobs,
         presence_penalty=body.presence_penalty,
         frequency_penalty=body.frequency_penalty,
-        repetition_penalty=body.repetition_penalty,
+        repetition_penalty=_chosen(body.repetition_penalty, defaults.repetition_penalty, 1.0),
         logit_bias=body.logit_bias_ids(),
         min_tokens=body.min_tokens,
         grammar=grammar,
@@ -347,7 +376,7 @@ async def respond(
     generation ends. A client that leaves before its answer begins streaming
     cancels the generation (Starlette handles it after). `tool_grammar`: constrained tool calls' grammar."""
     if max_tokens is None:
-        max_tokens = default_max_tokens(len(prompt_token_ids), engine.max_model_len)
+        max_tokens = default_max_tokens(len(prompt_token_ids), engine.max_model_len, engine.generation_defaults)
     # Charged at most its prompt and every token it may generate; trued up when its meter finishes.
     rate_limits = request.app.state.rate_limits
     ticket = await rate_limits.admit(request, engine, meter, tokens=len(prompt_token_ids) + max_tokens * body.n)
@@ -363,8 +392,8 @@ async def respond(
         engine,
         request_id=head.id,
         prompt_token_ids=prompt_token_ids,
-        params=choice_params(sampling_params(body, max_tokens=max_tokens, logprobs=logprobs, grammar=grammar),
-                             body.n),
+        params=choice_params(sampling_params(body, max_tokens=max_tokens, logprobs=logprobs,
+                                             defaults=engine.generation_defaults, grammar=grammar), body.n),
         adapter=adapter,
         field_names=field_names,
         adapter_param=adapter_reference(body)[1],

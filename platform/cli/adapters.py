@@ -82,6 +82,8 @@ def adapters_push(client: httpx.Client, args: argparse.Namespace) -> None:
     print(f"{args.name}@{version['version']}")
     if version.get("deduplicated"):
         print(f"{args.name}@{version['version']} already holds these files: no new version was made", file=sys.stderr)
+    if version.get("base_model_warning"):
+        print(f"warning: {version['base_model_warning']}", file=sys.stderr)
     if args.alias is not None:
         move_alias(client, args.name, args.alias, version["version"])
 

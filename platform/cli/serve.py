@@ -10,8 +10,8 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from loraloom.engine import (FP8_ACTIVATION_TERMS, KV_CACHE_DTYPES, LORA_DTYPES, QUANTIZATION_METHODS,
-                             SCHEDULING_POLICIES, EngineConfig)
+from loraloom.engine import (FP8_ACTIVATION_TERMS, GENERATION_CONFIG_SOURCES, KV_CACHE_DTYPES, LORA_DTYPES,
+                             QUANTIZATION_METHODS, SCHEDULING_POLICIES, EngineConfig)
 from loraloom.platform.cli.options import adapter_argument, fraction, load_settings, positive_int
 from loraloom.platform.log_format import configure_logging
 
@@ -130,6 +130,14 @@ def add_serve_command(commands: argparse._SubParsersAction) -> None:
         "or float16 halve the bytes each decode step reads for its adapters (faster when many requests use "
         "distinct adapters), rounding the weights once at load and still computing in float32",
     )
+    serve.add_argument(
+        "--generation-config",
+        choices=GENERATION_CONFIG_SOURCES,
+        default=defaults.generation_config,
+        help="auto: sampling fields a request leaves out (temperature, top_p, top_k, repetition_penalty, "
+        "max_tokens) come from the model's generation_config.json, as vLLM does; none: the server's own defaults "
+        "(temperature 1, top_p 1)",
+    )
 
 
 def add_worker_command(commands: argparse._SubParsersAction) -> None:
@@ -161,6 +169,7 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         kv_cache_dtype=args.kv_cache_dtype,
         lora_dtype=args.lora_dtype,
         **({} if args.metrics_max_adapters is None else {"metrics_max_adapters": args.metrics_max_adapters}),
+        generation_config=args.generation_config,
     )
 
 

@@ -40,7 +40,7 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     create = job_commands.add_parser("create", help="start a fine-tuning job; prints its id")
     create.add_argument("--training-file", required=True, metavar="FILE_ID")
     create.add_argument("--validation-file", metavar="FILE_ID")
-    create.add_argument("--suffix", required=True, help="adapter name the result is registered under")
+    create.add_argument("--suffix", help="adapter name the result is registered under; default: a new one, ft-<8 hex digits>")
     create.add_argument("--model", help="the base model; default: the one the server serves")
     create.add_argument("--seed", type=int)
     add_hyperparameter_flags(create)

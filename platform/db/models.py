@@ -34,6 +34,7 @@ from sqlalchemy import (
     UniqueConstraint,
     event,
     inspect,
+    text,
 )
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import Dialect
@@ -54,6 +55,8 @@ NAMING_CONVENTION = {
 def utcnow() -> datetime:
     return datetime.now(timezone.utc)
 
+
+MAX_DECLARED_BASE_CHARS = 1024  # a local training path can be long; a longer one is stored cut
 
 class UTCDateTime(TypeDecorator[datetime]):
     """Timezone-aware UTC datetimes on every backend.
@@ -178,7 +181,12 @@ class ApiKey(Base):
 
 class Adapter(Base):
     __tablename__ = "adapters"
-    __table_args__ = (UniqueConstraint("tenant_id", "name"),)
+    __table_args__ = (
+        UniqueConstraint("tenant_id", "name"),
+        # `support` and `Support` cannot coexist in a tenant: a name differing only in case is someone's
+        # typo, and two such adapters would be told apart by case alone (registry/publish.py says which exists).
+        Index("uq_adapters_tenant_id_folded_name", "tenant_id", text("lower(name)"), unique=True),
+    )
 
     id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=uuid.uuid4)
     tenant_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
@@ -221,6 +229,9 @@ class AdapterVersion(Base):
     )
     status_detail: Mapped[str | None] = mapped_column(Text)  # why it failed, for the user
     base_model: Mapped[str] = mapped_column(String(256))
+    # adapter_config.json's base_model_name_or_path as uploaded (None: it names none). Not a test of
+    # compatibility (the shapes are): shown as a warning where it names another model than base_model.
+    declared_base_model: Mapped[str | None] = mapped_column(String(MAX_DECLARED_BASE_CHARS))
     rank: Mapped[int]
     alpha: Mapped[float] = mapped_column(Double)
     target_modules: Mapped[list[str]]
@@ -315,6 +326,8 @@ class UsageRecord(Base):
     model: Mapped[str] = mapped_column(String(256))  # what the client asked for, e.g. "support-bot:prod"
     request_id: Mapped[str] = mapped_column(String(64))
     endpoint: Mapped[str] = mapped_column(String(32))  # "chat.completions" | "completions"
+    # The request's OpenAI `metadata` (at most 16 string pairs), kept for the tenant's own bookkeeping.
+    request_metadata: Mapped[dict[str, Any] | None]
     # The defaults match what migration 0002 gave rows metered before it (outcome and time unknown).
     status: Mapped[UsageStatus] = mapped_column(_enum_column(UsageStatus, "usage_status"), default=UsageStatus.ok)
     prompt_tokens: Mapped[int]

@@ -61,6 +61,7 @@ class UsageMeter:
     model: str = ""  # what the client asked for
     adapter_reference: str = ""  # the adapter as the request named it (`adapter_id`, else `model`)
     adapter: MeteredAdapter | None = None
+    request_metadata: dict[str, str] | None = None  # the request's OpenAI `metadata`, stored with its row
     first_token_s: float | None = None
     num_choices: int = 1
     lasts: dict[str, RequestOutput] = field(default_factory=dict)  # engine request id -> its latest output
@@ -130,6 +131,7 @@ class UsageMeter:
                 "model": self.model[:256],
                 "request_id": self.request_id,
                 "endpoint": self.endpoint,
+                "request_metadata": self.request_metadata,
                 "status": self.status,
                 **self.token_counts(),
                 "duration_ms": (time.monotonic() - self.received_s) * 1000,

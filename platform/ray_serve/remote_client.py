@@ -46,6 +46,7 @@ class RayEngineClient:
         self.max_lora_rank = facts.max_lora_rank
         self.model_config = facts.model_config
         self.device = facts.device
+        self.generation_defaults = facts.generation_defaults
         # Tokenized here, in the gateway, as with the engine in process: replicas receive token ids.
         self.tokenizer = Tokenizer.from_dir(model_dir)
         self._board = replica_board()

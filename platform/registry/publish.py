@@ -24,6 +24,7 @@ from loraloom.platform.db.aliases import set_alias
 from loraloom.platform.db.changes import announce_adapter_change
 from loraloom.platform.db.locking import for_update
 from loraloom.platform.db.models import (
+    MAX_DECLARED_BASE_CHARS,
     Adapter,
     AdapterVersion,
     AdapterVersionFile,
@@ -32,6 +33,7 @@ from loraloom.platform.db.models import (
 )
 from loraloom.platform.registry.blobs import claimed_blobs
 from loraloom.platform.registry.chat_templates import CHAT_TEMPLATE_FILE
+from loraloom.platform.registry.errors import RegistryConflictError
 from loraloom.platform.registry.references import LATEST_ALIAS, check_adapter_name
 from loraloom.platform.registry.staging import ADAPTER_FILES
 from loraloom.platform.registry.validation import ServedBase, validate_adapter_dir
@@ -72,7 +74,6 @@ def publish_adapter_dir(
     adapter_name: str,
     directory: Path,
     base: ServedBase,
-    allow_base_mismatch: bool,
     source: AdapterVersionSource,
     training_job_id: str | None,
     actor_key_id: uuid.UUID | None,
@@ -80,7 +81,7 @@ def publish_adapter_dir(
     """Validate the PEFT files in `directory` and register them as the adapter's next version
     (what an upload and a finished training job both end with), unless a version holds them already."""
     check_adapter_name(adapter_name, reserved=base.reserved_names)
-    summary = validate_adapter_dir(directory, base=base, allow_base_mismatch=allow_base_mismatch)
+    summary = validate_adapter_dir(directory, base=base)
     # Checked before storing too, so that a repeated push uploads no blob at all.
     digests = {filename: file_sha256(directory / filename) for filename in version_filenames(directory)}
     existing = same_content_version(session, tenant_id=tenant_id, adapter_name=adapter_name, digests=digests)
@@ -124,6 +125,7 @@ def register_version(
                 session, select(Adapter).where(Adapter.tenant_id == tenant_id, Adapter.name == adapter_name)
             ))
             if adapter is None:
+                _refuse_name_differing_in_case(session, tenant_id=tenant_id, adapter_name=adapter_name)
                 adapter = Adapter(tenant_id=tenant_id, name=adapter_name)
                 session.add(adapter)
                 session.flush()
@@ -144,6 +146,7 @@ def register_version(
                 number=(highest or 0) + 1,
                 status=AdapterVersionStatus.ready,
                 base_model=base_model,
+                declared_base_model=None if summary.base_model is None else summary.base_model[:MAX_DECLARED_BASE_CHARS],
                 rank=summary.rank,
                 alpha=summary.alpha,
                 target_modules=list(summary.target_modules),
@@ -168,6 +171,18 @@ def register_version(
             if attempt == REGISTER_ATTEMPTS:
                 raise
             attempt += 1
+
+
+def _refuse_name_differing_in_case(session: Session, *, tenant_id: uuid.UUID, adapter_name: str) -> None:
+    """Names are unique regardless of case in a tenant (the database's index says so too; this says which)."""
+    existing = session.scalar(select(Adapter.name).where(
+        Adapter.tenant_id == tenant_id, func.lower(Adapter.name) == adapter_name.lower()
+    ))
+    if existing is not None:
+        raise RegistryConflictError(
+            f"name: the adapter {existing!r} exists, and adapter names are unique regardless of case; push to "
+            f"{existing!r} or choose another name than {adapter_name!r}"
+        )
 
 
 def same_content_version(

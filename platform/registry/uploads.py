@@ -62,7 +62,6 @@ def upload_version(
     parts: Sequence[UploadedPart],
     limits: UploadLimits,
     base: ServedBase,
-    allow_base_mismatch: bool,
     actor_key_id: uuid.UUID | None,
     staging_dir: Path,
 ) -> Published:
@@ -78,7 +77,6 @@ def upload_version(
             adapter_name=adapter_name,
             directory=Path(workdir),
             base=base,
-            allow_base_mismatch=allow_base_mismatch,
             source=AdapterVersionSource.upload,
             training_job_id=None,
             actor_key_id=actor_key_id,
@@ -123,7 +121,6 @@ def complete_presigned_upload(
     files: Sequence[UploadedFile],
     limits: UploadLimits,
     base: ServedBase,
-    allow_base_mismatch: bool,
     actor_key_id: uuid.UUID | None,
     staging_dir: Path,
 ) -> Published:
@@ -144,7 +141,7 @@ def complete_presigned_upload(
                 ref = store.complete_upload(file.upload_key, sha256=file.sha256, size=file.size_bytes)
                 store.get_to_path(ref.key, Path(workdir) / file.filename)
                 stored.append(StoredFile(filename=file.filename, ref=ref))
-            summary = validate_adapter_dir(Path(workdir), base=base, allow_base_mismatch=allow_base_mismatch)
+            summary = validate_adapter_dir(Path(workdir), base=base)
             check_uploaded_template(Path(workdir))
             return register_version(
                 session,

@@ -35,10 +35,15 @@ class ServedBase:
         return largest_adapter_bytes(self.config, self.max_lora_rank)
 
 
-def validate_adapter_dir(directory: Path, *, base: ServedBase, allow_base_mismatch: bool) -> AdapterSummary:
+def validate_adapter_dir(directory: Path, *, base: ServedBase) -> AdapterSummary:
     """Everything the engine would check when loading (names, shapes, rank, dtype, NaN/Inf, bounds on the
-    scaled weights, every adapter_config.json field, modules_to_save, embeddings), and the declared base
-    model unless the caller overrides it. The error's `param` names the config field at fault, if one is."""
+    scaled weights, every adapter_config.json field, modules_to_save, embeddings, the modules its config
+    selects). The error's `param` names the config field at fault, if one is.
+
+    Compatibility is what the weights say: every module must exist in the served base with the base's
+    shapes (hidden and intermediate sizes, heads) and every layer index must be one of its layers. The
+    declared base_model_name_or_path is not a test: PEFT writes the path a model was loaded from (a local
+    copy trains under its folder's name), so a different name is recorded (base_model_warning) instead."""
     try:
         summary = inspect_adapter(directory, base.config, base.max_lora_rank)
     except AdapterLoadError as error:
@@ -46,10 +51,13 @@ def validate_adapter_dir(directory: Path, *, base: ServedBase, allow_base_mismat
         # which means nothing to the uploader and should not be shown to them.
         message = str(error).replace(f"{directory}{os.sep}", "")
         raise UploadRejectedError(message, param=error.param or "files") from error
-    if not allow_base_mismatch and not base_model_matches(summary.base_model, base.name):
-        raise UploadRejectedError(
-            f"adapter: adapter_config.json names base model {summary.base_model!r}, but this server serves "
-            f"{base.name!r}; train the adapter on {base.name!r}, or set allow_base_mismatch=true if it is the same "
-            "model under another name (shapes are checked either way)"
-        )
     return summary
+
+
+def base_model_warning(declared: str | None, served: str) -> str | None:
+    """What a version record says of an adapter whose config names another base than the served one."""
+    if base_model_matches(declared, served):
+        return None
+    return (f"adapter_config.json names base model {declared!r}, not the served {served!r}; it was accepted because "
+            f"its modules and shapes fit {served!r}. If it was trained on another model of the same shape, its "
+            "outputs will not be what it was trained for")

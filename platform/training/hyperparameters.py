@@ -6,7 +6,10 @@ Strict types: "3", 3.5 or true is not an epoch count.
 """
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 from loraloom.engine import LORA_MODULE_PARENTS, EngineConfig
 
@@ -15,6 +18,18 @@ MAX_LORA_RANK = EngineConfig.max_lora_rank
 # EngineConfig caps the served context at 8192 tokens.
 MAX_SEQ_LEN = 8192
 ALL_TARGET_MODULES = tuple(LORA_MODULE_PARENTS)
+DEFAULT_LEARNING_RATE = 2e-4
+MAX_LEARNING_RATE = 0.1
+# OpenAI's fine-tuning spelling, accepted beside ours: "auto" (our default) for these, and
+# learning_rate_multiplier, a factor of DEFAULT_LEARNING_RATE.
+OPENAI_AUTO_FIELDS = ("n_epochs", "batch_size", "learning_rate_multiplier")
+LEARNING_RATE_MULTIPLIER = "learning_rate_multiplier"
+# Names other trainers (PEFT, transformers, other APIs) use for ours: a refusal names ours.
+OTHER_SPELLINGS = {
+    "epochs": "n_epochs", "num_epochs": "n_epochs", "num_train_epochs": "n_epochs",
+    "lr": "learning_rate", "rank": "lora_r", "r": "lora_r", "alpha": "lora_alpha", "dropout": "lora_dropout",
+    "per_device_train_batch_size": "batch_size", "max_length": "max_seq_len", "max_seq_length": "max_seq_len",
+}
 
 
 class Hyperparameters(BaseModel):
@@ -23,7 +38,10 @@ class Hyperparameters(BaseModel):
     n_epochs: int = Field(default=3, ge=1, le=100, description="Passes over the training file.")
     batch_size: int = Field(default=8, ge=1, le=256, description="Examples per optimizer step.")
     learning_rate: float = Field(
-        default=2e-4, gt=0.0, le=0.1, description="Peak AdamW learning rate (linear warmup, then linear decay)."
+        default=DEFAULT_LEARNING_RATE, gt=0.0, le=MAX_LEARNING_RATE,
+        description="Peak AdamW learning rate (linear warmup, then linear decay). OpenAI's learning_rate_multiplier "
+        f"is accepted instead: this default ({DEFAULT_LEARNING_RATE:g}) times it; \"auto\" for it, n_epochs or "
+        "batch_size means the default.",
     )
     lora_r: int = Field(default=16, ge=1, le=MAX_LORA_RANK, description="LoRA rank.")
     lora_alpha: float = Field(default=32.0, gt=0.0, le=4096.0, description="LoRA scaling numerator (alpha / r).")
@@ -48,3 +66,52 @@ class Hyperparameters(BaseModel):
         if len(set(modules)) != len(modules):
             raise ValueError(f"{modules} lists a module twice; list each once")
         return modules
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _openai_spelling(cls, data: Any, handler: Any) -> Any:
+        """OpenAI's spelling in ours, before the fields are checked; unknown fields named with the supported one."""
+        if isinstance(data, dict):
+            data = _ours(data)
+        try:
+            return handler(data)
+        except ValidationError as error:
+            raise ValidationError.from_exception_data(error.title, [_with_our_name(detail) for detail in error.errors()])
+
+
+def _ours(data: dict[str, Any]) -> dict[str, Any]:
+    ours = {key: value for key, value in data.items() if not (key in OPENAI_AUTO_FIELDS and value == "auto")}
+    if LEARNING_RATE_MULTIPLIER not in ours:
+        return ours
+    multiplier = ours.pop(LEARNING_RATE_MULTIPLIER)
+    if "learning_rate" in ours:
+        raise _error(LEARNING_RATE_MULTIPLIER, multiplier, "give learning_rate or learning_rate_multiplier, not both")
+    if isinstance(multiplier, bool) or not isinstance(multiplier, (int, float)) or not multiplier > 0:
+        raise _error(LEARNING_RATE_MULTIPLIER, multiplier, "must be a positive number (a factor of the default "
+                     f"learning rate, {DEFAULT_LEARNING_RATE:g}) or \"auto\"")
+    if DEFAULT_LEARNING_RATE * multiplier > MAX_LEARNING_RATE:
+        raise _error(LEARNING_RATE_MULTIPLIER, multiplier, f"gives a learning rate of {DEFAULT_LEARNING_RATE * multiplier:g},"
+                     f" above {MAX_LEARNING_RATE:g}; use at most {MAX_LEARNING_RATE / DEFAULT_LEARNING_RATE:g}")
+    ours["learning_rate"] = DEFAULT_LEARNING_RATE * float(multiplier)
+    return ours
+
+
+def _error(field: str, value: Any, message: str) -> ValidationError:
+    return ValidationError.from_exception_data(
+        "Hyperparameters", [{"type": PydanticCustomError("value_error", message), "loc": (field,), "input": value}]
+    )
+
+
+def _with_our_name(detail: dict[str, Any]) -> dict[str, Any]:
+    """An error as raised again: an unknown field's message names the field to use instead."""
+    again = {"type": detail["type"], "loc": detail["loc"], "input": detail["input"]}
+    if "ctx" in detail:
+        again["ctx"] = detail["ctx"]
+    if detail["type"] == "extra_forbidden" and len(detail["loc"]) == 1:
+        name = detail["loc"][0]
+        hint = (f"use {OTHER_SPELLINGS[name]}" if name in OTHER_SPELLINGS
+                else f"the hyperparameters are {', '.join(Hyperparameters.model_fields)} and OpenAI's "
+                     f"{LEARNING_RATE_MULTIPLIER}")
+        again["type"] = PydanticCustomError("extra_forbidden", "Extra inputs are not permitted: {hint}", {"hint": hint})
+        again.pop("ctx", None)
+    return again

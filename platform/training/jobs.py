@@ -43,6 +43,15 @@ class ServedModel:
     reserved_names: frozenset[str]
 
 
+BASE_NAME = "base"  # what requests call the served base (registry/references.py ALWAYS_BASE_NAMES)
+
+
+def generated_suffix() -> str:
+    """The adapter name of a job created without a suffix: 32 random bits, so two such jobs do not become
+    versions of one adapter (a collision would only add a version, never overwrite one)."""
+    return f"ft-{secrets.token_hex(4)}"
+
+
 def create_job(
     session: Session,
     *,
@@ -52,19 +61,25 @@ def create_job(
     model: str,
     training_file: str,
     validation_file: str | None,
-    suffix: str,
+    suffix: str | None,
     seed: int | None,
     hyperparameters: Hyperparameters,
     max_attempts: int,
     send: Callable[[str], None],
 ) -> FineTuningJob:
     """Check the request against the files and the served base, add the job as queued and send it
-    to the workers. Raises TrainingInputError naming the field at fault."""
+    to the workers. Raises TrainingInputError naming the field at fault. `model` may also be `base`, as in
+    requests; the job records the served name. No `suffix`: a new name is generated."""
+    if model == BASE_NAME:
+        model = served.name
     if model != served.name:
         raise TrainingInputError(
             code="model_not_available", param="model",
-            message=f"model: {model!r} cannot be fine-tuned here; this server trains adapters for {served.name!r}",
+            message=f"model: {model!r} cannot be fine-tuned here; this server trains adapters for {served.name!r} "
+                    f"(or send {BASE_NAME!r})",
         )
+    if suffix is None:
+        suffix = generated_suffix()
     try:
         check_adapter_name(suffix, reserved=served.reserved_names)
     except ValueError as error:

@@ -298,7 +298,7 @@ def _train_and_publish(factory: sessionmaker[Session], claim: Claim, context: Wo
     with factory() as session:
         version = publish_adapter_dir(
             session, store=store, tenant_id=spec.tenant_id, adapter_name=spec.suffix, directory=result.adapter_dir,
-            base=base, allow_base_mismatch=False, source=AdapterVersionSource.training, training_job_id=claim.job_id,
+            base=base, source=AdapterVersionSource.training, training_job_id=claim.job_id,
             actor_key_id=spec.actor_key_id,
         ).version
         reference = f"{spec.suffix}@{version.number}"

@@ -101,5 +101,8 @@ def test_compile_cache_and_refusals(compiler):
                 {"type": "object", "properties": {"p": {"type": "string", "maxLength": 10 ** 40}}}):
         with pytest.raises(ValueError, match="^response_format: "):
             compiler.compile(bad)
+    # A cycle of bare references: llguidance's own text ("NoExtensionBias <non-verbose/>") says nothing to a client.
+    with pytest.raises(ValueError, match=r"^response_format: .* \$ref definitions refer to one another in a cycle"):
+        compiler.compile({"$defs": {"a": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"})
     with pytest.raises(ValueError, match="^response_format: .* bytes"):
         compiler.compile({"enum": ["x" * 40_000]})

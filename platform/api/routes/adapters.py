@@ -19,6 +19,7 @@ from loraloom.engine import AdapterLoadError, EngineClient
 from loraloom.platform.api.deps import DeveloperDep, EngineDep, RegistryLookupDep, SessionDep
 from loraloom.platform.api.errors import FieldErrorRoute
 from loraloom.platform.api.schemas.adapters import (
+    ALLOW_BASE_MISMATCH_IGNORED,
     AdapterList,
     AdapterObject,
     AliasHistoryEntry,
@@ -157,9 +158,8 @@ def post_version(
         list[UploadFile],
         File(description="adapter_config.json and adapter_model.safetensors, or one .tar.gz/.tgz/.tar/.zip of them."),
     ],
-    allow_base_mismatch: Annotated[
-        bool, Form(description="Accept an adapter whose config names another base (shapes are still checked).")
-    ] = False,
+    # Accepted so that older clients keep working; it changes nothing (ALLOW_BASE_MISMATCH_IGNORED).
+    allow_base_mismatch: Annotated[bool, Form(description=ALLOW_BASE_MISMATCH_IGNORED)] = False,
 ) -> VersionObject:
     """Upload a new version; the adapter is created by its first version. `latest` moves to it. Files a
     version already holds (byte for byte) return that version with status 200 and `deduplicated: true`."""
@@ -171,7 +171,6 @@ def post_version(
         parts=[UploadedPart(filename=file.filename or "", stream=file.file) for file in files],
         limits=lookup.registry.upload_limits,
         base=served_base(engine),
-        allow_base_mismatch=allow_base_mismatch,
         actor_key_id=caller.api_key_id,
         staging_dir=lookup.registry.staging_dir,
     )
@@ -268,7 +267,6 @@ def post_upload_complete(
         ],
         limits=lookup.registry.upload_limits,
         base=served_base(engine),
-        allow_base_mismatch=body.allow_base_mismatch,
         actor_key_id=caller.api_key_id,
         staging_dir=lookup.registry.staging_dir,
     )

@@ -16,6 +16,7 @@ from loraloom.platform.api.generation import (
     ChoiceOutput,
     Collected,
     ResponseHead,
+    name_ignored_fields,
     resolve_adapter,
     sse_event,
     sse_response_doc,
@@ -139,8 +140,10 @@ async def create_chat_completion(
     lookup: LookupDep,
     meter: ChatUsageMeterDep,
     caller: CallerDep,
+    response: Response,
 ) -> ChatCompletionResponse | Response:
     adapter = await resolve_adapter(lookup, body, caller.tenant_id, meter)
+    meter.request_metadata = body.metadata
     try:
         tokenizer = chat_tokenizer(engine.tokenizer, adapter)
     except ChatTemplateError as error:
@@ -160,10 +163,11 @@ async def create_chat_completion(
         max_tokens_field, max_tokens = "max_completion_tokens", body.max_completion_tokens
     else:
         max_tokens_field, max_tokens = "max_tokens", body.max_tokens
-    return await respond(
+    answer = await respond(
         request, engine, body, id_prefix="chatcmpl", prompt_token_ids=prompt_token_ids, max_tokens=max_tokens,
         logprobs=(body.top_logprobs or 0) if body.logprobs else None, adapter=adapter,
         field_names={"prompt": "messages", "max_tokens": max_tokens_field, "logprobs": "top_logprobs"},
         meter=meter, events=functools.partial(chat_event_stream, tools=tools),
         build=functools.partial(chat_completion, tools=tools), tool_grammar=tools.grammar,
     )
+    return name_ignored_fields(answer, response, body)

@@ -1,6 +1,7 @@
 """POST /v1/completions (OpenAI's legacy text completions)."""
 from __future__ import annotations
 
+import functools
 from collections.abc import AsyncGenerator, AsyncIterator
 
 from fastapi import APIRouter, Request, Response
@@ -14,6 +15,7 @@ from loraloom.platform.api.generation import (
     ChoiceOutput,
     Collected,
     ResponseHead,
+    name_ignored_fields,
     resolve_adapter,
     sse_event,
     sse_response_doc,
@@ -56,26 +58,33 @@ def completion_logprobs(logprobs: list[TokenLogprob], text_offset: int) -> tuple
     return formatted, text_offset
 
 
-def completion_choice(index: int, collected: Collected) -> CompletionChoice:
+def echoed_prompt(tokenizer: Tokenizer, prompt: PromptInput, prompt_ids: list[int]) -> str:
+    """What `echo` puts before the completion: the prompt's text as sent, or its token ids decoded."""
+    single = prompt[0] if isinstance(prompt, list) and isinstance(prompt[0], (str, list)) else prompt
+    return single if isinstance(single, str) else tokenizer.decode(prompt_ids, skip_special_tokens=False)
+
+
+def completion_choice(index: int, collected: Collected, echo_text: str = "") -> CompletionChoice:
     logprobs = None
     if collected.logprobs is not None:
         logprobs, _ = completion_logprobs(collected.logprobs, 0)
-    return CompletionChoice(index=index, text=collected.text, logprobs=logprobs, finish_reason=collected.finish_reason)
+    return CompletionChoice(index=index, text=echo_text + collected.text, logprobs=logprobs,
+                            finish_reason=collected.finish_reason)
 
 
-def completion(collected: list[Collected], head: ResponseHead) -> Completion:
+def completion(collected: list[Collected], head: ResponseHead, *, echo_text: str = "") -> Completion:
     return Completion(
         id=head.id, created=head.created, model=head.model,
-        choices=[completion_choice(index, choice) for index, choice in enumerate(collected)],
+        choices=[completion_choice(index, choice, echo_text) for index, choice in enumerate(collected)],
         usage=usage([choice.last for choice in collected]),
     )
 
 
 async def completion_event_stream(
-    outputs: AsyncIterator[ChoiceOutput], head: ResponseHead, include_usage: bool
+    outputs: AsyncIterator[ChoiceOutput], head: ResponseHead, include_usage: bool, *, echo_text: str = ""
 ) -> AsyncGenerator[str, None]:
     """One chunk per output with text, logprobs or the finish reason, carrying its choice's index;
-    then (if asked) usage with no choices."""
+    then (if asked) usage with no choices. With `echo_text`, each choice's first chunk is that text."""
 
     def chunk(choices: list[CompletionChoice], lasts: list[RequestOutput] | None = None) -> str:
         return sse_event(
@@ -88,6 +97,9 @@ async def completion_event_stream(
             )
         )
 
+    if echo_text:
+        for index in range(head.num_choices):
+            yield chunk([CompletionChoice(index=index, text=echo_text, logprobs=None, finish_reason=None)])
     text_offsets = [0] * head.num_choices
     lasts: dict[int, RequestOutput] = {}
     async for index, output in outputs:
@@ -118,12 +130,16 @@ async def create_completion(
     lookup: LookupDep,
     meter: CompletionUsageMeterDep,
     caller: CallerDep,
+    response: Response,
 ) -> Completion | Response:
     adapter = await resolve_adapter(lookup, body, caller.tenant_id, meter)
     # Off the event loop: tokenizing a long prompt takes a while.
     prompt_ids = await run_in_threadpool(prompt_token_ids, engine.tokenizer, body.prompt)
-    return await respond(
+    echo_text = echoed_prompt(engine.tokenizer, body.prompt, prompt_ids) if body.echo else ""
+    answer = await respond(
         request, engine, body, id_prefix="cmpl", prompt_token_ids=prompt_ids, max_tokens=body.max_tokens,
-        logprobs=body.logprobs, adapter=adapter, field_names={}, meter=meter, events=completion_event_stream,
-        build=completion,
+        logprobs=body.logprobs, adapter=adapter, field_names={}, meter=meter,
+        events=functools.partial(completion_event_stream, echo_text=echo_text),
+        build=functools.partial(completion, echo_text=echo_text),
     )
+    return name_ignored_fields(answer, response, body)

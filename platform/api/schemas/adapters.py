@@ -11,6 +11,7 @@ from pydantic import BaseModel, Field
 from loraloom.platform.api.schemas.common import ListObject, PageObject, StrictBody
 from loraloom.platform.db.models import MAX_INT64, Adapter, AdapterVersion, Alias
 from loraloom.platform.registry.references import LATEST_ALIAS
+from loraloom.platform.registry.validation import base_model_warning
 
 # A version number in a path: past 64 bits it is a 400 naming `number`, not a database overflow.
 VersionNumber = Annotated[int, Path(ge=1, le=MAX_INT64, description="The version number (name@N).")]
@@ -23,6 +24,13 @@ class VersionFile(BaseModel):
     size_bytes: int
 
 
+# An adapter is judged by its modules and shapes, not by the base name its config declares (registry/validation.py),
+# so the override older clients send has nothing left to override.
+ALLOW_BASE_MISMATCH_IGNORED = (
+    "Accepted and ignored: no override is needed. An adapter is accepted when its modules and shapes fit the served "
+    "base; a different base_model_name_or_path is recorded as the version's base_model_warning."
+)
+
 class VersionObject(BaseModel):
     object: Literal["adapter.version"] = "adapter.version"
     id: uuid.UUID
@@ -30,6 +38,10 @@ class VersionObject(BaseModel):
     version: int
     status: str
     base_model: str
+    declared_base_model: str | None = Field(description="The base model adapter_config.json names "
+                                            "(base_model_name_or_path), as uploaded; null if it names none.")
+    base_model_warning: str | None = Field(description="Set when declared_base_model names another model than "
+                                           "base_model: the adapter was accepted because its modules and shapes fit.")
     rank: int
     alpha: float
     target_modules: list[str]
@@ -58,6 +70,8 @@ class VersionObject(BaseModel):
             version=version.number,
             status=version.status.value,
             base_model=version.base_model,
+            declared_base_model=version.declared_base_model,
+            base_model_warning=base_model_warning(version.declared_base_model, version.base_model),
             rank=version.rank,
             alpha=version.alpha,
             target_modules=list(version.target_modules),
@@ -207,4 +221,4 @@ class UploadedFileBody(StrictBody):
 
 class UploadCompleteBody(StrictBody):
     files: list[UploadedFileBody]
-    allow_base_mismatch: bool = False
+    allow_base_mismatch: bool = Field(default=False, description=ALLOW_BASE_MISMATCH_IGNORED)

@@ -6,8 +6,6 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationInfo, field_validator
 
 from loraloom.platform.api.schemas.common import StrictBody, one_error_for_union
-from loraloom.platform.api.tools.request import ToolChoice, ToolDefinition, check_tools
-from loraloom.platform.api.tools.shapes import ToolCallDelta, ToolCallItem
 from loraloom.platform.api.schemas.generation import (
     GenerationRequest,
     TopLogprob,
@@ -15,6 +13,9 @@ from loraloom.platform.api.schemas.generation import (
     Usage,
     refuse_unsupported,
 )
+from loraloom.platform.api.schemas.ignored_fields import IgnoredChatFields, MetadataField
+from loraloom.platform.api.tools.request import ToolChoice, ToolDefinition, check_tools
+from loraloom.platform.api.tools.shapes import ToolCallDelta, ToolCallItem
 
 
 class TextContentPart(StrictBody):
@@ -38,7 +39,7 @@ class ChatMessage(BaseModel):
     tool_call_id: str | None = Field(default=None, description="A tool message: the call it answers.")
 
 
-class ChatCompletionRequest(GenerationRequest):
+class ChatCompletionRequest(GenerationRequest, IgnoredChatFields, MetadataField):
     messages: list[ChatMessage] = Field(min_length=1)
     max_completion_tokens: StrictInt | None = Field(default=None, description="Preferred over the older `max_tokens`.")
     logprobs: StrictBool = False
@@ -53,17 +54,12 @@ class ChatCompletionRequest(GenerationRequest):
     functions: Unsupported
     function_call: Unsupported
     audio: Unsupported
-    modalities: Unsupported
     prediction: Unsupported
     web_search_options: Unsupported
-    reasoning_effort: Unsupported
-    store: Unsupported
-    metadata: Unsupported
-    service_tier: Unsupported
 
     _refuse_unsupported = field_validator(
-        "functions", "function_call", "audio", "modalities",
-        "prediction", "web_search_options", "reasoning_effort", "store", "metadata", "service_tier",
+        "functions", "function_call", "audio",
+        "prediction", "web_search_options",
     )(refuse_unsupported)
 
     _tools_list = field_validator("tools")(check_tools)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, Field, StrictInt, field_validator
+from pydantic import BaseModel, Field, StrictBool, StrictInt, ValidationInfo, field_validator
 
 from loraloom.platform.api.schemas.common import one_error_for_union
 from loraloom.platform.api.schemas.generation import GenerationRequest, Unsupported, Usage, refuse_unsupported
@@ -20,11 +20,23 @@ class CompletionRequest(GenerationRequest):
     logprobs: StrictInt | None = Field(
         default=None, description="Return the sampled token's logprob and this many alternatives."
     )
-    echo: Unsupported
+    echo: StrictBool = Field(
+        default=False, description="Each choice's text begins with the prompt (for a prompt of token ids: as they "
+        "decode); streamed, as the choice's first chunk. Not with `logprobs`."
+    )
     best_of: Unsupported
     suffix: Unsupported
 
-    _refuse_unsupported = field_validator("echo", "best_of", "suffix")(refuse_unsupported)
+    _refuse_unsupported = field_validator("best_of", "suffix")(refuse_unsupported)
+
+    @field_validator("echo")
+    @classmethod
+    def _echo_without_logprobs(cls, echo: bool, info: ValidationInfo) -> bool:
+        # OpenAI would return the prompt's logprobs too, which the engine does not compute.
+        if echo and info.data.get("logprobs") is not None:
+            raise ValueError("echo with logprobs is not supported (the prompt's logprobs are not computed); "
+                             "leave out one of them")
+        return echo
 
     @field_validator("prompt")
     @classmethod

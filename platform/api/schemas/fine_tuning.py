@@ -12,12 +12,17 @@ from loraloom.platform.training.jobs import event_id
 
 
 class JobCreateBody(StrictBody):
-    model: str = Field(description="The base model: the one this server serves.")
+    model: str = Field(description="The base model: the one this server serves, by its name or as `base`.")
     training_file: str = Field(description="A file id from POST /v1/files (purpose fine-tune).")
     validation_file: str | None = Field(default=None, description="A file id; its loss is reported as eval loss.")
-    suffix: str = Field(description="The adapter the result is registered under, as its next version.")
+    suffix: str | None = Field(default=None, description="The adapter the result is registered under, as its next "
+                               "version. Default: a new name, `ft-` and 8 hex digits.")
     seed: int | None = Field(default=None, ge=0, le=2**31 - 1, description="Same seed, same data: same adapter.")
-    hyperparameters: Hyperparameters = Field(default_factory=Hyperparameters)
+    hyperparameters: Hyperparameters = Field(
+        default_factory=Hyperparameters,
+        description="Ours, or OpenAI's spelling: `\"auto\"` for n_epochs, batch_size or learning_rate_multiplier "
+        "means the default, and learning_rate_multiplier scales the default learning rate.",
+    )
 
 
 class JobError(BaseModel):

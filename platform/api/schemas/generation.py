@@ -4,7 +4,8 @@ and the usage and logprob shapes of their responses. OpenAI's shapes and field n
 Extensions beyond OpenAI, as vLLM and LoRAX spell them: `top_k`,
 `stop_token_ids`, `ignore_eos`, `repetition_penalty`, `min_tokens`, `adapter_id`.
 Unknown request fields are refused (400 naming the field) rather than silently
-ignored, so a client asking for something unsupported (echo) learns it at once.
+ignored, so a client asking for something unsupported learns it at once; OpenAI's fields that
+change nothing here are accepted and named in a response header (schemas/ignored_fields.py).
 """
 from __future__ import annotations
 
@@ -32,14 +33,8 @@ UNSUPPORTED_FIELDS = {
     "functions": _NO_TOOLS,
     "function_call": _NO_TOOLS,
     "audio": "audio output is not supported: only text is generated; remove it",
-    "modalities": "only text output is supported; remove it",
     "prediction": "predicted outputs are not supported; remove it",
     "web_search_options": "web search is not supported; remove it",
-    "reasoning_effort": "reasoning effort is not supported: no reasoning model is served; remove it",
-    "store": "stored completions are not supported; remove it",
-    "metadata": "stored completions (and their metadata) are not supported; remove it",
-    "service_tier": "service tiers are not offered; remove it",
-    "echo": "echo is not supported; prepend the prompt to the completion yourself",
     "best_of": "best_of is not supported; ask for n choices and pick one yourself",
     "suffix": "suffix (text insertion) is not supported; remove it",
 }
@@ -64,12 +59,20 @@ CACHE_KEY_DESCRIPTION = (
     f"{MAX_CACHE_KEY_CHARS} characters."
 )
 
+# The sampling fields a request may leave out, filled in from the served model's generation_config.json
+# (engine/generation_defaults.py; GET /v1/models shows them), as vLLM does.
+MODEL_DEFAULT = ("Default: the served model's generation_config.json value (GET /v1/models shows it as "
+                 "generation_defaults), else {fallback}.")
+
 # Strict types throughout (StrictInt, StrictBool, StrictFloat): as OpenAI does, "5" is not a
 # max_tokens nor "yes" a boolean; pydantic would otherwise coerce them.
 
 
 class StreamOptions(StrictBody):
     include_usage: StrictBool = False
+    include_obfuscation: StrictBool | None = Field(
+        default=None, description="Accepted and ignored: chunks carry no obfuscation padding."
+    )
 
 
 RESPONSE_FORMAT_DESCRIPTION = (
@@ -120,11 +123,13 @@ class GenerationRequest(StrictBody):
         default=None, description="LoRAX-style: the adapter to apply; when set, `model` may name the base."
     )
     max_tokens: StrictInt | None = Field(
-        default=None, description=f"Default: the context left after the prompt, at most {DEFAULT_MAX_TOKENS}."
+        default=None, description="Default: the context left after the prompt, at most the model's "
+        f"generation_config.json max_new_tokens, else at most {DEFAULT_MAX_TOKENS}."
     )
-    temperature: StrictFloat = 1.0
-    top_p: StrictFloat = 1.0
-    top_k: StrictInt = Field(default=0, description="Extension: sample from the k most likely tokens; 0 or -1 disables.")
+    temperature: StrictFloat | None = Field(default=None, description=MODEL_DEFAULT.format(fallback=1))
+    top_p: StrictFloat | None = Field(default=None, description=MODEL_DEFAULT.format(fallback=1))
+    top_k: StrictInt | None = Field(default=None, description="Extension: sample from the k most likely tokens; 0 or "
+                                    "-1 disables. " + MODEL_DEFAULT.format(fallback=0))
     seed: StrictInt | None = None
     stop: Annotated[str | list[str] | None, one_error_for_union("a string or a list of strings")] = Field(
         default=None,
@@ -140,10 +145,10 @@ class GenerationRequest(StrictBody):
     frequency_penalty: StrictFloat = Field(
         default=0.0, description="Between -2 and 2: subtracted from a token's logit once per time it was generated."
     )
-    repetition_penalty: StrictFloat = Field(
-        default=1.0,
+    repetition_penalty: StrictFloat | None = Field(
+        default=None,
         description="Extension (vLLM): > 0; tokens of the prompt or the output have positive logits divided by it "
-        "and negative ones multiplied by it. 1 disables it.",
+        "and negative ones multiplied by it. 1 disables it. " + MODEL_DEFAULT.format(fallback=1),
     )
     logit_bias: dict[str, StrictFloat] | None = Field(
         default=None, description="Token id (as a string) -> bias between -100 and 100 added to its logit; "
@@ -158,7 +163,7 @@ class GenerationRequest(StrictBody):
                    "prompt's computation; with a seed, choice i samples with seed + i.")
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
-    user: str | None = None
+    user: str | None = Field(default=None, description="Accepted and ignored (OpenAI's older end-user id).")
     cache_salt: str | None = Field(default=None, description="Extension (vLLM): isolates this request's prefix "
                                    "cache within the tenant. " + CACHE_KEY_DESCRIPTION)
     prompt_cache_key: str | None = Field(default=None, description="OpenAI's cache key: isolates this request's "

@@ -153,7 +153,8 @@ def test_model_may_name_the_base_or_the_same_adapter_beside_adapter_id(connectio
 
 
 def live_base_name(connection) -> str:
-    return next(card["id"] for card in connection.get("/v1/models").json()["data"] if card.get("parent") is None)
+    # The base is listed as `base` and by its own name, which is every base card's `root`.
+    return next(card["root"] for card in connection.get("/v1/models").json()["data"] if card.get("parent") is None)
 
 
 def test_two_authorization_headers_are_refused_even_when_both_are_valid(live):

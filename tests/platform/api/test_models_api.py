@@ -92,22 +92,25 @@ def set_row_times(database_url: str) -> None:
 def test_list_holds_base_names_and_aliases_with_their_rows_times(served):
     models = served.client(served.acme).models.list().data
     # `pirate:latest` too: requests may spell the alias out, so the list shows it.
-    assert [m.id for m in models] == [served.base, "pirate", "pirate:latest", "pirate:prod", "local-copy"]
+    assert [m.id for m in models] == ["base", served.base, "pirate", "pirate:latest", "pirate:prod", "local-copy"]
     created = {m.id: m.created for m in models}
     assert created["pirate"] == int(ADAPTER_CREATED.timestamp())
     assert created["pirate:latest"] == int(LATEST_MOVED.timestamp())
     assert created["pirate:prod"] == int(PROD_MOVED.timestamp())
     # Server-wide entries date from the server's start, which is none of the rows' times.
-    assert created[served.base] == created["local-copy"] > int(LATEST_MOVED.timestamp())
+    assert created["base"] == created[served.base] == created["local-copy"] > int(LATEST_MOVED.timestamp())
     owners = {m.id: m.owned_by for m in models}
-    assert owners == {served.base: "loraloom", "pirate": "acme", "pirate:latest": "acme", "pirate:prod": "acme",
+    assert owners == {"base": "loraloom", served.base: "loraloom", "pirate": "acme", "pirate:latest": "acme", "pirate:prod": "acme",
                       "local-copy": "loraloom"}
-    assert [m.parent for m in models] == [None, served.base, served.base, served.base, served.base]
+    assert [m.parent for m in models] == [None, None, served.base, served.base, served.base, served.base]
+    # `base` is the served model under its alias: vLLM's root names what it is.
+    assert [m.root for m in models] == [served.base, served.base, "pirate", "pirate:latest", "pirate:prod",
+                                        "local-copy"]
 
 
 def test_versions_are_listed_on_request(served):
     page = served.client(served.acme).models.list(extra_query={"include_versions": "true"})
-    assert [(m.id, m.created) for m in page.data[1:]] == [
+    assert [(m.id, m.created) for m in page.data[2:]] == [
         ("pirate", int(ADAPTER_CREATED.timestamp())),
         ("pirate:latest", int(LATEST_MOVED.timestamp())),
         ("pirate:prod", int(PROD_MOVED.timestamp())),
@@ -126,6 +129,15 @@ def test_every_listed_id_is_retrieved_as_listed_and_answers_a_request(served):
         assert reply.choices[0].finish_reason in ("stop", "length")
 
 
+def test_base_is_retrieved_with_the_models_sampling_defaults(served):
+    """The bundled model's generation_config.json carries its model card's sampling (written at import)."""
+    base = served.client(served.acme).models.retrieve("base")
+    assert (base.id, base.root, base.parent) == ("base", served.base, None)
+    assert base.generation_defaults == {"temperature": 0.2, "top_p": 0.9}
+    adapter = served.client(served.acme).models.retrieve("pirate")
+    assert adapter.generation_defaults == base.generation_defaults  # an adapter samples as its base does
+
+
 def test_retrieve_of_an_unlisted_id_is_model_not_found(served):
     client = served.client(served.acme)
     for missing in ("pirate@3", "pirate:staging", "ghost", "ghost@1", "pirate@0"):
@@ -139,7 +151,7 @@ def test_retrieve_of_an_unlisted_id_is_model_not_found(served):
 def test_another_tenants_adapter_answers_like_a_missing_one(served):
     theirs = served.client(served.globex)
     listed = [m.id for m in theirs.models.list(extra_query={"include_versions": "true"}).data]
-    assert listed == [served.base, "local-copy"]
+    assert listed == ["base", served.base, "local-copy"]
     for model_id in ("pirate", "pirate:prod", "pirate@1"):
         with pytest.raises(openai.NotFoundError) as hidden:
             theirs.models.retrieve(model_id)

@@ -140,9 +140,9 @@ def engine_idle(engine: AsyncEngine) -> bool:
 def test_models_lists_base_and_adapters(server):
     models = server.openai().models.list().data
     base = server.engine.model_name
-    assert [model.id for model in models] == [base, "alpha", "beta", "broken"]
-    assert models[0].parent is None
-    assert all(model.parent == base and model.owned_by == "loraloom" for model in models[1:])
+    assert [model.id for model in models] == ["base", base, "alpha", "beta", "broken"]
+    assert models[0].parent is None and models[1].parent is None
+    assert all(model.parent == base and model.owned_by == "loraloom" for model in models[2:])
 
 
 def test_chat_greedy_matches_transformers(server, model_dir, hf_tokenizer):

@@ -4,6 +4,7 @@ logit_bias and min_tokens. The sampler's arithmetic is checked in tests/engine/t
 here, that each field reaches it and does what OpenAI's documentation says, per request."""
 from __future__ import annotations
 
+import time
 from collections import Counter
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -13,10 +14,14 @@ import openai
 import pytest
 from live_api import make_key, migrated_settings, serve_in_thread
 from lora_factory import make_peft_adapter
+from sqlalchemy import select
 
 from loraloom.engine.async_engine import AsyncEngine
 from loraloom.engine.config import EngineConfig
 from loraloom.platform.api.app import create_app
+from loraloom.platform.api.schemas.ignored_fields import IGNORED_FIELDS_HEADER
+from loraloom.platform.db import create_db_engine, create_session_factory
+from loraloom.platform.db.models import UsageRecord
 from loraloom.platform.registry.local import LocalAdapterLookup
 
 REPETITIVE_PROMPT = "I like cats. I like cats. I like cats."  # greedy goes on repeating itself
@@ -27,6 +32,7 @@ SHORT_ANSWER = [{"role": "user", "content": "Say only the word hello."}]  # gree
 class Server:
     client: openai.OpenAI
     engine: AsyncEngine
+    database_url: str
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +50,7 @@ def server(model_dir, tmp_path_factory) -> Iterator[Server]:
     lookup = LocalAdapterLookup({engine.model_name}, adapters, None)
     with serve_in_thread(create_app(engine, lookup, settings)) as url:
         client = openai.OpenAI(base_url=f"{url}/v1", api_key=api_key, max_retries=0, timeout=120)
-        yield Server(client=client, engine=engine)
+        yield Server(client=client, engine=engine, database_url=settings.database_url)
 
 
 def complete(server: Server, **fields) -> openai.types.Completion:
@@ -216,9 +222,116 @@ def test_text_response_format_is_accepted(server):
     assert reply.choices[0].message.content
 
 
-@pytest.mark.parametrize("fields, param", [(dict(echo=True), "echo"), (dict(best_of=2), "best_of"),
-                                           (dict(suffix="!"), "suffix")])
+@pytest.mark.parametrize("fields, param", [(dict(best_of=2), "best_of"), (dict(suffix="!"), "suffix")])
 def test_unsupported_completion_fields_are_refused_plainly(server, fields, param):
     with pytest.raises(openai.BadRequestError) as bad:
         complete(server, max_tokens=2, **fields)
     assert bad.value.param == param and "not supported" in bad.value.message, bad.value.body
+
+
+def test_omitted_sampling_fields_come_from_the_models_generation_config(server):
+    """The bundled model's generation_config.json sets its model card's sampling (temperature 0.2, top_p 0.9):
+    a request that sets neither samples, seed for seed, as one that sets those values, and not as one at
+    the server's own fallback of temperature 1 and top_p 1."""
+    question = [{"role": "user", "content": "What is the capital of France?"}]
+
+    def answers(**fields) -> list[str]:
+        return [server.client.chat.completions.create(model="base", messages=question, max_tokens=12, seed=seed,
+                                                      **fields).choices[0].message.content for seed in range(4)]
+
+    defaulted = answers()
+    assert defaulted == answers(temperature=0.2, top_p=0.9)
+    assert defaulted != answers(temperature=1.0, top_p=1.0)
+
+
+# Each OpenAI chat field that changes nothing here, with a value a framework sends.
+IGNORED_CHAT_FIELDS = dict(
+    store=False, service_tier="auto", safety_identifier="user-hash-1", verbosity="low", reasoning_effort="low",
+    modalities=["text"], user="end-user-7",
+)
+
+
+@pytest.mark.parametrize("name", IGNORED_CHAT_FIELDS)
+def test_each_ignored_chat_field_is_accepted_and_named_in_a_header(server, name):
+    raw = server.client.chat.completions.with_raw_response.create(
+        model="base", messages=SHORT_ANSWER, max_tokens=2, temperature=0, **{name: IGNORED_CHAT_FIELDS[name]}
+    )
+    assert raw.headers[IGNORED_FIELDS_HEADER] == name
+    assert raw.parse().choices[0].message.content
+
+
+def test_ignored_fields_are_named_together_on_a_stream(server):
+    raw = server.client.chat.completions.with_raw_response.create(
+        model="base", messages=SHORT_ANSWER, max_tokens=2, temperature=0, stream=True,
+        stream_options={"include_usage": True, "include_obfuscation": False}, **IGNORED_CHAT_FIELDS,
+    )
+    named = raw.headers[IGNORED_FIELDS_HEADER].split(", ")
+    assert sorted(named) == sorted([*IGNORED_CHAT_FIELDS, "stream_options.include_obfuscation"])
+    assert list(raw.parse())[-1].usage.completion_tokens == 2
+
+
+def test_a_request_without_ignored_fields_gets_no_header(server):
+    raw = server.client.chat.completions.with_raw_response.create(
+        model="base", messages=SHORT_ANSWER, max_tokens=2, temperature=0, prompt_cache_key="tenant-user-1"
+    )
+    assert IGNORED_FIELDS_HEADER not in raw.headers  # prompt_cache_key is used: it scopes the prefix cache
+
+
+@pytest.mark.parametrize(
+    ("fields", "param", "says"),
+    [
+        (dict(modalities=["text", "audio"]), "modalities", "only text output"),
+        (dict(verbosity="loud"), "verbosity", "low"),
+        (dict(store="no"), "store", "boolean"),
+        (dict(metadata={"k": 1}), "metadata.k", "string"),
+        (dict(metadata={f"k{i}": "v" for i in range(17)}), "metadata", "at most 16 pairs"),
+        (dict(extra_body={"made_up_field": 1}), "made_up_field", "Extra inputs"),
+    ],
+)
+def test_bad_values_and_unknown_fields_stay_refused(server, fields, param, says):
+    with pytest.raises(openai.BadRequestError) as bad:
+        server.client.chat.completions.create(model="base", messages=SHORT_ANSWER, max_tokens=2, **fields)
+    assert bad.value.param == param and says in bad.value.message, bad.value.body
+
+
+def test_metadata_is_stored_with_the_usage_record(server):
+    metadata = {"conversation": "c-42", "feature": "tolerant-fields"}
+    raw = server.client.chat.completions.with_raw_response.create(
+        model="base", messages=SHORT_ANSWER, max_tokens=2, temperature=0, metadata=metadata
+    )
+    assert IGNORED_FIELDS_HEADER not in raw.headers  # stored, so not ignored
+    completion_id = raw.parse().id
+    db = create_db_engine(server.database_url)
+    try:
+        deadline = time.monotonic() + 30  # usage rows are written in batches
+        stored = None
+        while stored is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+            with create_session_factory(db)() as session:
+                stored = session.scalar(select(UsageRecord.request_metadata)
+                                        .where(UsageRecord.request_id == completion_id))
+        assert stored == metadata
+    finally:
+        db.dispose()
+
+
+def test_echo_prepends_the_prompt_whole_and_streamed(server):
+    plain = complete(server, max_tokens=6)
+    echoed = complete(server, max_tokens=6, echo=True)
+    assert echoed.choices[0].text == REPETITIVE_PROMPT + plain.choices[0].text
+    chunks = list(complete(server, max_tokens=6, echo=True, stream=True))
+    assert chunks[0].choices[0].text == REPETITIVE_PROMPT
+    assert "".join(chunk.choices[0].text for chunk in chunks) == echoed.choices[0].text
+
+
+def test_echo_of_token_ids_decodes_them(server):
+    ids = server.engine.tokenizer.encode(REPETITIVE_PROMPT, add_special_tokens=False)
+    echoed = complete(server, prompt=ids, max_tokens=3, echo=True)
+    plain = complete(server, prompt=ids, max_tokens=3)
+    assert echoed.choices[0].text == REPETITIVE_PROMPT + plain.choices[0].text
+
+
+def test_echo_with_logprobs_is_refused_naming_echo(server):
+    with pytest.raises(openai.BadRequestError) as bad:
+        complete(server, max_tokens=2, echo=True, logprobs=1)
+    assert bad.value.param == "echo" and "logprobs" in bad.value.message

@@ -87,6 +87,15 @@ def test_scheduling_policy_flag_maps_onto_engine_config(capsys):
     assert "--scheduling-policy" in capsys.readouterr().err
 
 
+def test_generation_config_flag_maps_onto_engine_config(capsys):
+    assert engine_config(build_parser().parse_args(["serve"])).generation_config == "auto"
+    config = engine_config(build_parser().parse_args(["serve", "--device", "cpu", "--generation-config", "none"]))
+    assert config.generation_config == "none"
+    with pytest.raises(SystemExit):
+        main(["serve", "--generation-config", "vllm"])
+    assert "--generation-config" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("value", ["0", "1.5", "most"])
 def test_gpu_memory_utilization_must_be_a_fraction(capsys, value):
     with pytest.raises(SystemExit):
@@ -166,7 +175,7 @@ def test_serve_reports_a_broken_adapter_and_serves_the_rest(tmp_path, model_dir)
         auth = {"Authorization": f"Bearer {bootstrap_key}"}
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=60, headers=auth) as client:
             served = [card["id"] for card in client.get("/v1/models").json()["data"]]
-            assert served == [model_dir.name, "broken", "good"]
+            assert served == ["base", model_dir.name, "broken", "good"]
             reply = client.post("/v1/completions", json={"model": "good", "prompt": "Hello", "max_tokens": 2})
             assert reply.status_code == 200, reply.text
             refused = client.post("/v1/completions", json={"model": "broken", "prompt": "Hello", "max_tokens": 2})

@@ -59,7 +59,6 @@ def upload_parts(
     parts: list[UploadedPart],
     *,
     name: str = "support-bot",
-    allow_base_mismatch: bool = False,
 ) -> Published:
     """Register the parts as a version of `name` (or get the version holding them already: deduplicated)."""
     with factory() as session:
@@ -71,7 +70,6 @@ def upload_parts(
             parts=parts,
             limits=UploadLimits(max_total_bytes=64 * 1024 * 1024, max_archive_members=8),
             base=served,
-            allow_base_mismatch=allow_base_mismatch,
             actor_key_id=None,
             staging_dir=Path(tempfile.gettempdir()),  # the server stages under its data dir; any folder will do here
         )

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 from live_api import bearer, make_key, migrated_settings
+from lora_factory import make_peft_adapter
 from safetensors.torch import load_file, save_file
 from sqlalchemy import event
 from sqlalchemy.engine import Engine
@@ -366,3 +367,30 @@ def test_presigned_uploads_need_object_storage_and_the_routes_are_documented(api
         "/v1/adapters/{name}/aliases/{alias}/history",
     ):
         assert path in paths, path
+
+
+def test_an_adapter_trained_on_a_local_copy_of_the_base_is_pushed_without_override(api, model_dir, tmp_path):
+    """PEFT records the path it loaded the base from: a copy in a folder of another name is the same
+    model, and its adapter's modules and shapes fit, so it is accepted and the name kept as a warning."""
+    local_base = tmp_path / "my-smollm-checkout"
+    local_base.mkdir()
+    for file in Path(model_dir).iterdir():
+        (local_base / file.name).symlink_to(file)
+    adapter = make_peft_adapter(local_base, tmp_path / "trained", rank=4, alpha=8, target_modules=["q_proj", "v_proj"],
+                                seed=61, init_scale=0.3)
+    assert json.loads((adapter / "adapter_config.json").read_text())["base_model_name_or_path"] == str(local_base)
+    version = push(api, "trained-locally", files_of(adapter))
+    assert (version["base_model"], version["declared_base_model"]) == (api.engine.model_name, str(local_base))
+    assert f"names base model {str(local_base)!r}, not the served" in version["base_model_warning"]
+    assert version["target_modules"] == ["q_proj", "v_proj"]
+    assert chat(api, "trained-locally") != chat(api, "base")  # served, and applied
+    served_name = push(api, "trained-as-hub-id", files_of(_with_config(adapter, tmp_path / "hub",
+                        base_model_name_or_path=f"HuggingFaceTB/{api.engine.model_name}")))
+    assert served_name["base_model_warning"] is None
+
+
+def _with_config(directory: Path, out: Path, **changes) -> Path:
+    shutil.copytree(directory, out)
+    config = json.loads((out / "adapter_config.json").read_text())
+    (out / "adapter_config.json").write_text(json.dumps(config | changes))
+    return out

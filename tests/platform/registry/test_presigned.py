@@ -53,7 +53,6 @@ def complete(factory, store, served, tenant, presigned, directory: Path, *, sha2
             files=declared,
             limits=LIMITS,
             base=served,
-            allow_base_mismatch=False,
             actor_key_id=None,
             staging_dir=Path(tempfile.gettempdir()),  # the server stages under its data dir; any folder will do here
         ).version

@@ -114,7 +114,7 @@ def test_uploads_are_staged_under_the_data_dir(tmp_path: Path, peft_adapter: Pat
             version = upload_version(
                 session, store=lookup.registry.store, tenant_id=tenant.id, adapter_name="bot",
                 parts=[config, UploadedPart(ADAPTER_WEIGHTS_FILE, watched)], limits=UploadLimits(), base=served,
-                allow_base_mismatch=False, actor_key_id=None, staging_dir=lookup.registry.staging_dir,
+                actor_key_id=None, staging_dir=lookup.registry.staging_dir,
             ).version
     finally:
         engine.dispose()

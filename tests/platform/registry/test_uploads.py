@@ -19,10 +19,10 @@ from safetensors.torch import load_file, save_file
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 
-from loraloom.platform.db.models import AdapterVersion, AdapterVersionSource, AdapterVersionStatus, Alias
-from loraloom.platform.registry.errors import UploadRejectedError
+from loraloom.platform.db.models import Adapter, AdapterVersion, AdapterVersionSource, AdapterVersionStatus, Alias
+from loraloom.platform.registry.errors import RegistryConflictError, UploadRejectedError
 from loraloom.platform.registry.staging import UploadedPart
-from loraloom.platform.registry.validation import ServedBase
+from loraloom.platform.registry.validation import ServedBase, base_model_warning
 from loraloom.platform.storage import content_key
 
 CONFIG = "adapter_config.json"
@@ -158,9 +158,10 @@ FAILURES = {
         ),
         "holds embed_tokens/lm_head weights",
     ),
-    "another base model": (
-        lambda d: rewrite_config(d, lambda c: c.update(base_model_name_or_path="meta-llama/Llama-3.1-8B")),
-        "names base model 'meta-llama/Llama-3.1-8B', but this server serves 'SmolLM2-135M-Instruct'",
+    "weights the config does not select": (
+        lambda d: rewrite_config(d, lambda c: c.update(target_modules=["q_proj"])),
+        r"holds weights for 30 modules that adapter_config.json does not select \(target_modules \['q_proj'\]\): "
+        r"model\.layers\.0\.self_attn\.v_proj, ",
     ),
 }
 
@@ -190,15 +191,18 @@ def test_rank_above_the_server_max_is_refused(sqlite_session_factory, file_store
     assert stored_objects(file_store) == []
 
 
-def test_base_mismatch_is_accepted_when_overridden(
+def test_another_declared_base_is_recorded_not_refused(
     sqlite_session_factory, file_store, served, peft_adapter, make_tenant, tmp_path
 ):
+    """Modules and shapes decide; the declared name (PEFT writes the path it loaded the base from) is kept."""
     tenant = make_tenant(sqlite_session_factory, "acme")
     directory = Path(shutil.copytree(peft_adapter, tmp_path / "adapter"))
-    rewrite_config(directory, lambda c: c.update(base_model_name_or_path="HuggingFaceTB/SmolLM2-135M-Instruct-copy"))
-    version = upload_parts(sqlite_session_factory, file_store, served, tenant, parts_of(directory),
-                           allow_base_mismatch=True).version
-    assert version.number == 1 and version.base_model == served.name
+    rewrite_config(directory, lambda c: c.update(base_model_name_or_path="meta-llama/Llama-3.1-8B"))
+    version = upload_parts(sqlite_session_factory, file_store, served, tenant, parts_of(directory)).version
+    assert (version.number, version.base_model) == (1, served.name)
+    assert version.declared_base_model == "meta-llama/Llama-3.1-8B"
+    assert "names base model 'meta-llama/Llama-3.1-8B', not the served 'SmolLM2-135M-Instruct'" in \
+        base_model_warning(version.declared_base_model, version.base_model)
 
 
 def test_hub_id_of_the_served_base_matches(sqlite_session_factory, file_store, served, peft_adapter, make_tenant, tmp_path):
@@ -233,3 +237,18 @@ def test_failure_after_blobs_are_stored_takes_them_back(
     assert stored_objects(store) == kept
     with session_factory() as session:
         assert list(session.scalars(select(AdapterVersion.number))) == [1]
+
+
+def test_adapter_names_are_unique_regardless_of_case(session_factory, file_store, served, peft_adapter, make_tenant):
+    """On SQLite and PostgreSQL (session_factory runs both)."""
+    factory = session_factory
+    acme, globex = make_tenant(factory, "acme"), make_tenant(factory, "globex")
+    upload_parts(factory, file_store, served, acme, parts_of(peft_adapter), name="support")
+    with pytest.raises(RegistryConflictError, match="the adapter 'support' exists, and adapter names are unique "
+                                                    "regardless of case; push to 'support'"):
+        upload_parts(factory, file_store, served, acme, parts_of(peft_adapter), name="Support")
+    # Another tenant's names are its own.
+    assert upload_parts(factory, file_store, served, globex, parts_of(peft_adapter), name="Support").version.number == 1
+    with factory() as session, pytest.raises(IntegrityError):  # the database holds the rule too
+        session.add(Adapter(tenant_id=acme, name="SUPPORT"))
+        session.commit()

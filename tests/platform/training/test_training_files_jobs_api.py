@@ -5,6 +5,7 @@ cancelled without running, lists paginate with `after`."""
 from __future__ import annotations
 
 import json
+import re
 import os
 import subprocess
 import sys
@@ -230,3 +231,27 @@ def test_following_a_job_with_piped_output_and_no_known_width(server: TrainingSe
     assert "step 1/2 loss=2.5000 eta=1s" in lines and "step 2/2 loss=1.2500 eta=0s" in lines
     assert "\r" not in followed.stderr  # no bar redrawn over itself in a log
     assert f"{job_id} cancelled" in followed.stderr and followed.stdout == ""
+
+
+def test_openai_spelling_base_as_model_and_a_generated_suffix(server: TrainingServer) -> None:
+    """What the official SDK sends for OpenAI: `model: "base"`, no suffix, "auto" and learning_rate_multiplier."""
+    import openai
+
+    with server.http() as client:
+        file_id = upload(client, [CHAT_LINE])["id"]
+    sdk = openai.OpenAI(base_url=f"{server.url}/v1", api_key=server.keys["acme-developer"], max_retries=0)
+    job = sdk.fine_tuning.jobs.create(model="base", training_file=file_id, hyperparameters={
+        "n_epochs": "auto", "batch_size": 4, "learning_rate_multiplier": 2,
+    }).to_dict()
+    defaults = Hyperparameters()
+    assert job["model"] == server.model_name
+    assert re.fullmatch(r"ft-[0-9a-f]{8}", job["suffix"]), job["suffix"]
+    assert (job["hyperparameters"]["n_epochs"], job["hyperparameters"]["batch_size"]) == (defaults.n_epochs, 4)
+    assert job["hyperparameters"]["learning_rate"] == 2 * defaults.learning_rate
+    other = sdk.fine_tuning.jobs.create(model="base", training_file=file_id).to_dict()
+    assert other["suffix"] != job["suffix"]  # each job without a suffix gets an adapter of its own
+    with pytest.raises(openai.BadRequestError) as refused:
+        sdk.fine_tuning.jobs.create(model="base", training_file=file_id, hyperparameters={"epochs": 2})
+    assert refused.value.param == "hyperparameters.epochs" and "use n_epochs" in refused.value.message
+    for created in (job, other):
+        sdk.fine_tuning.jobs.cancel(created["id"])

@@ -47,7 +47,13 @@ def test_json_body_round_trip() -> None:
         ({"target_modules": "q_proj"}, "target_modules", "valid list"),
         ({"max_seq_len": 8}, "max_seq_len", "greater than or equal to 16"),
         ({"max_seq_len": 100_000}, "max_seq_len", "less than or equal to 8192"),
-        ({"epochs": 3}, "epochs", "Extra inputs are not permitted"),
+        ({"epochs": 3}, "epochs", "Extra inputs are not permitted: use n_epochs"),
+        ({"lr": 1e-3}, "lr", "use learning_rate"),
+        ({"warmup": 3}, "warmup", "the hyperparameters are n_epochs, batch_size, learning_rate"),
+        ({"learning_rate_multiplier": 2, "learning_rate": 1e-3}, "learning_rate_multiplier", "not both"),
+        ({"learning_rate_multiplier": 0}, "learning_rate_multiplier", "positive number"),
+        ({"learning_rate_multiplier": 1000}, "learning_rate_multiplier", "use at most 500"),
+        ({"lora_r": "auto"}, "lora_r", "valid integer"),  # "auto" is OpenAI's, for OpenAI's fields only
     ],
 )
 def test_invalid_values_name_the_param(raw: dict, param: str, message_part: str) -> None:
@@ -56,3 +62,13 @@ def test_invalid_values_name_the_param(raw: dict, param: str, message_part: str)
     [error] = caught.value.errors()
     assert error["loc"] == (param,)
     assert message_part in error["msg"]
+
+
+def test_openai_spelling_is_accepted_beside_ours() -> None:
+    """OpenAI's `"auto"` means our default, and learning_rate_multiplier scales our default learning rate."""
+    defaults = Hyperparameters()
+    auto = Hyperparameters.model_validate({"n_epochs": "auto", "batch_size": "auto", "learning_rate_multiplier": "auto"})
+    assert auto == defaults
+    scaled = Hyperparameters.model_validate_json('{"n_epochs": 2, "learning_rate_multiplier": 0.5}')
+    assert (scaled.n_epochs, scaled.learning_rate) == (2, defaults.learning_rate * 0.5)
+    assert "learning_rate_multiplier" not in scaled.model_dump()  # stored as what the trainer uses

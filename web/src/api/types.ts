@@ -51,6 +51,8 @@ export interface Version {
   version: number;
   status: string;
   base_model: string;
+  declared_base_model: string | null;
+  base_model_warning: string | null;
   rank: number;
   alpha: number;
   target_modules: string[];

@@ -29,6 +29,15 @@ export function AdapterPage() {
       column.accessor("rank", { header: "Rank" }),
       column.accessor("alpha", { header: "Alpha" }),
       column.accessor((v) => v.target_modules.join(", "), { id: "modules", header: "Target modules" }),
+      column.accessor((v) => v.declared_base_model ?? "", {
+        id: "declared_base", header: "Declared base",
+        cell: (info) => (
+          <span title={info.row.original.base_model_warning ?? undefined}>
+            {info.getValue()}
+            {info.row.original.base_model_warning ? " (warning: not the served base)" : ""}
+          </span>
+        ),
+      }),
       column.accessor((v) => v.files.reduce((sum, file) => sum + file.size_bytes, 0), {
         id: "size", header: "Size", cell: (info) => formatBytes(info.getValue()),
       }),

@@ -20,7 +20,6 @@ export function UploadPage() {
   const client = useQueryClient();
   const [files, setFiles] = useState<File[]>([]);
   const [name, setName] = useState("");
-  const [allowMismatch, setAllowMismatch] = useState(false);
   const [state, setState] = useState<State>({ step: "idle" });
 
   const choose = (picked: File[], source: string) => {
@@ -32,7 +31,6 @@ export function UploadPage() {
     event.preventDefault();
     const form = new FormData();
     for (const file of files) form.append("files", file, file.name);
-    if (allowMismatch) form.append("allow_base_mismatch", "true");
     setState({ step: "uploading", progress: 0 });
     try {
       const version = await api.upload<Version>(`/v1/adapters/${encodeURIComponent(name)}/versions`, form, (progress) =>
@@ -74,10 +72,6 @@ export function UploadPage() {
           Adapter name{" "}
           <input value={name} onChange={(event) => setName(event.target.value)} aria-label="Adapter name" required />
         </label>
-        <label className="inline">
-          <input type="checkbox" checked={allowMismatch} onChange={(event) => setAllowMismatch(event.target.checked)} />
-          Accept an adapter made for another base (shapes are still checked)
-        </label>
         <button type="submit" className="primary" disabled={files.length === 0 || !name || state.step === "uploading"}>
           Upload
         </button>
@@ -93,6 +87,11 @@ export function UploadPage() {
               {state.version.adapter}@{state.version.version}
             </Link>{" "}
             (rank {state.version.rank}, {state.version.target_modules.join(", ")}).
+          </p>
+        )}
+        {state.step === "done" && state.version.base_model_warning && (
+          <p role="note" className="muted">
+            Warning: {state.version.base_model_warning}
           </p>
         )}
       </form>
