@@ -109,8 +109,9 @@ def test_named_calls_follow_every_schema(client):
         tool = TOOLS[index]
         return client.chat.completions.create(
             model=MODELS[index % 2], messages=[{"role": "user", "content": f"Use tool_{index}."}],
-            tools=[tool], tool_choice=named(tool), max_tokens=MAX_TOKENS, temperature=1.0, seed=index,
-        )
+            tools=[tool], tool_choice=named(tool), max_tokens=MAX_TOKENS, temperature=1.0, top_p=1.0, seed=index,
+        )  # top_p too: the model's own default (0.9) would otherwise apply, and with these seeds it let
+        # one call write a number's zeros until max_tokens (finish "length": valid so far, but unfinished)
 
     with ThreadPoolExecutor(16) as pool:
         responses = list(pool.map(call, range(NUM_SCHEMAS)))
