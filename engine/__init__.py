@@ -27,7 +27,7 @@ _PUBLIC_NAMES: dict[str, tuple[str, ...]] = {
     "request_latency": ("HistogramSnapshot", "merge_histograms", "total_histogram"),
     "structured_output": ("CompiledGrammar",),
     "tenancy": ("DEFAULT_TENANT", "TenantTag"),
-    "tokenizer": ("ChatTemplateError", "Tokenizer"),
+    "tokenizer": ("ChatTemplateError", "Tokenizer", "compile_chat_template", "render_chat_template"),
     "torch_threads": ("reserve_for_step_thread",),
     "model.bundled": ("import_bundled",),
     "lora.errors": ("AdapterLoadError",),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 
-from loraloom.engine.tokenizer import ChatTemplateError, Tokenizer
+from loraloom.engine import ChatTemplateError, Tokenizer
 from loraloom.platform.registry.named import NamedAdapter
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from jinja2 import TemplateSyntaxError
 
-from loraloom.engine.tokenizer import ChatTemplateError, compile_chat_template, render_chat_template
+from loraloom.engine import ChatTemplateError, compile_chat_template, render_chat_template
 from loraloom.platform.registry.errors import UploadRejectedError
 
 CHAT_TEMPLATE_FILE = "chat_template.jinja"

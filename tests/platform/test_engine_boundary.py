@@ -24,6 +24,9 @@ GATEWAY_NAMES = {
     "EngineUnavailableError",
     "EngineStats", "ModelConfig", "RequestFailedError", "RequestOutput", "SamplingParams", "TokenLogprob",
     "TenantTag", "Tokenizer", "ADAPTER_CONFIG_FILE", "ADAPTER_FILES", "ADAPTER_WEIGHTS_FILE",
+    # Plain data and pure functions over it: the model's sampling defaults, and latency histograms
+    # summed across Ray replicas.
+    "GenerationDefaults", "HistogramSnapshot", "merge_histograms",
 }
 
 

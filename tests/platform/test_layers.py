@@ -22,12 +22,13 @@ ALLOWED: dict[str, set[str]] = {
     "accounts": {"db"},
     "registry": {"db", "storage", "settings"},
     "metering": {"accounts", "db"},
-    "training": {"registry", "db", "storage", "settings", "json_input"},
+    # A training worker is its own process: it sets up its logs as `serve` does.
+    "training": {"registry", "db", "storage", "settings", "json_input", "log_format"},
     # Rate limits and quotas: the policy in the database, the counters in memory or Redis.
     "limits": {"db", "settings"},
     "api": {"accounts", "registry", "metering", "training", "limits", "db", "storage", "settings", "json_input"},
     # Ray Serve's deployments put the api and the services together, as `serve` does in one process.
-    "ray_serve": {"api", "registry", "training", "storage", "settings"},
+    "ray_serve": {"api", "registry", "metering", "training", "storage", "settings"},
     "cli": {"api", "accounts", "registry", "training", "limits", "db", "storage", "settings", "log_format", "ray_serve"},
 }
 
