@@ -127,6 +127,11 @@ def scenario_params(name: str, index: int, max_tokens: int) -> SamplingParams:
     raise ValueError(f"scenario: unknown {name!r}; use greedy, greedy+stop or mixed")
 
 
+def tenant_tags(count: int) -> list[TenantTag]:
+    """Tenants for the requests to be spread over: the fair-share scheduler's bookkeeping is per tenant."""
+    return [TenantTag(id=f"tenant{i}", name=f"tenant{i}") for i in range(count)]
+
+
 def run_scenario(engine: LLMEngine, name: str, requests: int, adapters: list[AdapterHandle],
                  warmup: int, steps: int, tenants: list[TenantTag]) -> dict[str, float]:
     for i in range(requests):
@@ -216,7 +221,7 @@ def main() -> None:
         args.stub_vocab = CPU_STUB_VOCAB
     engine, adapters = build_engine(args.tokenizer_dir, args.requests, args.adapters, args.device, args.stub_vocab,
                                     args.scheduling_policy)
-    tenants = [TenantTag(id=f"tenant{i}", name=f"tenant{i}") for i in range(args.tenants)]
+    tenants = tenant_tags(args.tenants)
     print(f"decode step host overhead, median ms over {args.steps} steps, {args.requests} requests over "
           f"{args.adapters} adapters and {args.tenants} tenants ({args.scheduling_policy}), device {args.device}, {args.clock} clock, stub logits "
           f"{args.stub_vocab or engine.model_config.vocab_size} wide, torch {torch.__version__}")
