@@ -85,7 +85,7 @@ class Fp8Linear(Linear):
 # residual of q1; kernels/fp8.py quantize_per_token_two_term).
 #
 # Measured on the bundled SmolLM2-135M in bf16, the real path (kernels/reference.py), perplexity ratio
-# FP8 / BF16 on the first 4,096 tokens of tests/engine/model/test_fp8.py's held-out text (BF16 13.260):
+# FP8 / BF16 on the first 4,096 tokens of tests/engine/model/test_fp8_model.py's held-out text (BF16 13.260):
 #   all FP8 (one-term)                          x1.036   weights only FP8 (acts BF16)     x1.0235
 #   activations only FP8 (weights BF16)         x1.023   weights only FP8, last layer BF16 x1.0093
 #   activations only FP8, last layer BF16       x1.022   one-term, last layer BF16         x1.019
