@@ -138,8 +138,9 @@ def run_scenario(engine: LLMEngine, name: str, requests: int, adapters: list[Ada
         prompt = [1 + (i * 7 + j) % 1000 for j in range(8)]
         engine.add_request(f"{name}-{i}", prompt, scenario_params(name, i, warmup + steps + 2),
                            adapters[i % len(adapters)], tenants[i % len(tenants)])
-    # Prefill, then a few decode steps so every request is decoding and caches are warm.
-    while engine.scheduler.num_waiting or any(t.request.num_computed_tokens == 0 for t in engine._tracked.values()):
+    # Prefill, then a few decode steps so every request is decoding and caches are warm. A step computes
+    # at least one token of each request it runs, so once none waits, every one has begun its prefill.
+    while engine.scheduler.num_waiting:
         engine.step()
     for _ in range(warmup):
         engine.step()
