@@ -1,0 +1,61 @@
+"""tests/run_folders.py, what `make test` runs the groups with: each group's output whole, a failure fails
+the run and is named last, "nothing collected" (pytest's exit 5) is no failure, and groups overlap."""
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+RUNNER = Path(__file__).resolve().parents[1] / "run_folders.py"
+
+
+def run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(RUNNER), "--logs", str(tmp_path / "logs"), *args], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300)
+
+
+def write_tests(tmp_path: Path) -> None:
+    (tmp_path / "test_good.py").write_text("def test_good():\n    print('good output')\n")
+    (tmp_path / "test_bad.py").write_text("def test_bad():\n    assert 1 + 1 == 3, 'bad on purpose'\n")
+    (tmp_path / "test_slow_only.py").write_text(
+        "import pytest\n\n@pytest.mark.slow\ndef test_slow():\n    pass\n")
+    (tmp_path / "pytest.ini").write_text("[pytest]\nmarkers =\n    slow: left out\n")
+
+
+def test_a_failing_group_fails_the_run_and_is_listed_last_with_its_output(tmp_path):
+    write_tests(tmp_path)
+    result = run(tmp_path, "--jobs", "2", "--pytest-args", '-m "not slow" -s', str(tmp_path / "test_bad.py"),
+                 str(tmp_path / "test_good.py"), str(tmp_path / "test_slow_only.py"))
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "bad on purpose" in result.stdout and "good output" in result.stdout
+    summary = result.stdout.split("groups, 2 at a time")[1].splitlines()[1:]
+    assert [line.split()[0] for line in summary] == ["passed", "passed", "FAILED"]
+    assert summary[-1].split()[3].endswith("test_bad.py")
+
+
+def test_nothing_collected_and_passing_groups_pass_the_run(tmp_path):
+    write_tests(tmp_path)
+    result = run(tmp_path, "--pytest-args", '-m "not slow"', str(tmp_path / "test_good.py"),
+                 str(tmp_path / "test_slow_only.py"), "--command", "shell=echo from a command")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "(exit 5)" in result.stdout and "from a command" in result.stdout
+
+
+def test_groups_run_at_the_same_time(tmp_path):
+    # Each group waits for the other's file: with one lane this would never end, with two it ends at once.
+    wait_for = "for i in $(seq 600); do [ -e {0} ] && exit 0; sleep 0.1; done; exit 1"
+    result = run(tmp_path, "--jobs", "2",
+                 "--command", f"first=touch {tmp_path}/a; " + wait_for.format(tmp_path / "b"),
+                 "--command", f"second=touch {tmp_path}/b; " + wait_for.format(tmp_path / "a"))
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_each_group_s_output_is_printed_whole(tmp_path):
+    lines = "; ".join(f"echo {name}-{i}; sleep 0.05" for name in ["x"] for i in range(20))
+    result = run(tmp_path, "--jobs", "2", "--command", f"one={lines}",
+                 "--command", f"two={lines.replace('x-', 'y-')}")
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = result.stdout.splitlines()
+    for name in ["x", "y"]:
+        first = out.index(f"{name}-0")
+        assert out[first:first + 20] == [f"{name}-{i}" for i in range(20)]
