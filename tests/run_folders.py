@@ -51,7 +51,8 @@ def log_path(logs: Path, name: str) -> Path:
 
 def parse_groups(argv: list[str] | None) -> tuple[int, list[Group]]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("targets", nargs="*", help="pytest targets, one process each")
+    parser.add_argument("targets", nargs="*",
+                        help="pytest targets, one process each (several in one process: separated by spaces)")
     parser.add_argument("--jobs", type=int, default=2, help="groups running at once")
     parser.add_argument("--pytest-args", default="", help="arguments for every pytest group (shell words)")
     parser.add_argument("--command", action="append", default=[], metavar="NAME=SHELL",
@@ -68,7 +69,7 @@ def parse_groups(argv: list[str] | None) -> tuple[int, list[Group]]:
         groups.append(Group(name, ["bash", "-c", command], log_path(args.logs, name)))
     pytest_args = shlex.split(args.pytest_args)
     for target in args.targets:
-        argv = [sys.executable, "-m", "pytest", "-q", *pytest_args, target]
+        argv = [sys.executable, "-m", "pytest", "-q", *pytest_args, *target.split()]
         groups.append(Group(target, argv, log_path(args.logs, target)))
     if not groups:
         parser.error("no groups to run")

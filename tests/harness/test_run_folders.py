@@ -33,6 +33,14 @@ def test_a_failing_group_fails_the_run_and_is_listed_last_with_its_output(tmp_pa
     assert summary[-1].split()[3].endswith("test_bad.py")
 
 
+def test_targets_separated_by_spaces_are_one_group(tmp_path):
+    write_tests(tmp_path)
+    both = f"{tmp_path / 'test_good.py'} {tmp_path / 'test_slow_only.py'}"
+    result = run(tmp_path, both)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "2 passed" in result.stdout and "== 1 groups" in result.stdout
+
+
 def test_nothing_collected_and_passing_groups_pass_the_run(tmp_path):
     write_tests(tmp_path)
     result = run(tmp_path, "--pytest-args", '-m "not slow"', str(tmp_path / "test_good.py"),
