@@ -8,6 +8,11 @@ back when it ends; the whole suite in one process outgrew a 24 GiB machine). Sev
 because most groups spend much of their time waiting: on a server or worker starting, a Celery job,
 Chromium, Ray. Groups start in the order given, so list the longest first and the lanes end together.
 
+With more than one group at a time, each group's torch runs on one thread (OMP_NUM_THREADS=1, unless
+it is set already): two processes of two OpenMP threads each on two cores spin in each other's way, and
+a step waits at every barrier for a thread that has no core (see tests/benchmarks/test_gpu_suite_cpu.py).
+Tests that need several threads set their count themselves.
+
 A group's output goes to <DIR>/<group>.log (default .cache/test-logs) and is printed whole when the
 group ends, never interleaved with another's. The run fails if any group failed (pytest's exit status 5,
 "nothing collected", is not a failure: a folder can be all `slow`); the failed groups are named last.
@@ -76,11 +81,18 @@ def parse_groups(argv: list[str] | None) -> tuple[int, list[Group]]:
     return args.jobs, groups
 
 
-def start(group: Group) -> None:
+def group_environment(jobs: int) -> dict[str, str]:
+    env = dict(os.environ)
+    if jobs > 1:
+        env.setdefault("OMP_NUM_THREADS", "1")
+    return env
+
+
+def start(group: Group, env: dict[str, str]) -> None:
     group.log.parent.mkdir(parents=True, exist_ok=True)
     with open(group.log, "wb") as log:
         # A session of its own, so that an interrupted run can end the group with everything it started.
-        group.process = subprocess.Popen(group.argv, cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
+        group.process = subprocess.Popen(group.argv, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
                                          stdin=subprocess.DEVNULL, start_new_session=True)
     group.started = time.monotonic()
 
@@ -94,12 +106,13 @@ def report(group: Group) -> None:
 
 def run(jobs: int, groups: list[Group]) -> bool:
     """Run every group, at most `jobs` at once; True if none failed."""
+    env = group_environment(jobs)
     waiting = list(groups)
     running: list[Group] = []
     while waiting or running:
         while waiting and len(running) < jobs:
             group = waiting.pop(0)
-            start(group)
+            start(group, env)
             running.append(group)
         time.sleep(0.5)
         for group in [g for g in running if g.process.poll() is not None]:

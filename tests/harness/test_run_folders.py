@@ -2,6 +2,7 @@
 the run and is named last, "nothing collected" (pytest's exit 5) is no failure, and groups overlap."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -9,9 +10,9 @@ from pathlib import Path
 RUNNER = Path(__file__).resolve().parents[1] / "run_folders.py"
 
 
-def run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+def run(tmp_path: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(RUNNER), "--logs", str(tmp_path / "logs"), *args], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=300)
+                          env=env, capture_output=True, text=True, timeout=300)
 
 
 def write_tests(tmp_path: Path) -> None:
@@ -67,3 +68,13 @@ def test_each_group_s_output_is_printed_whole(tmp_path):
     for name in ["x", "y"]:
         first = out.index(f"{name}-0")
         assert out[first:first + 20] == [f"{name}-{i}" for i in range(20)]
+
+
+def test_groups_run_side_by_side_get_one_torch_thread_unless_told_otherwise(tmp_path):
+    probe = "import torch; print('threads', torch.get_num_threads())"
+    command = f"shell={sys.executable} -c \"{probe}\""
+    env = {name: value for name, value in os.environ.items() if name != "OMP_NUM_THREADS"}
+    side_by_side = run(tmp_path, "--jobs", "2", "--command", command, env=env)
+    assert "threads 1" in side_by_side.stdout, side_by_side.stdout + side_by_side.stderr
+    told = run(tmp_path, "--jobs", "2", "--command", command, env={**env, "OMP_NUM_THREADS": "2"})
+    assert "threads 2" in told.stdout, told.stdout + told.stderr
