@@ -132,8 +132,13 @@ def stop(groups: list[Group]) -> None:
                 pass
 
 
+def interrupted(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt  # a CI runner's SIGTERM ends the groups too, as Ctrl-C does
+
+
 def main(argv: list[str] | None = None) -> int:
     jobs, groups = parse_groups(argv)
+    signal.signal(signal.SIGTERM, interrupted)
     began = time.monotonic()
     try:
         passed = run(jobs, groups)

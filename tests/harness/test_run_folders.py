@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 RUNNER = Path(__file__).resolve().parents[1] / "run_folders.py"
@@ -78,3 +79,28 @@ def test_groups_run_side_by_side_get_one_torch_thread_unless_told_otherwise(tmp_
     assert "threads 1" in side_by_side.stdout, side_by_side.stdout + side_by_side.stderr
     told = run(tmp_path, "--jobs", "2", "--command", command, env={**env, "OMP_NUM_THREADS": "2"})
     assert "threads 2" in told.stdout, told.stdout + told.stderr
+
+
+def test_a_terminated_run_ends_what_its_groups_started(tmp_path):
+    pid_file = tmp_path / "sleeper.pid"
+    runner = subprocess.Popen([sys.executable, str(RUNNER), "--logs", str(tmp_path / "logs"), "--command",
+                               f"sleeper=sleep 300 & echo $! > {pid_file}; wait"])
+    deadline = time.monotonic() + 60
+    while not (pid_file.exists() and pid_file.read_text().strip()):
+        assert time.monotonic() < deadline, "the group never started"
+        time.sleep(0.1)
+    sleeper = int(pid_file.read_text())
+    runner.terminate()
+    assert runner.wait(timeout=60) == 130
+    deadline = time.monotonic() + 30
+    while alive(sleeper):
+        assert time.monotonic() < deadline, "the group's process outlived the run"
+        time.sleep(0.1)
+
+
+def alive(pid: int) -> bool:
+    """Running and not a zombie (Linux)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
