@@ -64,7 +64,7 @@ run: setup
 TEST_JOBS ?= 2
 ALL_TEST_GROUPS = tests/benchmarks tests/deploy tests/engine tests/harness tests/kernels \
 	$(patsubst %/,%,$(filter-out %/__pycache__/,$(sort $(wildcard tests/platform/*/)))) \
-	"$(wildcard tests/platform/test_*.py)" tests/web
+	"$(wildcard tests/platform/test_*.py) $(wildcard tests/test_*.py)" tests/web
 LONGEST_TEST_GROUPS = tests/platform/training tests/engine tests/benchmarks tests/platform/api tests/platform/registry \
 	tests/web tests/platform/ray_serve
 TEST_GROUPS = $(LONGEST_TEST_GROUPS) $(filter-out $(LONGEST_TEST_GROUPS),$(ALL_TEST_GROUPS))
