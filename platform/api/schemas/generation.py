@@ -69,7 +69,7 @@ MODEL_DEFAULT = ("Default: the served model's generation_config.json value (GET 
 # Strict types throughout (StrictInt, StrictBool, StrictFloat): as OpenAI does, "5" is not a
 # max_tokens nor "yes" a boolean; pydantic would otherwise coerce them.
 # The sampling fields' ranges are checked here, once (the engine checks only what needs the model:
-# vocabulary, context length, tokenizer, adapter slots), from the engine's bounds (engine/request.py),
+# vocabulary, context length, tokenizer), from the engine's bounds (engine/request.py),
 # which the descriptions state too. Numbers are finite: Python's JSON reads NaN and Infinity.
 _PENALTY_RANGE = f"Between -{MAX_PENALTY:g} and {MAX_PENALTY:g}"
 
