@@ -22,7 +22,10 @@ _PUBLIC_NAMES: dict[str, tuple[str, ...]] = {
     "outputs": (
         "AdapterResidency", "EngineStats", "EngineUnavailableError", "RequestFailedError", "RequestOutput", "TokenLogprob"),
     "generation_defaults": ("GENERATION_CONFIG_SOURCES", "GenerationDefaults", "read_generation_defaults"),
-    "request": ("SamplingParams",),
+    "field_error": ("RequestFieldError",),
+    "request": (
+        "MAX_LOGIT_BIAS", "MAX_LOGIT_BIAS_TOKENS", "MAX_PENALTY", "MAX_TEMPERATURE", "MAX_TOP_LOGPROBS", "SamplingParams",
+    ),
     "metric_labels": ("OTHER_ADAPTERS_LABEL",),
     "request_latency": ("HistogramSnapshot", "merge_histograms", "total_histogram"),
     "structured_output": ("CompiledGrammar",),

@@ -26,6 +26,7 @@ from loraloom.engine.lora.handle import AdapterHandle
 from loraloom.engine.client import EngineFacts
 from loraloom.engine.generation_defaults import read_generation_defaults
 from loraloom.engine.config import EngineConfig
+from loraloom.engine.field_error import RequestFieldError
 from loraloom.engine.llm_engine import LLMEngine
 from loraloom.engine.outputs import AdapterResidency, EngineStats, RequestFailedError, RequestOutput
 from loraloom.engine.request import SamplingParams
@@ -124,13 +125,15 @@ class AsyncEngine:
 
     async def compile_grammar(self, schema: dict | str | None) -> CompiledGrammar:
         """A JSON schema's grammar (None: any JSON object) for SamplingParams.grammar, compiled off the
-        step thread (cached by schema text). Raises ValueError naming response_format."""
+        step thread (cached by schema text). Raises RequestFieldError naming response_format (tools for a
+        Lark grammar's source)."""
         compiling = asyncio.get_running_loop().run_in_executor(self._grammar_thread, self.engine.compile_grammar, schema)
         try:
             return await asyncio.wait_for(compiling, GRAMMAR_COMPILE_TIMEOUT_S)
         except asyncio.TimeoutError:  # TimeoutError itself from Python 3.11
-            raise ValueError(f"response_format: the JSON schema took over {GRAMMAR_COMPILE_TIMEOUT_S:g} s to "
-                             "compile; simplify it") from None
+            field, what = ("tools", "tools' grammar") if isinstance(schema, str) else ("response_format", "JSON schema")
+            raise RequestFieldError(field, f"the {what} took over {GRAMMAR_COMPILE_TIMEOUT_S:g} s to compile; "
+                                    "simplify it") from None
 
     def unload_adapter(self, key: str) -> None:
         """Forget an adapter's host copy (thread-safe: the cache has its own lock)."""

@@ -64,14 +64,14 @@ class EngineClient(Protocol):
     ) -> AsyncIterator[RequestOutput]:
         """Stream a request's outputs; `tenant` (None: the default tenant) is who asks, as the gateway
         authenticated it: the scope of its prefix cache and its fair-share account (engine/tenancy.py);
-        `cache_salt` isolates its prefix cache further within the tenant. Errors in the request surface at the first iteration (ValueError
-        naming the field, AdapterLoadError, RequestFailedError). Closing the stream before its last
+        `cache_salt` isolates its prefix cache further within the tenant. Errors in the request surface at the first
+        iteration (RequestFieldError naming the field, AdapterLoadError, RequestFailedError). Closing the stream before its last
         output (aclose, or cancelling the task that iterates it) aborts the request: that is the abort."""
 
     async def compile_grammar(self, schema: dict | str | None) -> Any:
         """A JSON schema's grammar (None: any JSON object; a str: a Lark grammar's source, as tool calls
         are constrained), for SamplingParams.grammar of a request sent to this same client. Raises
-        ValueError naming response_format (tools for a Lark grammar)."""
+        RequestFieldError naming response_format (tools for a Lark grammar)."""
 
     async def load_adapter(self, adapter: AdapterHandle) -> None:
         """Fetch and validate the adapter ahead of its first request; raises AdapterLoadError."""

@@ -20,6 +20,7 @@ from loraloom.engine.lora.slots import AdapterSlotTable
 from loraloom.engine.lora.handle import AdapterHandle
 from loraloom.engine.lora.files import runtime_key_scope
 from loraloom.engine.config import EngineConfig
+from loraloom.engine.field_error import RequestFieldError
 from loraloom.engine.model.fp8 import quantize_model_fp8
 from loraloom.engine.kv_cache import BlockManager
 from loraloom.engine.model.kv_scales import prepare_kv_scales
@@ -154,9 +155,9 @@ class LLMEngine:
         """Compile a JSON schema (None: any JSON object), or a Lark grammar given as its source text, for this
         engine's tokenizer; cached by its text.
         Thread-safe, and slow for a big schema: AsyncEngine runs it off the step thread.
-        Raises ValueError naming response_format."""
+        Raises RequestFieldError naming response_format (tools for a Lark grammar)."""
         if self.tokenizer is None:
-            raise ValueError("response_format: structured output needs a tokenizer and this engine has none")
+            raise RequestFieldError("response_format", "structured output needs a tokenizer and this engine has none")
         with self._grammar_compiler_lock:
             if self._grammar_compiler is None:
                 self._grammar_compiler = GrammarCompiler(self.tokenizer.to_json(), self.model_config.vocab_size,
@@ -164,36 +165,42 @@ class LLMEngine:
         return self._grammar_compiler.compile(schema)
 
     def validate_request(self, prompt_token_ids: list[int], params: SamplingParams) -> None:
-        """Raise ValueError naming the field for anything the engine cannot serve."""
-        params.validate()
+        """Raise RequestFieldError for what this engine cannot serve: what needs the model (its tokenizer,
+        vocabulary, context length). The fields' ranges are the API's to check, from the
+        bounds in engine/request.py (platform/api/schemas/generation.py); each check is made once."""
         if self.tokenizer is None and params.stop:
-            raise ValueError("stop: stop strings need a tokenizer and this engine has none; use stop_token_ids")
+            raise RequestFieldError("stop", "stop strings need a tokenizer and this engine has none; use stop_token_ids")
         if params.grammar is not None and not isinstance(params.grammar, CompiledGrammar):
-            raise ValueError("response_format: the grammar must be a CompiledGrammar, made by compile_grammar")
+            raise RequestFieldError("response_format", "the grammar must be a CompiledGrammar, made by compile_grammar")
         if self.tokenizer is None and params.logprobs is not None:
-            raise ValueError("logprobs: token texts need a tokenizer and this engine has none; leave logprobs unset")
+            raise RequestFieldError("logprobs", "token texts need a tokenizer and this engine has none; leave logprobs "
+                                    "unset")
         if not prompt_token_ids:
-            raise ValueError("prompt: must contain at least one token")
+            raise RequestFieldError("prompt", "must contain at least one token")
         vocab = self.model_config.vocab_size
         if any(not 0 <= token < vocab for token in prompt_token_ids):
-            raise ValueError(f"prompt: token ids must be in [0, {vocab})")
+            raise RequestFieldError("prompt", f"token ids must be in [0, {vocab})")
         outside = [token for token in params.logit_bias if not 0 <= token < vocab]
         if outside:
-            raise ValueError(f"logit_bias: token ids must be in [0, {vocab}), the model's vocabulary; "
-                             f"got {outside[0]}")
+            raise RequestFieldError("logit_bias", f"token ids must be in [0, {vocab}), the model's vocabulary; "
+                                    f"got {outside[0]}")
         if any(not 0 <= token < vocab for token in params.stop_token_ids):
-            raise ValueError(f"stop_token_ids: token ids must be in [0, {vocab}); no other id can be generated")
+            raise RequestFieldError("stop_token_ids", f"token ids must be in [0, {vocab}); no other id can be generated")
         if len(prompt_token_ids) >= self.max_model_len:
-            raise ValueError(
-                f"prompt: {len(prompt_token_ids)} tokens exceed the model's maximum context length of "
+            raise RequestFieldError(
+                "prompt", f"{len(prompt_token_ids)} tokens exceed the model's maximum context length of "
                 f"{self.max_model_len} tokens; shorten the prompt"
             )
         if len(prompt_token_ids) + params.max_tokens > self.max_model_len:
-            raise ValueError(
-                f"max_tokens: the model's maximum context length is {self.max_model_len} tokens, but "
+            raise RequestFieldError(
+                "max_tokens", f"the model's maximum context length is {self.max_model_len} tokens, but "
                 f"{len(prompt_token_ids)} prompt tokens + max_tokens {params.max_tokens} exceed it; "
                 f"lower max_tokens to at most {self.max_model_len - len(prompt_token_ids)}"
             )
+        # Here, not in the API: max_tokens may be the default, the context the prompt leaves.
+        if params.min_tokens > params.max_tokens:
+            raise RequestFieldError("min_tokens", f"must be at most max_tokens ({params.max_tokens}), got "
+                                    f"{params.min_tokens}; lower min_tokens or raise max_tokens")
 
     def add_request(
         self,
@@ -207,7 +214,7 @@ class LLMEngine:
         arrival_time: float | None = None,
         prepared: bool = False,
     ) -> None:
-        """Validate a request and admit it (raises ValueError naming the field, or AdapterLoadError); the
+        """Validate a request and admit it (raises RequestFieldError naming the field, or AdapterLoadError); the
         scheduler refuses a request id already in use.
         `tenant`: who asks (engine/tenancy.py); `cache_salt`: isolation within the tenant (Request.cache_salt).
         `arrival_time` (time.monotonic()): when the request reached the engine, if before now; its

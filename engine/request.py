@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import enum
 import itertools
-import math
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -17,7 +16,9 @@ from loraloom.engine.tenancy import DEFAULT_TENANT, TenantTag
 if TYPE_CHECKING:  # llguidance is imported by the requests that use it, not by the scheduler
     from loraloom.engine.structured_output import CompiledGrammar, GrammarMatcher
 
-# Bounds that the API also reports in its 400 messages.
+# The ranges the sampler serves these fields in (OpenAI's). The API checks a request against them
+# (platform/api/schemas/generation.py builds its bounds and their descriptions from these); the engine
+# checks only what needs the model (LLMEngine.validate_request), so nothing is checked twice.
 MAX_TEMPERATURE = 2.0
 MAX_TOP_LOGPROBS = 20
 MAX_PENALTY = 2.0  # |presence_penalty| and |frequency_penalty|, OpenAI's range
@@ -46,40 +47,6 @@ class SamplingParams:
     min_tokens: int = 0  # vLLM: the stopping tokens are masked until this many tokens were generated
     # Structured output (engine/structured_output.py): only tokens this grammar allows are sampled.
     grammar: CompiledGrammar | None = None
-
-    def validate(self) -> None:
-        """Raise ValueError whose message starts with the offending field name."""
-        if not isinstance(self.max_tokens, int) or self.max_tokens < 1:
-            raise ValueError(f"max_tokens: must be an integer >= 1, got {self.max_tokens!r}")
-        if not 0.0 <= self.temperature <= MAX_TEMPERATURE:
-            raise ValueError(f"temperature: must be between 0 and {MAX_TEMPERATURE}, got {self.temperature!r}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p: must be in (0, 1], got {self.top_p!r}")
-        if self.top_k < -1:
-            raise ValueError(f"top_k: must be -1, 0 (disabled) or a positive integer, got {self.top_k!r}")
-        if self.logprobs is not None and not 0 <= self.logprobs <= MAX_TOP_LOGPROBS:
-            raise ValueError(f"logprobs: must be between 0 and {MAX_TOP_LOGPROBS}, got {self.logprobs!r}")
-        for name in ("presence_penalty", "frequency_penalty"):
-            value = getattr(self, name)
-            if not -MAX_PENALTY <= value <= MAX_PENALTY:
-                raise ValueError(f"{name}: must be between -{MAX_PENALTY} and {MAX_PENALTY}, got {value!r}")
-        if not (self.repetition_penalty > 0 and math.isfinite(self.repetition_penalty)):
-            raise ValueError(f"repetition_penalty: must be a number > 0 (1 disables it), got {self.repetition_penalty!r}")
-        self._validate_logit_bias()
-        if not isinstance(self.min_tokens, int) or not 0 <= self.min_tokens <= self.max_tokens:
-            raise ValueError(f"min_tokens: must be an integer between 0 and max_tokens ({self.max_tokens}), "
-                             f"got {self.min_tokens!r}")
-
-    def _validate_logit_bias(self) -> None:
-        if len(self.logit_bias) > MAX_LOGIT_BIAS_TOKENS:
-            raise ValueError(f"logit_bias: at most {MAX_LOGIT_BIAS_TOKENS} tokens may be biased, "
-                             f"got {len(self.logit_bias)}")
-        for token, bias in self.logit_bias.items():
-            if not isinstance(token, int) or token < 0:
-                raise ValueError(f"logit_bias: keys must be token ids (integers >= 0), got {token!r}")
-            if not -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS:
-                raise ValueError(f"logit_bias: biases must be between -{MAX_LOGIT_BIAS:g} and {MAX_LOGIT_BIAS:g}, "
-                                 f"got {bias!r} for token {token}")
 
     @property
     def adjusts_logits(self) -> bool:

@@ -154,10 +154,9 @@ class Scheduler:
         return self.fair_share.loads()
 
     def add_request(self, request: Request) -> None:
+        """Queue a request LLMEngine.validate_request accepted (it has a prompt)."""
         if request.request_id in self._requests:
             raise ValueError(f"request_id: {request.request_id!r} is already scheduled; use a unique id")
-        if request.num_tokens == 0:
-            raise ValueError(f"prompt_token_ids: request {request.request_id!r} has no tokens; send at least one")
         if request.adapter is not None and self.slot_table.num_slots == 0:
             raise ValueError(f"adapter: this engine has max_loras=0 adapter slots; "
                              f"raise max_loras to serve adapter {request.adapter.name!r}")

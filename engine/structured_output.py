@@ -27,6 +27,8 @@ import llguidance
 import numpy as np
 import torch
 
+from loraloom.engine.field_error import RequestFieldError
+
 # A schema's JSON text (compact) may be at most this long: OpenAI's own limits (100 properties,
 # 5 levels) fit well within it.
 MAX_SCHEMA_BYTES = 32 * 1024
@@ -93,7 +95,7 @@ class GrammarCompiler:
 
     def compile(self, schema: dict[str, Any] | str | None) -> CompiledGrammar:
         """The grammar of `schema`: a JSON schema (None: any JSON object), or a Lark grammar's source
-        (a str, as tool calls are constrained: platform/api/tools/formats.py). Raises ValueError naming
+        (a str, as tool calls are constrained: platform/api/tools/formats.py). Raises RequestFieldError naming
         the request field the grammar came from (response_format or tools)."""
         if isinstance(schema, str):
             field, key = "tools", "lark:" + schema
@@ -110,7 +112,7 @@ class GrammarCompiler:
             else:
                 grammar = llguidance.LLMatcher.grammar_from_json_schema(key, overrides=JSON_OPTIONS)
         except ValueError as error:
-            raise ValueError(f"{field}: the JSON schema is not valid: {error}") from None
+            raise RequestFieldError(field, f"the JSON schema is not valid: {error}") from None
         start = llguidance.LLMatcher(self.tokenizer, grammar, log_level=0, limits=self._limits)
         if not start.is_error():
             # The first mask builds the lexer's start states; done here, so a bad grammar fails here
@@ -120,7 +122,7 @@ class GrammarCompiler:
             error = start.get_error()
             if field == "tools":  # the first line says what; the rest would quote the whole generated grammar
                 error = re.sub(r"^at \d+\(\d+\): ", "", error.splitlines()[0] if error else error)
-            raise ValueError(f"{field}: the JSON schema cannot be served: {_in_our_words(error)}")
+            raise RequestFieldError(field, f"the JSON schema cannot be served: {_in_our_words(error)}")
         compiled = CompiledGrammar(key, start)
         with self._lock:
             self._cache[key] = compiled
@@ -189,12 +191,12 @@ def _schema_text(schema: dict[str, Any]) -> str:
     """The schema's compact JSON text: the cache key, and what is compiled. Keys keep their order,
     which is the order the properties are generated in."""
     if not isinstance(schema, dict):
-        raise ValueError("response_format: json_schema.schema must be a JSON object")
+        raise RequestFieldError("response_format", "json_schema.schema must be a JSON object")
     try:
         text = json.dumps(schema, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
     except (ValueError, RecursionError) as error:
-        raise ValueError(f"response_format: json_schema.schema cannot be serialized: {error}") from None
+        raise RequestFieldError("response_format", f"json_schema.schema cannot be serialized: {error}") from None
     if len(text.encode()) > MAX_SCHEMA_BYTES:
-        raise ValueError(f"response_format: json_schema.schema is {len(text.encode())} bytes of JSON; "
-                         f"at most {MAX_SCHEMA_BYTES} are accepted")
+        raise RequestFieldError("response_format", f"json_schema.schema is {len(text.encode())} bytes of JSON; "
+                                f"at most {MAX_SCHEMA_BYTES} are accepted")
     return text

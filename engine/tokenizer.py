@@ -17,14 +17,17 @@ from jinja2.parser import Parser
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as _RustTokenizer
 
+from loraloom.engine.field_error import RequestFieldError
+
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool")
 # OpenAI's newer name for the system role; chat templates know only "system", so it is rendered as one.
 ROLE_RENDERED_AS = {"developer": "system"}
 SPECIAL_TOKEN_KEYS = ("bos_token", "eos_token", "unk_token", "pad_token")
 
 
-class ChatTemplateError(ValueError):
-    """A chat request the model's template cannot render (no template, bad messages, template error)."""
+class ChatTemplateError(RequestFieldError):
+    """A chat request the model's template cannot render (no template, bad messages, template error);
+    `field` names the messages (or the one message, or its part) at fault."""
 
 
 class Tokenizer:
@@ -119,7 +122,7 @@ class Tokenizer:
         `tools`: OpenAI's tool definitions, for a template that renders them (template_renders_tools)."""
         if self._compiled_template is None:
             raise ChatTemplateError(
-                "tokenizer: this model has no chat template (no chat_template.jinja, no "
+                "messages", "this model has no chat template (no chat_template.jinja, no "
                 "tokenizer_config.json 'chat_template'); use the completions endpoint with a raw prompt"
             )
         return render_chat_template(self._compiled_template, messages, add_generation_prompt=add_generation_prompt,
@@ -144,13 +147,13 @@ def render_chat_template(
     """A compiled template's prompt for `messages`; ChatTemplateError (caused by Jinja's) if it refuses them."""
     normalized = [_normalize_message(message, index) for index, message in enumerate(messages)]
     if not normalized:
-        raise ChatTemplateError("messages: must contain at least one message")
+        raise ChatTemplateError("messages", "must contain at least one message")
     try:
         return template.render(
             messages=normalized, add_generation_prompt=add_generation_prompt, tools=tools, **(special_tokens or {})
         )
     except TemplateError as error:
-        raise ChatTemplateError(f"messages: the model's chat template rejected them: {error}") from error
+        raise ChatTemplateError("messages", f"the model's chat template rejected them: {error}") from error
 
 
 def _read_json(path: Path) -> dict:
@@ -246,22 +249,22 @@ def _compile_template(source: str):
 def _normalize_message(message: dict, index: int) -> dict:
     """Checked copy of one message with `content` as a string (list-of-parts joined by newlines)."""
     if not isinstance(message, dict):
-        raise ChatTemplateError(f"messages[{index}]: must be an object with 'role' and 'content'")
+        raise ChatTemplateError(f"messages[{index}]", "must be an object with 'role' and 'content'")
     role = message.get("role")
     if role not in CHAT_ROLES:
-        raise ChatTemplateError(f"messages[{index}].role: {role!r} is not one of {', '.join(CHAT_ROLES)}")
+        raise ChatTemplateError(f"messages[{index}].role", f"{role!r} is not one of {', '.join(CHAT_ROLES)}")
     content = message.get("content")
     if isinstance(content, list):
         texts = []
         for part_index, part in enumerate(content):
             if not (isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str)):
                 raise ChatTemplateError(
-                    f"messages[{index}].content[{part_index}]: only text parts {{'type': 'text', 'text': str}} are supported"
+                    f"messages[{index}].content[{part_index}]", "only text parts {'type': 'text', 'text': str} are supported"
                 )
             texts.append(part["text"])
         content = "\n".join(texts)
     elif content is None and message.get("tool_calls"):
         content = ""  # an assistant turn that only called tools
     elif not isinstance(content, str):
-        raise ChatTemplateError(f"messages[{index}].content: must be a string or a list of text parts")
+        raise ChatTemplateError(f"messages[{index}].content", "must be a string or a list of text parts")
     return {**message, "role": ROLE_RENDERED_AS.get(role, role), "content": content}

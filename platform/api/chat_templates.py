@@ -5,16 +5,18 @@ from __future__ import annotations
 import functools
 
 from loraloom.engine import ChatTemplateError, Tokenizer
+from loraloom.platform.api.generation.adapters import ResolvedAdapter
 from loraloom.platform.registry.named import NamedAdapter
 
 
-def chat_tokenizer(tokenizer: Tokenizer, adapter: NamedAdapter | None) -> Tokenizer:
-    if adapter is None or adapter.chat_template is None:
+def chat_tokenizer(tokenizer: Tokenizer, adapter: ResolvedAdapter) -> Tokenizer:
+    named = adapter.named
+    if named is None or named.chat_template is None:
         return tokenizer
     try:
-        return _with_template(tokenizer, adapter.chat_template)
+        return _with_template(tokenizer, named.chat_template)
     except ValueError as error:  # checked at upload, so only a sandbox stricter since then gets here
-        raise ChatTemplateError(f"model: the adapter's own chat template no longer compiles ({error}); "
+        raise ChatTemplateError(adapter.field, f"the adapter's own chat template no longer compiles ({error}); "
                                 "upload a version with a template that does") from None
 
 

@@ -1,9 +1,11 @@
 """Every error leaves the API in OpenAI's shape: {"error": {"message", "type", "param", "code"}}.
 
 The services raise their own exceptions (registry/errors.py, training/errors.py, accounts/);
-DOMAIN_ERRORS maps each to its status and code, once for every route. Services also report a
-bad request field as a plain ValueError("field: ..."); the routers over those services take
-`FieldErrorRoute`, which answers such an error with 400 naming the field.
+DOMAIN_ERRORS maps each to its status and code, once for every route. The engine reports a request
+field it cannot serve as a RequestFieldError carrying the field: `field_error` is its one mapping, a
+400 whose `param` is the field as the client spelled it. Some services still report a bad request field
+as a plain ValueError("field: ..."); the routers over them take `FieldErrorRoute`, which reads the
+field off the message.
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Message, Receive, Scope, Send
 
-from loraloom.engine import EngineUnavailableError, RequestFailedError
+from loraloom.engine import EngineUnavailableError, RequestFailedError, RequestFieldError
 from loraloom.platform.accounts.tenants import OperatorTenantSuspensionError, TenantExistsError, TenantNotFoundError
 from loraloom.platform.api.asgi import HttpMiddleware
 from loraloom.platform.api.schemas.common import ErrorDetail, ErrorResponse
@@ -70,18 +72,21 @@ def error_response(error: APIError, headers: dict[str, str] | None = None) -> JS
     return JSONResponse(body, status_code=error.status_code, headers=headers)
 
 
-def field_error(error: ValueError, field_names: dict[str, str]) -> APIError:
-    """A 400 from a ValueError whose message starts with "field: ..." (the engine's convention).
+def field_error(error: RequestFieldError, spelled: Callable[[str], str] | None = None) -> APIError:
+    """The 400 of a request field the engine cannot serve, naming the field in `param` and first in the
+    message. `spelled` turns the engine's name for the field into the request's, where they differ (a
+    chat's "prompt" is its "messages": GenerationRequest.request_field); without it they are the same."""
+    param = error.field if spelled is None else spelled(error.field)
+    return APIError(400, f"{param}: {error.problem}", param=param)
 
-    `field_names` maps the engine's field names to what this endpoint's client
-    called them (e.g. the engine's "prompt" is a chat client's "messages").
-    """
+
+def _service_field_error(error: ValueError) -> APIError:
+    """A 400 from a service's ValueError whose message starts with "field: ..." (FieldErrorRoute)."""
     message = str(error)
     field, separator, detail = message.partition(": ")
     if not separator or " " in field:
         return APIError(400, message)
-    param = field_names.get(field, field)
-    return APIError(400, f"{param}: {detail}", param=param)
+    return APIError(400, message, param=field)
 
 
 # Where FastAPI found a request field: not part of the field's name, which is what `param` carries.
@@ -97,10 +102,16 @@ def _location_path(location: Sequence[Any]) -> str:
     return path
 
 
+# Pydantic's errors for a number outside a field's bounds: they say the bound, and the value is added.
+_BOUND_ERRORS = {"greater_than", "greater_than_equal", "less_than", "less_than_equal"}
+
+
 def _validation_message(detail: dict[str, Any]) -> str:
     context = detail.get("ctx") or {}
     if detail["type"] == "value_error" and "error" in context:
         return str(context["error"])  # our own validators' messages, without pydantic's "Value error, " prefix
+    if detail["type"] in _BOUND_ERRORS:
+        return f"{detail['msg']}, got {detail['input']!r}"
     return detail["msg"]
 
 
@@ -144,6 +155,7 @@ DOMAIN_ERRORS: dict[type[Exception], Callable[[Any], APIError]] = {
     TenantNotFoundError: lambda error: APIError(404, str(error), param="tenant", code="tenant_not_found"),
     OperatorTenantSuspensionError: lambda error: APIError(409, str(error), param="tenant",
                                                           code="operator_tenant_not_suspendable"),
+    RequestFieldError: field_error,
     RequestFailedError: lambda error: APIError(500, str(error), error_type=SERVER_ERROR, code="generation_failed"),
     EngineUnavailableError: lambda error: APIError(
         503, str(error), error_type=SERVER_ERROR, code="engine_unavailable",
@@ -167,7 +179,7 @@ class FieldErrorRoute(APIRoute):
             except ValueError as error:
                 if isinstance(error, _DOMAIN_ERROR_TYPES):
                     raise
-                raise field_error(error, {}) from None
+                raise _service_field_error(error) from None
 
         return handle
 

@@ -66,7 +66,7 @@ class Revocation:
         finally:
             ended.cancel()
             if not task.done():  # revoked, or this request cancelled (its client left)
-                # A generation cancelled mid-way aborts its engine requests (api/generation.py).
+                # A generation cancelled mid-way aborts its engine requests (api/generation/choices.py).
                 task.cancel()
                 with contextlib.suppress(BaseException):
                     await task

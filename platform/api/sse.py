@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable
 from typing import TypeVar
 
 from fastapi.responses import StreamingResponse
@@ -78,11 +78,10 @@ async def opened_within(opening: Awaitable[T], timeout_s: float) -> asyncio.Futu
     return future
 
 
-async def events_once_open(
-    opening: asyncio.Future[T | None], events: Callable[[T], AsyncIterator[str]]
-) -> AsyncIterator[str]:
-    """The events of a stream whose response began before the generation was accepted:
-    a refusal then goes out as an error event, since the status line has already been sent."""
+async def events_once_open(opening: asyncio.Future[T | None], events: AsyncIterator[str]) -> AsyncIterator[str]:
+    """The events of a stream whose response began before the generation was accepted: `events`,
+    read once `opening` is done (they read what it opened); a refusal goes out as an error event
+    instead, since the status line has already been sent."""
     try:
         opened = await opening
     except APIError as error:
@@ -90,5 +89,5 @@ async def events_once_open(
         return
     if opened is None:  # the client left
         return
-    async for event in events(opened):
+    async for event in events:
         yield event

@@ -80,7 +80,7 @@ class EngineDeployment:
             yield detached(output)
 
     async def compile_grammar(self, schema: dict | str | None) -> RemoteGrammar:
-        """Compile here to refuse an unservable schema before the request is sent (ValueError)."""
+        """Compile here to refuse an unservable schema before the request is sent (RequestFieldError)."""
         await self.engine.compile_grammar(schema)
         return RemoteGrammar(schema)
 

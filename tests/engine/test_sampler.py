@@ -382,24 +382,3 @@ def test_sampled_frequencies_follow_the_penalized_distribution():
 def test_adjusting_rows_need_their_histories():
     with pytest.raises(ValueError, match="histories"):
         Sampler().sample(random_logits(1, 10, seed=0), [SamplingParams(presence_penalty=1.0)], [None])
-
-
-@pytest.mark.parametrize(
-    ("fields", "name"),
-    [
-        (dict(presence_penalty=2.5), "presence_penalty"),
-        (dict(frequency_penalty=-2.01), "frequency_penalty"),
-        (dict(frequency_penalty=float("nan")), "frequency_penalty"),
-        (dict(repetition_penalty=0.0), "repetition_penalty"),
-        (dict(logit_bias={5: 101}), "logit_bias"),
-        (dict(logit_bias={-1: 1}), "logit_bias"),
-        (dict(logit_bias={i: 1.0 for i in range(301)}), "logit_bias"),
-        (dict(min_tokens=17), "min_tokens"),  # more than max_tokens (16)
-        (dict(min_tokens=-1), "min_tokens"),
-    ],
-)
-def test_adjustment_fields_are_validated_by_name(fields, name):
-    with pytest.raises(ValueError, match=f"^{name}: "):
-        SamplingParams(**fields).validate()
-    SamplingParams(presence_penalty=-2, frequency_penalty=2, logit_bias={i: 100.0 for i in range(300)},
-                   min_tokens=16, repetition_penalty=1e-3).validate()

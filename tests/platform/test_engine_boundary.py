@@ -22,11 +22,14 @@ GATEWAY_PACKAGES = {"api", "metering"}
 GATEWAY_NAMES = {
     "EngineClient", "AdapterHandle", "AdapterLoadError", "AdapterResidency", "ChatTemplateError", "CompiledGrammar",
     "EngineUnavailableError",
-    "EngineStats", "ModelConfig", "RequestFailedError", "RequestOutput", "SamplingParams", "TokenLogprob",
+    "EngineStats", "ModelConfig", "RequestFailedError", "RequestFieldError", "RequestOutput", "SamplingParams",
+    "TokenLogprob",
     "TenantTag", "Tokenizer", "ADAPTER_CONFIG_FILE", "ADAPTER_FILES", "ADAPTER_WEIGHTS_FILE",
     # Plain data and pure functions over it: the model's sampling defaults, and latency histograms
     # summed across Ray replicas.
     "GenerationDefaults", "HistogramSnapshot", "merge_histograms",
+    # The sampling fields' ranges, which the request schemas check and describe.
+    "MAX_LOGIT_BIAS", "MAX_LOGIT_BIAS_TOKENS", "MAX_PENALTY", "MAX_TEMPERATURE", "MAX_TOP_LOGPROBS",
 }
 
 

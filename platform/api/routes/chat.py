@@ -1,29 +1,20 @@
 """POST /v1/chat/completions."""
 from __future__ import annotations
 
-import functools
 from collections.abc import AsyncGenerator, AsyncIterator
 
 from fastapi import APIRouter, Request, Response
 from starlette.concurrency import run_in_threadpool
 
-from loraloom.engine import ChatTemplateError, RequestOutput, TokenLogprob
+from loraloom.engine import RequestOutput, TokenLogprob
 from loraloom.platform.api.chat_templates import chat_tokenizer, tool_parser
 from loraloom.platform.api.deps import CallerDep, ChatUsageMeterDep, EngineDep, LookupDep
-from loraloom.platform.api.errors import ERROR_RESPONSES, field_error
-from loraloom.platform.api.generation import (
-    SSE_DONE,
-    ChoiceOutput,
-    Collected,
-    ResponseHead,
-    name_ignored_fields,
-    resolve_adapter,
-    sse_event,
-    sse_response_doc,
-    respond,
-    token_bytes,
-    usage,
-)
+from loraloom.platform.api.errors import ERROR_RESPONSES
+from loraloom.platform.api.generation.adapters import resolve_adapter
+from loraloom.platform.api.generation.choices import ChoiceOutput
+from loraloom.platform.api.generation.collect import Collected, usage
+from loraloom.platform.api.generation.respond import GenerationPlan, ResponseHead, name_ignored_fields, start_generation
+from loraloom.platform.api.generation.streaming import CLIENT_CLOSED_REQUEST, SSE_DONE, sse_event, sse_response_doc
 from loraloom.platform.api.rate_limits import RATELIMIT_HEADERS_DOC, rate_limited_responses
 from loraloom.platform.api.schemas.chat import (
     AssistantMessage,
@@ -40,6 +31,10 @@ from loraloom.platform.api.schemas.generation import TopLogprob
 from loraloom.platform.api.tools.plan import ToolPlan, plan_tools
 
 router = APIRouter(tags=["chat"])
+
+
+def token_bytes(token: str) -> list[int]:
+    return list(token.encode("utf-8"))
 
 
 def chat_logprobs(logprobs: list[TokenLogprob]) -> ChatChoiceLogprobs:
@@ -144,30 +139,23 @@ async def create_chat_completion(
 ) -> ChatCompletionResponse | Response:
     adapter = await resolve_adapter(lookup, body, caller.tenant_id, meter)
     meter.request_metadata = body.metadata
-    try:
-        tokenizer = chat_tokenizer(engine.tokenizer, adapter)
-    except ChatTemplateError as error:
-        raise field_error(error, {}) from None
+    # What the template or the messages refuse is a ChatTemplateError naming its field: a 400 (api/errors.py).
+    tokenizer = chat_tokenizer(engine.tokenizer, adapter)
     tools = plan_tools(body.tools, body.tool_choice, body.parallel_tool_calls, wants_json=body.wants_json,
-                       parser=tool_parser(request.app.state.settings.tool_parser, adapter),
+                       parser=tool_parser(request.app.state.settings.tool_parser, adapter.named),
                        template=tokenizer.chat_template)
-    try:
-        messages, template_tools = tools.template_input(
-            [message.model_dump(exclude_none=True) for message in body.messages], tokenizer.template_renders_tools)
-        # Off the event loop: templating and tokenizing a long conversation takes a while.
-        prompt_token_ids = await run_in_threadpool(tokenizer.encode_chat, messages, True, template_tools)
-    except ChatTemplateError as error:
-        raise field_error(error, {"tokenizer": "messages"}) from None
-    # max_completion_tokens supersedes the older max_tokens; errors name the one the client used.
-    if body.max_completion_tokens is not None:
-        max_tokens_field, max_tokens = "max_completion_tokens", body.max_completion_tokens
-    else:
-        max_tokens_field, max_tokens = "max_tokens", body.max_tokens
-    answer = await respond(
-        request, engine, body, id_prefix="chatcmpl", prompt_token_ids=prompt_token_ids, max_tokens=max_tokens,
-        logprobs=(body.top_logprobs or 0) if body.logprobs else None, adapter=adapter,
-        field_names={"prompt": "messages", "max_tokens": max_tokens_field, "logprobs": "top_logprobs"},
-        meter=meter, events=functools.partial(chat_event_stream, tools=tools),
-        build=functools.partial(chat_completion, tools=tools), tool_grammar=tools.grammar,
-    )
-    return name_ignored_fields(answer, response, body)
+    messages, template_tools = tools.template_input(
+        [message.model_dump(exclude_none=True) for message in body.messages], tokenizer.template_renders_tools)
+    # Off the event loop: templating and tokenizing a long conversation takes a while.
+    prompt_token_ids = await run_in_threadpool(tokenizer.encode_chat, messages, True, template_tools)
+    plan = GenerationPlan(body=body, id_prefix="chatcmpl", prompt_token_ids=prompt_token_ids, adapter=adapter,
+                          max_tokens=body.requested_max_tokens, logprobs=body.engine_logprobs,
+                          tool_grammar=tools.grammar)
+    generation = await start_generation(request, engine, plan, meter)
+    if body.stream:
+        events = chat_event_stream(generation.outputs(), generation.head, body.include_usage, tools=tools)
+        return name_ignored_fields(await generation.stream(events), response, body)
+    collected = await generation.collect()
+    if collected is None:
+        return Response(status_code=CLIENT_CLOSED_REQUEST)
+    return name_ignored_fields(chat_completion(collected, generation.head, tools=tools), response, body)

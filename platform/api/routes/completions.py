@@ -1,7 +1,6 @@
 """POST /v1/completions (OpenAI's legacy text completions)."""
 from __future__ import annotations
 
-import functools
 from collections.abc import AsyncGenerator, AsyncIterator
 
 from fastapi import APIRouter, Request, Response
@@ -10,18 +9,11 @@ from starlette.concurrency import run_in_threadpool
 from loraloom.engine import RequestOutput, TokenLogprob, Tokenizer
 from loraloom.platform.api.deps import CallerDep, CompletionUsageMeterDep, EngineDep, LookupDep
 from loraloom.platform.api.errors import ERROR_RESPONSES
-from loraloom.platform.api.generation import (
-    SSE_DONE,
-    ChoiceOutput,
-    Collected,
-    ResponseHead,
-    name_ignored_fields,
-    resolve_adapter,
-    sse_event,
-    sse_response_doc,
-    respond,
-    usage,
-)
+from loraloom.platform.api.generation.adapters import resolve_adapter
+from loraloom.platform.api.generation.choices import ChoiceOutput
+from loraloom.platform.api.generation.collect import Collected, usage
+from loraloom.platform.api.generation.respond import GenerationPlan, ResponseHead, name_ignored_fields, start_generation
+from loraloom.platform.api.generation.streaming import CLIENT_CLOSED_REQUEST, SSE_DONE, sse_event, sse_response_doc
 from loraloom.platform.api.rate_limits import RATELIMIT_HEADERS_DOC, rate_limited_responses
 from loraloom.platform.api.schemas.completions import (
     Completion,
@@ -136,10 +128,13 @@ async def create_completion(
     # Off the event loop: tokenizing a long prompt takes a while.
     prompt_ids = await run_in_threadpool(prompt_token_ids, engine.tokenizer, body.prompt)
     echo_text = echoed_prompt(engine.tokenizer, body.prompt, prompt_ids) if body.echo else ""
-    answer = await respond(
-        request, engine, body, id_prefix="cmpl", prompt_token_ids=prompt_ids, max_tokens=body.max_tokens,
-        logprobs=body.logprobs, adapter=adapter, field_names={}, meter=meter,
-        events=functools.partial(completion_event_stream, echo_text=echo_text),
-        build=functools.partial(completion, echo_text=echo_text),
-    )
-    return name_ignored_fields(answer, response, body)
+    plan = GenerationPlan(body=body, id_prefix="cmpl", prompt_token_ids=prompt_ids, adapter=adapter,
+                          max_tokens=body.max_tokens, logprobs=body.logprobs)
+    generation = await start_generation(request, engine, plan, meter)
+    if body.stream:
+        events = completion_event_stream(generation.outputs(), generation.head, body.include_usage, echo_text=echo_text)
+        return name_ignored_fields(await generation.stream(events), response, body)
+    collected = await generation.collect()
+    if collected is None:
+        return Response(status_code=CLIENT_CLOSED_REQUEST)
+    return name_ignored_fields(completion(collected, generation.head, echo_text=echo_text), response, body)

@@ -5,6 +5,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationInfo, field_validator
 
+from loraloom.engine import MAX_TOP_LOGPROBS
 from loraloom.platform.api.schemas.common import StrictBody, one_error_for_union
 from loraloom.platform.api.schemas.generation import (
     GenerationRequest,
@@ -41,9 +42,13 @@ class ChatMessage(BaseModel):
 
 class ChatCompletionRequest(GenerationRequest, IgnoredChatFields, MetadataField):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: StrictInt | None = Field(default=None, description="Preferred over the older `max_tokens`.")
+    max_completion_tokens: StrictInt | None = Field(default=None, ge=1,
+                                                    description="Preferred over the older `max_tokens`.")
     logprobs: StrictBool = False
-    top_logprobs: StrictInt | None = Field(default=None, description="Alternatives per token; needs `logprobs: true`.")
+    top_logprobs: StrictInt | None = Field(
+        default=None, ge=0, le=MAX_TOP_LOGPROBS,
+        description=f"Alternatives per token, at most {MAX_TOP_LOGPROBS}; needs `logprobs: true`.",
+    )
     tools: list[ToolDefinition] | None = Field(default=None, description="Functions the model may call.")
     tool_choice: ToolChoice | None = Field(
         default=None, description="none: never call; auto (the default with tools): the model decides, and its calls "
@@ -63,6 +68,28 @@ class ChatCompletionRequest(GenerationRequest, IgnoredChatFields, MetadataField)
     )(refuse_unsupported)
 
     _tools_list = field_validator("tools")(check_tools)
+
+    @property
+    def max_tokens_field(self) -> str:
+        """max_completion_tokens supersedes the older max_tokens; errors name the one the client used."""
+        return "max_completion_tokens" if self.max_completion_tokens is not None else "max_tokens"
+
+    @property
+    def requested_max_tokens(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    @property
+    def engine_logprobs(self) -> int | None:
+        """The engine's logprobs: None without `logprobs: true`, else the alternatives asked for (0: none)."""
+        return (self.top_logprobs or 0) if self.logprobs else None
+
+    def request_field(self, engine_field: str) -> str:
+        """The engine's prompt is the messages; its max_tokens whichever of the two fields the client set."""
+        if engine_field == "prompt":
+            return "messages"
+        if engine_field == "max_tokens":
+            return self.max_tokens_field
+        return engine_field
 
     @field_validator("top_logprobs")
     @classmethod

@@ -5,6 +5,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, Field, StrictBool, StrictInt, ValidationInfo, field_validator
 
+from loraloom.engine import MAX_TOP_LOGPROBS
 from loraloom.platform.api.schemas.common import one_error_for_union
 from loraloom.platform.api.schemas.generation import GenerationRequest, Unsupported, Usage, refuse_unsupported
 
@@ -18,7 +19,8 @@ PromptInput = Annotated[
 class CompletionRequest(GenerationRequest):
     prompt: PromptInput
     logprobs: StrictInt | None = Field(
-        default=None, description="Return the sampled token's logprob and this many alternatives."
+        default=None, ge=0, le=MAX_TOP_LOGPROBS,
+        description=f"Return the sampled token's logprob and this many alternatives, at most {MAX_TOP_LOGPROBS}.",
     )
     echo: StrictBool = Field(
         default=False, description="Each choice's text begins with the prompt (for a prompt of token ids: as they "

@@ -9,12 +9,14 @@ change nothing here are accepted and named in a response header (schemas/ignored
 """
 from __future__ import annotations
 
+import math
 import re
 from typing import Annotated, Any
 
 from pydantic import BaseModel, Field, StrictBool, StrictFloat, StrictInt, ValidationInfo, field_validator
 from pydantic.json_schema import SkipJsonSchema
 
+from loraloom.engine import MAX_LOGIT_BIAS, MAX_LOGIT_BIAS_TOKENS, MAX_PENALTY, MAX_TEMPERATURE
 from loraloom.platform.api.schemas.common import StrictBody, one_error_for_union
 
 # Generated tokens when the client sets no limit: the context left after the prompt, capped here
@@ -66,6 +68,10 @@ MODEL_DEFAULT = ("Default: the served model's generation_config.json value (GET 
 
 # Strict types throughout (StrictInt, StrictBool, StrictFloat): as OpenAI does, "5" is not a
 # max_tokens nor "yes" a boolean; pydantic would otherwise coerce them.
+# The sampling fields' ranges are checked here, once (the engine checks only what needs the model:
+# vocabulary, context length, tokenizer), from the engine's bounds (engine/request.py),
+# which the descriptions state too. Numbers are finite: Python's JSON reads NaN and Infinity.
+_PENALTY_RANGE = f"Between -{MAX_PENALTY:g} and {MAX_PENALTY:g}"
 
 
 class StreamOptions(StrictBody):
@@ -123,13 +129,19 @@ class GenerationRequest(StrictBody):
         default=None, description="LoRAX-style: the adapter to apply; when set, `model` may name the base."
     )
     max_tokens: StrictInt | None = Field(
-        default=None, description="Default: the context left after the prompt, at most the model's "
+        default=None, ge=1, description="Default: the context left after the prompt, at most the model's "
         f"generation_config.json max_new_tokens, else at most {DEFAULT_MAX_TOKENS}."
     )
-    temperature: StrictFloat | None = Field(default=None, description=MODEL_DEFAULT.format(fallback=1))
-    top_p: StrictFloat | None = Field(default=None, description=MODEL_DEFAULT.format(fallback=1))
-    top_k: StrictInt | None = Field(default=None, description="Extension: sample from the k most likely tokens; 0 or "
-                                    "-1 disables. " + MODEL_DEFAULT.format(fallback=0))
+    temperature: StrictFloat | None = Field(
+        default=None, ge=0, le=MAX_TEMPERATURE, allow_inf_nan=False,
+        description=f"Between 0 (greedy) and {MAX_TEMPERATURE:g}. " + MODEL_DEFAULT.format(fallback=1),
+    )
+    top_p: StrictFloat | None = Field(
+        default=None, gt=0, le=1, allow_inf_nan=False,
+        description="Above 0, at most 1 (1 disables it). " + MODEL_DEFAULT.format(fallback=1),
+    )
+    top_k: StrictInt | None = Field(default=None, ge=-1, description="Extension: sample from the k most likely tokens; "
+                                    "0 or -1 disables. " + MODEL_DEFAULT.format(fallback=0))
     seed: StrictInt | None = None
     stop: Annotated[str | list[str] | None, one_error_for_union("a string or a list of strings")] = Field(
         default=None,
@@ -140,22 +152,25 @@ class GenerationRequest(StrictBody):
     )
     ignore_eos: StrictBool = Field(default=False, description="Extension: keep generating past end-of-sequence tokens.")
     presence_penalty: StrictFloat = Field(
-        default=0.0, description="Between -2 and 2: subtracted from the logit of every token already generated."
+        default=0.0, ge=-MAX_PENALTY, le=MAX_PENALTY, allow_inf_nan=False,
+        description=f"{_PENALTY_RANGE}: subtracted from the logit of every token already generated.",
     )
     frequency_penalty: StrictFloat = Field(
-        default=0.0, description="Between -2 and 2: subtracted from a token's logit once per time it was generated."
+        default=0.0, ge=-MAX_PENALTY, le=MAX_PENALTY, allow_inf_nan=False,
+        description=f"{_PENALTY_RANGE}: subtracted from a token's logit once per time it was generated.",
     )
     repetition_penalty: StrictFloat | None = Field(
-        default=None,
-        description="Extension (vLLM): > 0; tokens of the prompt or the output have positive logits divided by it "
+        default=None, gt=0, allow_inf_nan=False,
+        description="Extension (vLLM): above 0; tokens of the prompt or the output have positive logits divided by it "
         "and negative ones multiplied by it. 1 disables it. " + MODEL_DEFAULT.format(fallback=1),
     )
     logit_bias: dict[str, StrictFloat] | None = Field(
-        default=None, description="Token id (as a string) -> bias between -100 and 100 added to its logit; "
-        "at most 300 tokens. -100 forbids a token, 100 all but forces it.",
+        default=None, description=f"Token id (as a string) -> bias between -{MAX_LOGIT_BIAS:g} and "
+        f"{MAX_LOGIT_BIAS:g} added to its logit; at most {MAX_LOGIT_BIAS_TOKENS} tokens. -{MAX_LOGIT_BIAS:g} forbids "
+        f"a token, {MAX_LOGIT_BIAS:g} all but forces it.",
     )
     min_tokens: StrictInt = Field(
-        default=0, description="Extension (vLLM): end-of-sequence and stop_token_ids are held back until this "
+        default=0, ge=0, description="Extension (vLLM): end-of-sequence and stop_token_ids are held back until this "
         "many tokens were generated."
     )
     response_format: dict[str, Any] | None = Field(default=None, description=RESPONSE_FORMAT_DESCRIPTION)
@@ -205,10 +220,16 @@ class GenerationRequest(StrictBody):
 
     @field_validator("logit_bias")
     @classmethod
-    def _token_id_keys(cls, logit_bias: dict[str, float] | None) -> dict[str, float] | None:
-        for key in logit_bias or {}:
+    def _bounded_logit_bias(cls, logit_bias: dict[str, float] | None) -> dict[str, float] | None:
+        # One validator, not bounds on the values: an error names logit_bias, not logit_bias.<token>.
+        if logit_bias is not None and len(logit_bias) > MAX_LOGIT_BIAS_TOKENS:
+            raise ValueError(f"at most {MAX_LOGIT_BIAS_TOKENS} tokens may be biased, got {len(logit_bias)}")
+        for key, bias in (logit_bias or {}).items():
             if not key.strip().isdecimal():
                 raise ValueError(f"keys must be token ids, written as decimal integers (\"198\"), got {key!r}")
+            if not (math.isfinite(bias) and -MAX_LOGIT_BIAS <= bias <= MAX_LOGIT_BIAS):
+                raise ValueError(f"biases must be between -{MAX_LOGIT_BIAS:g} and {MAX_LOGIT_BIAS:g}, got {bias!r} "
+                                 f"for token {key}")
         return logit_bias
 
     def logit_bias_ids(self) -> dict[int, float]:
@@ -227,6 +248,11 @@ class GenerationRequest(StrictBody):
                 f"a stop string may have at most {MAX_STOP_STRING_CHARS} characters, got one of {longest}; shorten it"
             )
         return stop
+
+    def request_field(self, engine_field: str) -> str:
+        """This request's name for a field the engine names (RequestFieldError.field): the same, but
+        where an endpoint spells it otherwise (ChatCompletionRequest)."""
+        return engine_field
 
     def stop_list(self) -> list[str]:
         if self.stop is None:

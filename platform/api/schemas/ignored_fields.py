@@ -2,7 +2,7 @@
 
 Each is declared with its OpenAI type (a wrong type is still a 400 naming it) and listed in IGNORED_FIELDS;
 a request that sets any of them is answered with their names in the `x-loraloom-ignored-fields` header
-(api/generation.py name_ignored_fields), so a client can see what had no effect. Fields this server
+(api/generation/respond.py name_ignored_fields), so a client can see what had no effect. Fields this server
 implements (metadata, which is stored with the usage record; prompt_cache_key) are not among them.
 """
 from __future__ import annotations

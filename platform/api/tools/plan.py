@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from loraloom.platform.api.errors import APIError, field_error
+from loraloom.platform.api.errors import APIError
 from loraloom.platform.api.tools.formats import ToolFormat, choose_format
 from loraloom.platform.api.tools.prompt import template_input
 from loraloom.platform.api.tools.request import ToolDefinition, ToolRequest, template_tools, tool_request
@@ -48,12 +48,10 @@ def plan_tools(
     parser: str | None,
     template: str | None,
 ) -> ToolPlan:
-    """Raises APIError (400 naming the field) for tool fields that do not fit together."""
-    try:
-        request = tool_request(tools, tool_choice, parallel_tool_calls)
-        tool_format = choose_format(parser, template)
-    except ValueError as error:
-        raise field_error(error, {}) from None
+    """Raises RequestFieldError or APIError (a 400 naming the field) for tool fields that do not fit together.
+    `parser` is the server's setting, one of the formats' names (settings.py checks it), or "auto"."""
+    request = tool_request(tools, tool_choice, parallel_tool_calls)
+    tool_format = choose_format(parser, template)
     if request is not None and request.constrained and wants_json:
         raise APIError(400, "response_format: a JSON response_format cannot be combined with a required or named "
                        "tool_choice (the answer is the calls); leave one out", param="response_format")

@@ -41,8 +41,8 @@ def _calls(message: dict[str, Any], index: int) -> list[tuple[dict[str, Any], di
         except ValueError:
             arguments = None
         if not isinstance(arguments, dict):
-            raise ChatTemplateError(f"messages[{index}].tool_calls[{call_index}].function.arguments: must be the "
-                                    "text of a JSON object, as the call was returned")
+            raise ChatTemplateError(f"messages[{index}].tool_calls[{call_index}].function.arguments",
+                                    "must be the text of a JSON object, as the call was returned")
         calls.append((call, arguments))
     return calls
 

@@ -8,6 +8,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, StrictBool, field_validator
 
+from loraloom.engine import RequestFieldError
 from loraloom.platform.api.schemas.common import StrictBody, one_error_for_union
 from loraloom.platform.api.tools.formats import NO_PARAMETERS, Function
 
@@ -101,19 +102,19 @@ class ToolRequest:
 def tool_request(
     tools: list[ToolDefinition] | None, tool_choice: str | NamedToolChoice | None, parallel_tool_calls: bool
 ) -> ToolRequest | None:
-    """None when the request offers no tools. Raises ValueError("field: ...") for a choice that
-    does not fit the tools."""
+    """None when the request offers no tools. Raises RequestFieldError naming tool_choice for a choice
+    that does not fit the tools."""
     if not tools:
         if tool_choice is not None and tool_choice != "none":
-            raise ValueError("tool_choice: needs tools; list the functions in tools, or leave tool_choice out")
+            raise RequestFieldError("tool_choice", "needs tools; list the functions in tools, or leave tool_choice out")
         return None
     functions = [Function(tool.function.name, tool.function.description, tool.function.parameters or NO_PARAMETERS)
                  for tool in tools]
     if isinstance(tool_choice, NamedToolChoice):
         chosen = [function for function in functions if function.name == tool_choice.function.name]
         if not chosen:
-            raise ValueError(f"tool_choice: function {tool_choice.function.name!r} is not in tools; name one of "
-                             f"{', '.join(sorted(function.name for function in functions))}")
+            raise RequestFieldError("tool_choice", f"function {tool_choice.function.name!r} is not in tools; name "
+                                    f"one of {', '.join(sorted(function.name for function in functions))}")
         return ToolRequest(chosen, "named", parallel=False)
     return ToolRequest(functions, tool_choice or "auto", parallel=parallel_tool_calls)
 

@@ -1,6 +1,6 @@
-"""Error plumbing that needs no engine: OpenAI error shape for unexpected errors, field
-names in engine errors, domain errors and the routes that read ValueErrors as field errors,
-and the body size cap (on a small app with real routes)."""
+"""Error plumbing that needs no engine: OpenAI error shape for unexpected errors, the engine's
+RequestFieldError as the client's field, domain errors and the routes that read ValueErrors as field
+errors, and the body size cap (on a small app with real routes)."""
 from __future__ import annotations
 
 import httpx
@@ -9,6 +9,7 @@ from fastapi import APIRouter, FastAPI, Request
 from fastapi.testclient import TestClient
 from live_api import serve_in_thread
 
+from loraloom.engine import ChatTemplateError, RequestFieldError
 from loraloom.platform.api.errors import FieldErrorRoute, field_error, install_error_handlers
 from loraloom.platform.registry.errors import RegistryNotFoundError, UploadRejectedError
 from loraloom.platform.training.errors import TrainingInputError
@@ -37,6 +38,10 @@ def client() -> TestClient:
     async def stray_value_error() -> None:
         raise ValueError("name: not a field error here")
 
+    @app.get("/engine-refuses")
+    async def engine_refuses() -> None:
+        raise RequestFieldError("response_format", "the JSON schema cannot be served: $ref cycles")
+
     @app.get("/registry-missing")
     async def registry_missing() -> None:
         raise RegistryNotFoundError("adapter 'bot' does not exist")
@@ -46,6 +51,10 @@ def client() -> TestClient:
     @service.get("/service/value-error")
     async def service_value_error() -> None:
         raise ValueError("name: 'a b' is not a valid adapter name")
+
+    @service.get("/service/unnamed-value-error")
+    async def service_unnamed_value_error() -> None:
+        raise ValueError("something went wrong: details")
 
     @service.get("/service/upload-rejected")
     async def service_upload_rejected() -> None:
@@ -99,17 +108,22 @@ def test_adapter_uploads_stream_under_their_own_larger_cap(client):
 
 
 def test_field_error_names_the_clients_field():
-    error = field_error(
-        ValueError("max_tokens: must be an integer >= 1, got 0"), {"max_tokens": "max_completion_tokens"}
-    )
+    refused = RequestFieldError("max_tokens", "lower max_tokens to at most 7")
+    error = field_error(refused, lambda field: "max_completion_tokens" if field == "max_tokens" else field)
     assert (error.status_code, error.param) == (400, "max_completion_tokens")
-    assert error.message == "max_completion_tokens: must be an integer >= 1, got 0"
+    assert error.message == "max_completion_tokens: lower max_tokens to at most 7"
+    assert field_error(refused).param == "max_tokens"  # no spelling: the engine's name is the client's
 
-    nested = field_error(ValueError("messages[0].role: 'robot' is not one of system, user"), {})
+    nested = field_error(ChatTemplateError("messages[0].role", "'robot' is not one of system, user"))
     assert nested.param == "messages[0].role"
+    assert nested.message == "messages[0].role: 'robot' is not one of system, user"
 
-    unnamed = field_error(ValueError("something went wrong: details"), {})
-    assert unnamed.param is None and unnamed.message == "something went wrong: details"
+
+def test_a_request_field_error_is_a_400_naming_the_field_on_any_route(client):
+    response = client.get("/engine-refuses")
+    assert response.status_code == 400
+    assert response.json()["error"] == {"message": "response_format: the JSON schema cannot be served: $ref cycles",
+                                         "type": "invalid_request_error", "param": "response_format", "code": None}
 
 
 def test_domain_errors_get_their_status_and_code_on_any_route(client):
@@ -120,6 +134,8 @@ def test_domain_errors_get_their_status_and_code_on_any_route(client):
 def test_field_error_routes_read_a_plain_value_error_as_a_400_naming_the_field(client):
     response = client.get("/service/value-error")
     assert response.status_code == 400 and response.json()["error"]["param"] == "name"
+    unnamed = client.get("/service/unnamed-value-error").json()["error"]
+    assert unnamed["param"] is None and unnamed["message"] == "something went wrong: details"
     # Elsewhere a stray ValueError is a bug: a 500 that says nothing of it.
     stray = client.get("/stray-value-error")
     assert stray.status_code == 500 and "name" not in stray.text

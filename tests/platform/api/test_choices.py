@@ -12,7 +12,8 @@ from loraloom.engine import AsyncEngine, SamplingParams
 from loraloom.engine.config import EngineConfig
 from loraloom.engine.llm_engine import LLMEngine
 from loraloom.platform.accounts.keys import Caller
-from loraloom.platform.api.generation import choice_params, open_generation
+from loraloom.platform.api.generation.choices import open_generation
+from loraloom.platform.api.generation.sampling import choice_params
 from loraloom.platform.metering.batch_writer import BatchWriter
 from loraloom.platform.metering.usage import UsageMeter
 
@@ -32,8 +33,7 @@ async def run_choices(engine: AsyncEngine, rows: list[dict], outputs_to_read: in
     by_choice = defaultdict(list)
     try:
         outputs = await open_generation(engine, request_id="req", prompt_token_ids=PROMPT, params=params,
-                                        adapter=None, field_names={}, adapter_param="model", model="base",
-                                        meter=meter)
+                                        adapter=None, model="base", meter=meter)
         async for index, output in outputs:
             by_choice[index].append(output)
             if outputs_to_read is not None and sum(map(len, by_choice.values())) == outputs_to_read:
