@@ -1,0 +1,95 @@
+"""The OpenAPI document: the API's contract. The console's types are generated from it
+(web/src/api/openapi.json and schema.d.ts, `make web-types`), and schemathesis holds the server to it
+(tests/platform/contract). `python -m loraloom.platform.api.openapi [FILE]` writes it, built from the
+routes alone: no engine, database or server.
+
+FastAPI writes most of it from the routes and schemas; `install_contract` corrects what FastAPI says
+that this API does not do (a 422 for a bad body: it answers 400) and adds the links from each create
+route to the routes that take what it made, which clients and stateful testing follow.
+"""
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI
+
+# The create routes, and which field of what they answer names each path parameter of the routes that
+# take what they made: a link goes to every operation under the same collection whose path parameters
+# these fields all fill (POST /v1/keys -> DELETE /v1/keys/{key_id}, GET /v1/keys/{key_id}/limits, ...).
+CREATE_ROUTES: dict[tuple[str, str], dict[str, str]] = {
+    ("post", "/v1/adapters/{name}/versions"): {"name": "adapter", "number": "version"},
+    ("post", "/v1/tenants"): {"tenant": "name"},
+    ("post", "/v1/keys"): {"key_id": "id"},
+    ("post", "/v1/files"): {"file_id": "id"},
+    ("post", "/v1/fine_tuning/jobs"): {"job_id": "id"},
+}
+
+
+def _drop_validation_errors(schema: dict[str, Any]) -> None:
+    """FastAPI documents a 422 for every route with a parameter or a body; this API answers 400 instead."""
+    for operations in schema["paths"].values():
+        for operation in operations.values():
+            operation.get("responses", {}).pop("422", None)
+    for name in ("HTTPValidationError", "ValidationError"):
+        schema.get("components", {}).get("schemas", {}).pop(name, None)
+
+
+def _path_parameters(path: str) -> set[str]:
+    return set(re.findall(r"\{(\w+)\}", path))
+
+
+def _add_links(schema: dict[str, Any]) -> None:
+    for (method, path), fields in CREATE_ROUTES.items():
+        operation = schema["paths"].get(path, {}).get(method)
+        if operation is None:
+            raise RuntimeError(f"openapi.CREATE_ROUTES names {method.upper()} {path}, which the app does not serve")
+        collection = path.split("{")[0].rstrip("/")
+        links = {}
+        for target_path, target_operations in schema["paths"].items():
+            needed = _path_parameters(target_path)
+            if not target_path.startswith(collection) or not needed or not needed <= fields.keys():
+                continue
+            for target in target_operations.values():
+                parameters = {name: f"$response.body#/{fields[name]}" for name in sorted(needed)}
+                links[target["operationId"]] = {"operationId": target["operationId"], "parameters": parameters}
+        for status, response in operation["responses"].items():
+            if status.startswith("2"):
+                response["links"] = links
+
+
+def install_contract(app: FastAPI) -> None:
+    """Make the app's /openapi.json the document described above (built once, on first use)."""
+    generate = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = generate()  # also caches it in app.openapi_schema
+            _drop_validation_errors(schema)
+            _add_links(schema)
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
+def document_text(document: dict[str, Any]) -> str:
+    """The document as the repository keeps it: stable key order, so a regeneration diffs cleanly."""
+    return json.dumps(document, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+
+
+def main(argv: list[str]) -> None:
+    # Imported here: app.py builds its app with install_contract, so this module cannot import it at the top.
+    from loraloom.platform.api.app import api_app
+
+    text = document_text(api_app().openapi())
+    if argv:
+        Path(argv[0]).write_text(text, encoding="utf-8")
+    else:
+        sys.stdout.write(text)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
