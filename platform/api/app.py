@@ -16,6 +16,7 @@ from starlette.concurrency import run_in_threadpool
 
 from loraloom.engine import AdapterLoadError, EngineClient
 from loraloom.platform.accounts.keys import write_key_uses
+from loraloom.platform.api.allowed_methods import install_allow_header
 from loraloom.platform.api.console import install_console
 from loraloom.platform.api.deps import authenticate, refuse_lone_surrogates
 from loraloom.platform.api.errors import install_error_handlers
@@ -138,6 +139,7 @@ def api_app(**options: Any) -> FastAPI:
     # /docs and /redoc with their scripts and styles served from the package, not a CDN: they load offline.
     app = FastAPIOffline(title="loraloom", summary="OpenAI-compatible multi-LoRA serving", **options)
     install_error_handlers(app)  # first: its middleware is then the innermost
+    install_allow_header(app)
     authenticated = APIRouter(
         dependencies=[Depends(authenticate), Depends(refuse_lone_surrogates)],
         responses={status: {"model": ErrorResponse} for status in (401, 403)},

@@ -4,8 +4,9 @@
 routes alone: no engine, database or server.
 
 FastAPI writes most of it from the routes and schemas; `install_contract` corrects what FastAPI says
-that this API does not do (a 422 for a bad body: it answers 400) and adds the links from each create
-route to the routes that take what it made, which clients and stateful testing follow.
+that this API does not do (a 422 for a bad request: it answers 400; bounds of 64-bit integers as floats)
+and adds the links from each create route to the routes that take what it made, which clients and
+stateful testing follow.
 """
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI
+
+from loraloom.platform.db.models import MAX_INT64
 
 # The create routes, and which field of what they answer names each path parameter of the routes that
 # take what they made: a link goes to every operation under the same collection whose path parameters
@@ -29,13 +32,41 @@ CREATE_ROUTES: dict[tuple[str, str], dict[str, str]] = {
 }
 
 
-def _drop_validation_errors(schema: dict[str, Any]) -> None:
-    """FastAPI documents a 422 for every route with a parameter or a body; this API answers 400 instead."""
+def _validation_errors_as_400(schema: dict[str, Any]) -> None:
+    """FastAPI documents a 422 for every operation with a parameter or a body; this API answers a request
+    that breaks them with 400 and its error body (errors.py), so that is what the document says."""
     for operations in schema["paths"].values():
         for operation in operations.values():
-            operation.get("responses", {}).pop("422", None)
+            responses = operation.get("responses", {})
+            if responses.pop("422", None) is not None:
+                responses.setdefault("400", {
+                    "description": "A parameter or body field is missing, of the wrong type or out of bounds",
+                    "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}},
+                })
     for name in ("HTTPValidationError", "ValidationError"):
         schema.get("components", {}).get("schemas", {}).pop(name, None)
+
+
+# A float holds integers exactly up to 2**53 only.
+_EXACT_FLOAT_INTEGERS = 2**53
+
+
+def _integer_bounds(node: Any) -> None:
+    """FastAPI's OpenAPI models hold bounds as floats: give integer fields integer bounds back. The only
+    bound past a float's exact integers is the database's 64-bit limit, which a float rounds up to 2**63."""
+    if isinstance(node, list):
+        for item in node:
+            _integer_bounds(item)
+        return
+    if not isinstance(node, dict):
+        return
+    if node.get("type") == "integer":
+        for key in ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"):
+            value = node.get(key)
+            if isinstance(value, float) and value.is_integer():
+                node[key] = MAX_INT64 if value >= _EXACT_FLOAT_INTEGERS else int(value)
+    for value in node.values():
+        _integer_bounds(value)
 
 
 def _path_parameters(path: str) -> set[str]:
@@ -68,7 +99,8 @@ def install_contract(app: FastAPI) -> None:
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
             schema = generate()  # also caches it in app.openapi_schema
-            _drop_validation_errors(schema)
+            _validation_errors_as_400(schema)
+            _integer_bounds(schema)
             _add_links(schema)
         return app.openapi_schema
 

@@ -2928,6 +2928,7 @@ export interface operations {
             query?: never;
             header?: never;
             path: {
+                /** @description The adapter's name. */
                 name: string;
             };
             cookie?: never;
@@ -3016,6 +3017,7 @@ export interface operations {
             };
             header?: never;
             path: {
+                /** @description The adapter's name. */
                 name: string;
             };
             cookie?: never;
@@ -3101,7 +3103,9 @@ export interface operations {
             query?: never;
             header?: never;
             path: {
+                /** @description The adapter's name. */
                 name: string;
+                /** @description The alias' name. */
                 alias: string;
             };
             cookie?: never;
@@ -3187,7 +3191,9 @@ export interface operations {
             query?: never;
             header?: never;
             path: {
+                /** @description The adapter's name. */
                 name: string;
+                /** @description The alias' name. */
                 alias: string;
             };
             cookie?: never;
@@ -3277,7 +3283,9 @@ export interface operations {
             query?: never;
             header?: never;
             path: {
+                /** @description The adapter's name. */
                 name: string;
+                /** @description The alias' name. */
                 alias: string;
             };
             cookie?: never;
@@ -3363,7 +3371,9 @@ export interface operations {
             query?: never;
             header?: never;
             path: {
+                /** @description The adapter's name. */
                 name: string;
+                /** @description The alias' name. */
                 alias: string;
             };
             cookie?: never;
@@ -3449,6 +3459,7 @@ export interface operations {
             query?: never;
             header?: never;
             path: {
+                /** @description The adapter's name. */
                 name: string;
             };
             cookie?: never;
@@ -3538,6 +3549,7 @@ export interface operations {
             query?: never;
             header?: never;
             path: {
+                /** @description The adapter's name. */
                 name: string;
             };
             cookie?: never;
@@ -3640,6 +3652,7 @@ export interface operations {
             };
             header?: never;
             path: {
+                /** @description The adapter's name. */
                 name: string;
             };
             cookie?: never;
@@ -3725,6 +3738,7 @@ export interface operations {
             query?: never;
             header?: never;
             path: {
+                /** @description The adapter's name. */
                 name: string;
             };
             cookie?: never;
@@ -3823,6 +3837,7 @@ export interface operations {
             query?: never;
             header?: never;
             path: {
+                /** @description The adapter's name. */
                 name: string;
                 /** @description The version number (name@N). */
                 number: number;
@@ -3913,6 +3928,7 @@ export interface operations {
             };
             header?: never;
             path: {
+                /** @description The adapter's name. */
                 name: string;
                 /** @description The version number (name@N). */
                 number: number;
@@ -4000,6 +4016,7 @@ export interface operations {
             query?: never;
             header?: never;
             path: {
+                /** @description The adapter's name. */
                 name: string;
                 /** @description The version number (name@N). */
                 number: number;
@@ -4078,6 +4095,7 @@ export interface operations {
             query?: never;
             header?: never;
             path: {
+                /** @description The adapter's name. */
                 name: string;
                 /** @description The version number (name@N). */
                 number: number;
@@ -4158,6 +4176,7 @@ export interface operations {
             path: {
                 /** @description Which of the version's files (chat_template.jinja only for an adapter with its own template). */
                 filename: "adapter_config.json" | "adapter_model.safetensors" | "chat_template.jinja";
+                /** @description The adapter's name. */
                 name: string;
                 /** @description The version number (name@N). */
                 number: number;
@@ -5943,6 +5962,15 @@ export interface operations {
                     "application/json": components["schemas"]["ModelList"];
                 };
             };
+            /** @description A parameter or body field is missing, of the wrong type or out of bounds */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
             /** @description Unauthorized */
             401: {
                 headers: {
@@ -5981,6 +6009,15 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["ModelCard"];
+                };
+            };
+            /** @description A parameter or body field is missing, of the wrong type or out of bounds */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
                 };
             };
             /** @description Unauthorized */
@@ -6144,6 +6181,15 @@ export interface operations {
                     "application/json": components["schemas"]["ErrorResponse"];
                 };
             };
+            /** @description Conflict */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
             /** @description Request Entity Too Large */
             413: {
                 headers: {
@@ -6169,6 +6215,7 @@ export interface operations {
             query?: never;
             header?: never;
             path: {
+                /** @description The tenant's name. */
                 tenant: string;
             };
             cookie?: never;
@@ -6245,6 +6292,7 @@ export interface operations {
             query?: never;
             header?: never;
             path: {
+                /** @description The tenant's name. */
                 tenant: string;
             };
             cookie?: never;
@@ -6325,6 +6373,7 @@ export interface operations {
             query?: never;
             header?: never;
             path: {
+                /** @description The tenant's name. */
                 tenant: string;
             };
             cookie?: never;
@@ -6401,6 +6450,7 @@ export interface operations {
             query?: never;
             header?: never;
             path: {
+                /** @description The tenant's name. */
                 tenant: string;
             };
             cookie?: never;
@@ -6445,6 +6495,15 @@ export interface operations {
             };
             /** @description Not Found */
             404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Conflict */
+            409: {
                 headers: {
                     [name: string]: unknown;
                 };
