@@ -53,7 +53,10 @@ def _integral_float(value: Any) -> Any:
 
 
 # An integer as JSON Schema has it: 3 and 3.0, never `true` or "3", which pydantic's lax int would take.
-JsonInteger = Annotated[StrictInt, BeforeValidator(_integral_float)]
+# With bounds: `Annotated[StrictInt, Field(ge=1), JSON_INTEGER]`, the validator last, or the bounds are
+# missing from the document.
+JSON_INTEGER = BeforeValidator(_integral_float)
+JsonInteger = Annotated[StrictInt, JSON_INTEGER]
 
 
 # A time in a query string: ISO 8601, as its `format: date-time` says (a bare number is refused).

@@ -3,19 +3,19 @@ Every limit is optional: null means unlimited."""
 from __future__ import annotations
 
 import uuid
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, Field, StrictFloat
+from pydantic import BaseModel, Field, StrictFloat, StrictInt
 
-from loraloom.platform.api.schemas.common import JsonInteger, StrictBody
+from loraloom.platform.api.schemas.common import JSON_INTEGER, StrictBody
 from loraloom.platform.db.models import MAX_INT64
 from loraloom.platform.limits.policy import Limits
 
-LimitValue = JsonInteger | None
+LimitValue = Annotated[StrictInt, Field(ge=1, le=MAX_INT64), JSON_INTEGER] | None
 
 
 def _limit(description: str) -> object:
-    return Field(default=None, ge=1, le=MAX_INT64, description=f"{description} null: unlimited.")
+    return Field(default=None, description=f"{description} null: unlimited.")
 
 
 class KeyLimitsBody(StrictBody):
