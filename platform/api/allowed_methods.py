@@ -6,6 +6,7 @@ The handler here asks every route of the app instead."""
 from __future__ import annotations
 
 from fastapi import FastAPI, Request
+from fastapi.routing import iter_route_contexts
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 from starlette.routing import Match
@@ -17,7 +18,8 @@ from loraloom.platform.api.errors import APIError, error_response
 def allowed_methods(app: FastAPI, scope: Scope) -> list[str]:
     """The methods of every route whose path matches the request's, whatever its method."""
     methods: set[str] = set()
-    for route in app.router.routes:
+    # Route contexts, not app.routes: the routes of included routers are inside them.
+    for route in iter_route_contexts(app.routes):
         route_methods = getattr(route, "methods", None)
         if route_methods and route.matches(scope)[0] is not Match.NONE:
             methods |= route_methods
