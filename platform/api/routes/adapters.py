@@ -27,6 +27,7 @@ from loraloom.platform.api.schemas.adapters import (
     AliasHistoryList,
     AliasMoveBody,
     AliasNamePath,
+    MovableAliasPath,
     AliasObject,
     Deleted,
     PresignedFileObject,
@@ -285,7 +286,7 @@ def get_alias(name: AdapterNamePath, alias: AliasNamePath, caller: DeveloperDep,
 @router.put("/v1/adapters/{name}/aliases/{alias}", response_model=AliasObject)
 def put_alias(
     name: AdapterNamePath,
-    alias: AliasNamePath,
+    alias: MovableAliasPath,
     body: AliasMoveBody,
     caller: DeveloperDep,
     session: SessionDep,
@@ -310,7 +311,7 @@ def put_alias(
 
 @router.delete("/v1/adapters/{name}/aliases/{alias}", response_model=Deleted)
 def delete_alias_route(
-    name: AdapterNamePath, alias: AliasNamePath, caller: DeveloperDep, session: SessionDep, lookup: RegistryLookupDep
+    name: AdapterNamePath, alias: MovableAliasPath, caller: DeveloperDep, session: SessionDep, lookup: RegistryLookupDep
 ) -> Deleted:
     remove_alias(session, tenant_id=caller.tenant_id, name=name, alias=alias, actor_key_id=caller.api_key_id)
     lookup.invalidate(caller.tenant_id, name)

@@ -19,6 +19,10 @@ VersionNumber = Annotated[int, Path(ge=1, le=MAX_INT64, description="The version
 AdapterNamePath = Annotated[str, Path(description="The adapter's name.",
                                       json_schema_extra=documented_pattern(ADAPTER_NAME_PATTERN))]
 AliasNamePath = Annotated[str, Path(description="The alias' name.", json_schema_extra=documented_pattern(ALIAS_NAME_PATTERN))]
+# An alias a caller moves or deletes: any but `latest`, which always names the newest version.
+MovableAliasPath = Annotated[str, Path(description="The alias' name; not latest, which moves by itself.",
+                                       json_schema_extra={**documented_pattern(ALIAS_NAME_PATTERN),
+                                                          "not": {"const": LATEST_ALIAS}})]
 
 
 # ------------------------------------------------------------------ bodies

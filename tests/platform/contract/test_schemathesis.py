@@ -2,11 +2,17 @@
 following the document's links from each create route to the routes that take what it made) against a
 live app on the bundled model. Any finding fails the test, with schemathesis' report of it.
 
+Before the run the fixture makes one of each resource that random data cannot make (an adapter from real
+PEFT files, a dataset, a job on it), and schemathesis is told their ids for the path parameters that name
+them, so that the routes behind those parameters are tested on something that exists; what the create
+routes it can drive itself make (tenants, keys) reaches the others through the document's links.
+
 Bounded for `make test`: a fixed seed, a few examples per operation, a time budget, and generations of a
 few tokens (schemathesis_hooks.py). The run is a child process (schemathesis' own CLI: its phases, link
 inference and report) against the app served from this process, as the other live-API tests serve it."""
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -14,8 +20,10 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
-from live_api import make_key, migrated_settings, serve_in_thread
+from live_api import bearer, make_key, migrated_settings, serve_in_thread
+from lora_factory import make_peft_adapter
 
 from loraloom.engine.async_engine import AsyncEngine
 from loraloom.engine.config import EngineConfig
@@ -37,9 +45,41 @@ SEED = 37
 MAX_RESPONSE_TIME_S = 60
 
 
+ADAPTER = "contract-adapter"
+DATASET = "".join(json.dumps({"messages": [{"role": "user", "content": f"Hi {n}"},
+                                           {"role": "assistant", "content": f"Hello {n}."}]}) + "\n" for n in range(5))
+
+
+def seed(url: str, key: str, peft: Path) -> dict[str, object]:
+    """An adapter, a dataset and a queued job on it: the values of the path parameters that name them."""
+    with httpx.Client(base_url=url, headers=bearer(key), timeout=300) as http:
+        files = [("files", (name.name, name.read_bytes())) for name in sorted(peft.iterdir()) if name.is_file()]
+        version = http.post(f"/v1/adapters/{ADAPTER}/versions", files=files)
+        assert version.status_code == 201, version.text
+        dataset = http.post("/v1/files", data={"purpose": "fine-tune"}, files={"file": ("chat.jsonl", DATASET.encode())})
+        assert dataset.status_code == 200, dataset.text
+        model = http.get("/v1/models").json()["data"][0]["root"]
+        job = http.post("/v1/fine_tuning/jobs", json={"model": model, "training_file": dataset.json()["id"]})
+        assert job.status_code == 200, job.text
+    return {"name": ADAPTER, "number": version.json()["version"],
+            "file_id": dataset.json()["id"], "job_id": job.json()["id"]}
+
+
+def run_config(directory: Path, parameters: dict[str, object]) -> Path:
+    """schemathesis.toml with the seeded ids as the values of their path parameters."""
+    lines = [(HERE / "schemathesis.toml").read_text(), "[parameters]"]
+    lines += [f'"path.{name}" = {json.dumps(value)}' for name, value in parameters.items()]
+    config = directory / "schemathesis.toml"
+    config.write_text("\n".join(lines) + "\n")
+    return config
+
+
 @pytest.fixture(scope="module")
-def contract_server(model_dir, tmp_path_factory) -> Iterator[tuple[str, str]]:
-    """(URL, the operator's key) of an app with a registry, no training worker (jobs stay queued)."""
+def contract_server(model_dir, tmp_path_factory) -> Iterator[tuple[str, str, dict[str, object]]]:
+    """(URL, the operator's key, the seeded ids) of an app with a registry and no training worker (the
+    job stays queued)."""
+    peft = make_peft_adapter(model_dir, tmp_path_factory.mktemp("peft") / "adapter", rank=4, alpha=8,
+                             target_modules=["q_proj"], seed=37)
     settings = migrated_settings(tmp_path_factory.mktemp("contract"))
     operator = make_key(settings, tenant="default", role="admin")
     store = storage_from_settings(settings)
@@ -47,15 +87,15 @@ def contract_server(model_dir, tmp_path_factory) -> Iterator[tuple[str, str]]:
     local = LocalAdapterLookup({engine.model_name}, {}, None)
     lookup = registry_lookup_from_settings(settings, store, local, find_checkpoint=find_checkpoint)
     with serve_in_thread(create_app(engine, lookup, settings)) as url:
-        yield url, operator
+        yield url, operator, seed(url, operator, peft)
 
 
 def test_the_server_keeps_its_openapi_contract(contract_server, tmp_path):
-    url, operator = contract_server
+    url, operator, seeded = contract_server
     assert SCHEMATHESIS.is_file(), "schemathesis is not installed: `make setup` installs the dev extras"
     report = tmp_path / "report"
     command = [
-        str(SCHEMATHESIS), "--config-file", str(HERE / "schemathesis.toml"), "run", f"{url}/openapi.json",
+        str(SCHEMATHESIS), "--config-file", str(run_config(tmp_path, seeded)), "run", f"{url}/openapi.json",
         "--checks", "all", "--phases", "examples,coverage,fuzzing,stateful",
         "--max-examples", str(EXAMPLES_PER_OPERATION), "--max-time", str(TIME_BUDGET_S), "--seed", str(SEED),
         "--header", f"Authorization: Bearer {operator}", "--workers", "1", "--request-timeout", "120",

@@ -3193,7 +3193,7 @@ export interface operations {
             path: {
                 /** @description The adapter's name. */
                 name: string;
-                /** @description The alias' name. */
+                /** @description The alias' name; not latest, which moves by itself. */
                 alias: string;
             };
             cookie?: never;
@@ -3285,7 +3285,7 @@ export interface operations {
             path: {
                 /** @description The adapter's name. */
                 name: string;
-                /** @description The alias' name. */
+                /** @description The alias' name; not latest, which moves by itself. */
                 alias: string;
             };
             cookie?: never;
