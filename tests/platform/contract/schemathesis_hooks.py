@@ -1,9 +1,9 @@
 """Schemathesis hooks for the contract run (loaded through SCHEMATHESIS_HOOKS by test_schemathesis.py).
 
 Generations are kept short: a test case may ask for thousands of tokens, which the bundled model on two
-CPU cores would spend minutes on without telling the contract anything more. The schema bounds these
-fields below only (the context left after the prompt bounds them above, which no schema can state), so
-lowering a large value never makes a case schemathesis meant to be invalid valid."""
+CPU cores would spend minutes on without telling the contract anything more. The document sets no upper
+bound on these fields (the context left after the prompt is that bound, which no schema can state), so
+lowering a large value never turns a case schemathesis meant to be invalid into a valid one."""
 from __future__ import annotations
 
 from typing import Any
