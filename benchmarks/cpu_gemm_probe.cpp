@@ -1,7 +1,7 @@
 // A probe, not a kernel the engine uses: a plain AVX-512 matmul for decode-shaped inputs, and the same
 // matmul with a stream of other bytes (standing for a LoRA's weights) prefetched from inside its loop.
 // benchmarks/cpu_gemm_probe.py builds it and compares it with torch's matmul (MKL) and oneDNN; the
-// figures and what they mean for the CPU path are in BENCHMARKS.md (session 16).
+// conclusion for the CPU path is in BENCHMARKS.md (why batch 32 sits near 0.90 on two cores).
 //
 // The matmul: out [M, N] = x [M, K] @ W.T, W packed once into panels of 32 output columns ([N/32, K, 32],
 // each panel's K rows of 32 weights one after another) and x transposed ([K, M]). A tile is 8 rows by one

@@ -10,7 +10,7 @@ beside it (a 32-adapter float32 decode step of the served benchmark reads 461 MB
 425 MB of base weights: ~1.1): read after each panel, and prefetched from inside the panel's loop first.
 
 A probe for choosing the CPU path's next design, not a test and not a kernel the engine uses; the
-findings are in BENCHMARKS.md (session 16). Needs AVX-512 (prints why not and exits otherwise).
+findings are summed up in BENCHMARKS.md (why batch 32 sits near 0.90 on two cores). Needs AVX-512 (prints why not and exits otherwise).
 """
 from __future__ import annotations
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from host_overhead import CPU_STUB_VOCAB, run_scenario  # noqa: E402
+from host_overhead import CPU_STUB_VOCAB, run_scenario, tenant_tags  # noqa: E402
 from host_overhead import build_engine as build_overhead_engine  # noqa: E402
 from lora_factory import make_peft_adapter  # noqa: E402  (shared with the tests: one adapter factory)
 from served.workload import TOPICS  # noqa: E402  (the served benchmark's prompt topics)
@@ -104,6 +104,7 @@ def main() -> None:
     parser.add_argument("--overhead-requests", type=int, default=256)
     parser.add_argument("--overhead-adapters", type=int, default=64)
     parser.add_argument("--overhead-steps", type=int, default=20)
+    parser.add_argument("--overhead-tenants", type=int, default=16)
     parser.add_argument("--skip-peer", action="store_true")
     args = parser.parse_args()
     torch.manual_seed(0)
@@ -127,7 +128,8 @@ def main() -> None:
     # benchmarks/host_overhead.py's greedy scenario: the model stubbed out, its logits CPU_STUB_VOCAB wide.
     engine, handles = build_overhead_engine(model_dir, args.overhead_requests, args.overhead_adapters, "cpu",
                                             CPU_STUB_VOCAB)
-    overhead = run_scenario(engine, "greedy", args.overhead_requests, handles, warmup=5, steps=args.overhead_steps)
+    overhead = run_scenario(engine, "greedy", args.overhead_requests, handles, warmup=5, steps=args.overhead_steps,
+                            tenants=tenant_tags(args.overhead_tenants))
     print(f"decode step at {overhead['running']} running over {args.overhead_adapters} adapters (median ms, "
           f"benchmarks/host_overhead.py greedy): schedule {overhead['schedule']:.2f}, prepare "
           f"{overhead['prepare']:.2f}, sample {overhead['sample']:.2f}, postprocess {overhead['postprocess']:.2f}; "

@@ -127,14 +127,20 @@ def scenario_params(name: str, index: int, max_tokens: int) -> SamplingParams:
     raise ValueError(f"scenario: unknown {name!r}; use greedy, greedy+stop or mixed")
 
 
+def tenant_tags(count: int) -> list[TenantTag]:
+    """Tenants for the requests to be spread over: the fair-share scheduler's bookkeeping is per tenant."""
+    return [TenantTag(id=f"tenant{i}", name=f"tenant{i}") for i in range(count)]
+
+
 def run_scenario(engine: LLMEngine, name: str, requests: int, adapters: list[AdapterHandle],
                  warmup: int, steps: int, tenants: list[TenantTag]) -> dict[str, float]:
     for i in range(requests):
         prompt = [1 + (i * 7 + j) % 1000 for j in range(8)]
         engine.add_request(f"{name}-{i}", prompt, scenario_params(name, i, warmup + steps + 2),
                            adapters[i % len(adapters)], tenants[i % len(tenants)])
-    # Prefill, then a few decode steps so every request is decoding and caches are warm.
-    while engine.scheduler.num_waiting or any(t.request.num_computed_tokens == 0 for t in engine._tracked.values()):
+    # Prefill, then a few decode steps so every request is decoding and caches are warm. A step computes
+    # at least one token of each request it runs, so once none waits, every one has begun its prefill.
+    while engine.scheduler.num_waiting:
         engine.step()
     for _ in range(warmup):
         engine.step()
@@ -216,7 +222,7 @@ def main() -> None:
         args.stub_vocab = CPU_STUB_VOCAB
     engine, adapters = build_engine(args.tokenizer_dir, args.requests, args.adapters, args.device, args.stub_vocab,
                                     args.scheduling_policy)
-    tenants = [TenantTag(id=f"tenant{i}", name=f"tenant{i}") for i in range(args.tenants)]
+    tenants = tenant_tags(args.tenants)
     print(f"decode step host overhead, median ms over {args.steps} steps, {args.requests} requests over "
           f"{args.adapters} adapters and {args.tenants} tenants ({args.scheduling_policy}), device {args.device}, {args.clock} clock, stub logits "
           f"{args.stub_vocab or engine.model_config.vocab_size} wide, torch {torch.__version__}")

@@ -22,8 +22,8 @@ import pytest  # noqa: E402
 
 GPU_TESTS = [
     "tests/engine/test_cuda.py",
-    "tests/engine/model/test_fp8.py::test_fp8_linear_on_cuda_equals_the_reference",
-    "tests/engine/model/test_fp8.py::test_two_term_fp8_linear_on_cuda_equals_the_cpu_reference",
+    "tests/engine/model/test_fp8_numerics.py::test_fp8_linear_on_cuda_equals_the_reference",
+    "tests/engine/model/test_fp8_numerics.py::test_two_term_fp8_linear_on_cuda_equals_the_cpu_reference",
 ]
 PYTEST_FLAGS = ["-q", "-p", "no:cacheprovider"]
 

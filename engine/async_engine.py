@@ -253,8 +253,8 @@ class AsyncEngine:
                     self.engine.release_adapter(adapter.key)
                 continue
             try:
-                self.engine.admit_request(request_id, prompt, params, adapter, tenant, adapter_held=True,
-                                          arrival_time=arrival_time, cache_salt=cache_salt)
+                self.engine.add_request(request_id, prompt, params, adapter, tenant, cache_salt,
+                                        arrival_time=arrival_time, prepared=True)
             except Exception as exc:  # validated before queueing; a late failure reaches only its stream
                 failures.append((request_id, exc))
         outputs = self.engine.step() if self.engine.has_unfinished() else []

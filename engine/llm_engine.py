@@ -1,13 +1,9 @@
 """LLMEngine: the synchronous core. `add_request`, then `step()` until done.
 
 One step = schedule -> copy newly admitted adapters into their slots -> run the
-model -> sample -> advance the scheduler -> check stops and emit outputs. The
-engine is single-threaded; AsyncEngine serializes all calls onto one thread.
-
-Text is produced where it is needed: a request with stop strings is detokenized
-in the step (its stop check reads the text); any other request's outputs carry
-a DeferredDetokenizer and are detokenized when their text_delta is first read,
-off the step loop (by AsyncEngine's consumers).
+model -> sample -> advance the scheduler -> turn the sampled tokens into outputs
+and find the requests that ended (engine/output_processor.py) -> free what those
+held. The engine is single-threaded; AsyncEngine serializes all calls onto one thread.
 """
 from __future__ import annotations
 
@@ -15,8 +11,6 @@ import dataclasses
 import logging
 import threading
 import time
-from collections import Counter
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -26,7 +20,6 @@ from loraloom.engine.lora.slots import AdapterSlotTable
 from loraloom.engine.lora.handle import AdapterHandle
 from loraloom.engine.lora.files import runtime_key_scope
 from loraloom.engine.config import EngineConfig
-from loraloom.engine.detokenizer import DeferredDetokenizer, IncrementalDetokenizer
 from loraloom.engine.model.fp8 import quantize_model_fp8
 from loraloom.engine.kv_cache import BlockManager
 from loraloom.engine.model.kv_scales import prepare_kv_scales
@@ -35,15 +28,12 @@ from loraloom.engine.lora.layers import LoRASlotPool, attach_lora
 from loraloom.engine.memory import plan_memory
 from loraloom.engine.model.llama import LlamaModel
 from loraloom.engine.model_runner import ModelRunner, StepTimings
-from loraloom.engine.outputs import (MAX_LISTED_WAITING_ADAPTERS, EngineStats,
-                                     RequestOutput, TokenLogprob)
+from loraloom.engine.output_processor import EndedRequest, OutputProcessor
+from loraloom.engine.outputs import MAX_LISTED_WAITING_ADAPTERS, EngineStats, RequestOutput
 from loraloom.engine.request import BASE_ADAPTER_LABEL, Request, RequestStatus, SamplingParams
-from loraloom.engine.metric_labels import MetricLabels
-from loraloom.engine.request_latency import LatencyHistogram, LatencySeries, RequestLatencies
 from loraloom.engine.sampler import make_generator
 from loraloom.engine.scheduler import Scheduler
-from loraloom.engine.stop import StopStringMatcher, TokenStops
-from loraloom.engine.structured_output import CompiledGrammar, GrammarCompiler, GrammarTokenStops
+from loraloom.engine.structured_output import CompiledGrammar, GrammarCompiler
 from loraloom.engine.tenancy import DEFAULT_TENANT, TenantTag
 from loraloom.engine.tokenizer import Tokenizer
 from loraloom.kernels.backend import get_backend
@@ -51,24 +41,6 @@ from loraloom.kernels.backend import get_backend
 logger = logging.getLogger(__name__)
 
 HOST_ADAPTER_CACHE_SIZE = 64
-
-
-@dataclass(slots=True)
-class _Tracked:
-    """Per-request state the scheduler does not need: text and stops.
-
-    Without a tokenizer all three text fields are None and outputs carry token ids only.
-    """
-
-    request: Request
-    token_stops: TokenStops
-    stops: StopStringMatcher | None  # None: no stop strings
-    detokenizer: IncrementalDetokenizer | None  # text made in the step: requests with stop strings
-    deferred: DeferredDetokenizer | None  # text made when read: requests without stop strings
-    arrival_time: float  # time.monotonic() when the request reached the engine (AsyncEngine.generate)
-    labels: tuple[str, str]  # (tenant, model) its metrics count under, past the adapter cap folded (metric_labels.py)
-    latency: LatencySeries  # the histograms of `labels`
-    last_token_time: float | None = None  # when its latest token was sampled; None before the first
 
 
 class LLMEngine:
@@ -151,7 +123,7 @@ class LLMEngine:
             max_rank=config.max_lora_rank,
             fetch=adapter_fetch,
         )
-        self._tracked: dict[str, _Tracked] = {}
+        self.output_processor = OutputProcessor(tokenizer, self.eos_token_ids, config.metrics_max_adapters)
         self._grammar_compiler: GrammarCompiler | None = None  # built on first use (about 0.2 s)
         self._grammar_compiler_lock = threading.Lock()
         # Seeded requests' own random streams; the runner reads None for every other request.
@@ -159,11 +131,7 @@ class LLMEngine:
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
         self.preemptions_total = 0
-        self.latencies = RequestLatencies()
         self.last_step_timings = StepTimings()
-        self.metric_labels = MetricLabels(config.metrics_max_adapters)
-        self.requests_per_adapter: Counter[tuple[str, str]] = Counter()  # (tenant, model) labels
-        self.finished_requests: Counter[tuple[str, str, str]] = Counter()  # (tenant, model, finish reason)
 
     # ----------------------------------------------------------------- requests
     def load_adapter(self, adapter: AdapterHandle) -> None:
@@ -171,8 +139,8 @@ class LLMEngine:
         self.adapter_cache.get(adapter)
 
     def hold_adapter(self, adapter: AdapterHandle) -> None:
-        """`load_adapter`, and hold the host-cache entry for a request that `admit_request(...,
-        adapter_held=True)` will admit (the request's end releases it); or `release_adapter` if it never is."""
+        """`load_adapter`, and hold the host-cache entry for a request that `add_request(..., prepared=True)`
+        will admit (the request's end releases it); or `release_adapter` if it never is."""
         self.adapter_cache.acquire(adapter)
 
     def release_adapter(self, key: str) -> None:
@@ -235,33 +203,24 @@ class LLMEngine:
         adapter: AdapterHandle | None = None,
         tenant: TenantTag = DEFAULT_TENANT,
         cache_salt: str | None = None,
-    ) -> None:
-        """Validate a request and admit it (raises ValueError naming the field, or AdapterLoadError).
-        `tenant`: who asks (engine/tenancy.py); `cache_salt`: isolation within the tenant (Request.cache_salt)."""
-        self.validate_request(prompt_token_ids, params)
-        self.admit_request(request_id, prompt_token_ids, params, adapter, tenant, cache_salt=cache_salt)
-
-    def admit_request(
-        self,
-        request_id: str,
-        prompt_token_ids: list[int],
-        params: SamplingParams,
-        adapter: AdapterHandle | None = None,
-        tenant: TenantTag = DEFAULT_TENANT,
-        adapter_held: bool = False,
+        *,
         arrival_time: float | None = None,
-        cache_salt: str | None = None,
+        prepared: bool = False,
     ) -> None:
-        """Admit a request that `validate_request` accepted; AsyncEngine validates before it queues one,
-        so that each request is validated once. The scheduler refuses a request id already in use.
-        `adapter_held`: the caller holds the adapter's host-cache entry already (`hold_adapter`, off the
-        step thread) and hands that hold to the request, so the cache is read once per request.
+        """Validate a request and admit it (raises ValueError naming the field, or AdapterLoadError); the
+        scheduler refuses a request id already in use.
+        `tenant`: who asks (engine/tenancy.py); `cache_salt`: isolation within the tenant (Request.cache_salt).
         `arrival_time` (time.monotonic()): when the request reached the engine, if before now; its
-        latency metrics count from there, so they include the adapter fetch and the wait to be admitted."""
+        latency metrics count from there, so they include the adapter fetch and the wait to be admitted.
+        `prepared`: the caller has run `validate_request` and, for an adapter, `hold_adapter` already, off
+        the step thread (AsyncEngine does); the request is not validated again and takes that hold over,
+        so that each request is validated once and reads the host cache once."""
+        if not prepared:
+            self.validate_request(prompt_token_ids, params)
         request = Request(request_id, list(prompt_token_ids), params, adapter, tenant=tenant, cache_salt=cache_salt)
         if params.grammar is not None:
             request.grammar = params.grammar.matcher()
-        if adapter is not None and not adapter_held:
+        if adapter is not None and not prepared:
             # Held until the request ends, so that step() only copies the weights into a slot.
             self.adapter_cache.acquire(adapter)
         try:
@@ -270,39 +229,17 @@ class LLMEngine:
             if adapter is not None:
                 self.adapter_cache.release(adapter.key)
             raise
-        detokenizer = None if self.tokenizer is None else IncrementalDetokenizer(self.tokenizer, request.prompt_token_ids)
-        eager = bool(params.stop)
-        labels = self.metric_labels.of(*request.metrics_labels)
-        self._tracked[request_id] = _Tracked(
-            request=request,
-            token_stops=(TokenStops(params, self.eos_token_ids) if request.grammar is None
-                         else GrammarTokenStops(params, self.eos_token_ids, request.grammar)),
-            stops=StopStringMatcher(params.stop) if eager else None,
-            detokenizer=detokenizer if eager else None,
-            deferred=None if eager or detokenizer is None else DeferredDetokenizer(detokenizer,
-                                                                                  request.output_token_ids),
-            arrival_time=time.monotonic() if arrival_time is None else arrival_time,
-            labels=labels,
-            latency=self.latencies.series(labels),
-        )
+        self.output_processor.add_request(request, arrival_time)
         generator = make_generator(params.seed, self.runner.device)
         if generator is not None:
             self._generators[request_id] = generator
         self.prompt_tokens_total += len(prompt_token_ids)
-        self.requests_per_adapter[labels] += 1
 
     def abort_request(self, request_id: str) -> None:
         """Stop a request wherever it is and free its KV blocks and adapter slot reference."""
-        tracked = self._drop(request_id)
-        if tracked is not None:
-            self.finished_requests[(*tracked.labels, "abort")] += 1
-
-    def _drop(self, request_id: str) -> _Tracked | None:
-        tracked = self._tracked.pop(request_id, None)
-        if tracked is not None:
+        if self.output_processor.abort_request(request_id):
             self._generators.pop(request_id, None)
             self._release_adapter(self.scheduler.abort_request(request_id))
-        return tracked
 
     def has_unfinished(self) -> bool:
         return self.scheduler.has_unfinished()
@@ -328,112 +265,34 @@ class LLMEngine:
         executed = time.perf_counter()
         token_ids = [] if sampled is None else sampled.token_ids
         self.scheduler.update_after_step(step, token_ids)
-        outputs = self._outputs(step.sampled_requests, token_ids, sampled, set(failed_rows))
+        outputs, ended = self.output_processor.process(step.sampled_requests, token_ids, sampled, set(failed_rows))
+        for finished in ended:
+            self._free(finished)
         self.generation_tokens_total += len(outputs)
         timings.postprocess_s = time.perf_counter() - executed
         self.last_step_timings = timings
         return outputs
 
-    def _outputs(self, requests: list[Request], token_ids: list[int], sampled,
-                 failed_rows: set[int]) -> list[RequestOutput]:
-        """Each request's output for its newly sampled token; finishes the requests that stopped,
-        and fails those whose logits were not finite (failed_rows) without their token.
-
-        The loop runs once per running request per step, so the common case (no stop strings, no
-        logprobs) is a set lookup and one RequestOutput, its text left for whoever reads it.
-        Every token of a step was sampled at once: one clock reading times them all, and the step's
-        inter-token gaps enter their histogram under one lock.
-        """
-        outputs = []
-        tracked_of = self._tracked
-        now = time.monotonic()
-        gaps: dict[LatencyHistogram, list[float]] = {}  # each label pair's gaps, observed under one lock
-        for row, (request, token) in enumerate(zip(requests, token_ids)):
-            if row in failed_rows:
-                outputs.append(self._fail(request))
-                continue
-            tracked = tracked_of[request.request_id]
-            if tracked.last_token_time is None:
-                tracked.latency.time_to_first_token.observe(now - tracked.arrival_time)
-            else:
-                gaps.setdefault(tracked.latency.inter_token_latency, []).append(now - tracked.last_token_time)
-            tracked.last_token_time = now
-            num_output_tokens = len(request.output_token_ids)
-            finish_reason = tracked.token_stops.check(token, num_output_tokens)
-            if tracked.stops is not None:
-                text, finish_reason = self._text_until_stop(tracked, token, finish_reason)
-            else:
-                text = None if tracked.deferred is not None else ""  # "": no tokenizer, token ids only
-            if finish_reason is not None:
-                tracked.latency.e2e_request_latency.observe(now - tracked.arrival_time)
-                self.finished_requests[(*tracked.labels, finish_reason)] += 1
-                self._finish(request, finish_reason)
-            outputs.append(RequestOutput(
-                request.request_id,
-                [token],
-                None if request.sampling_params.logprobs is None else self._logprobs(token, sampled, row),
-                finish_reason is not None,
-                finish_reason,
-                len(request.prompt_token_ids),
-                num_output_tokens,
-                request.num_cached_tokens,
-                text,
-                tracked.deferred,
-            ))
-        for histogram, values in gaps.items():
-            histogram.observe_all(values)
-        return outputs
-
-    @staticmethod
-    def _text_until_stop(tracked: _Tracked, token: int, finish_reason: str | None) -> tuple[str, str | None]:
-        """The text `token` adds for a request with stop strings, cut at a stop string, and the finish reason."""
-        text = tracked.detokenizer.step(token)
-        if finish_reason is not None:
-            text += tracked.detokenizer.flush()
-        text, hit_stop_string = tracked.stops.feed(text)
-        if hit_stop_string:
-            return text, "stop"
-        if finish_reason is not None:
-            text += tracked.stops.flush()
-        return text, finish_reason
-
-    def _fail(self, request: Request) -> RequestOutput:
-        """End a request whose logits held NaN or Inf: its blocks and slot are freed, the step goes on."""
-        adapter = "the base model" if request.adapter is None else f"adapter {request.adapter.name!r}"
-        message = (f"generation failed: {adapter} produced non-finite values (NaN or infinity) for this request; "
-                   "if it is an adapter, check its weights and lora_alpha")
-        num_output_tokens = len(request.output_token_ids) - 1  # the token sampled from broken logits is dropped
-        tracked = self._drop(request.request_id)
-        # A failed request ended, as far as its client sees: its end-to-end latency counts (aborts' do not).
-        tracked.latency.e2e_request_latency.observe(time.monotonic() - tracked.arrival_time)
-        self.finished_requests[(*tracked.labels, "error")] += 1
-        return RequestOutput(request.request_id, [], None, True, "error", len(request.prompt_token_ids),
-                             max(num_output_tokens, 0), request.num_cached_tokens, "", None, message)
-
-    def _finish(self, request: Request, finish_reason: str) -> None:
-        status = RequestStatus.FINISHED_LENGTH if finish_reason == "length" else RequestStatus.FINISHED_STOPPED
-        self.scheduler.finish_request(request.request_id, status)
-        del self._tracked[request.request_id]
-        self._generators.pop(request.request_id, None)
-        self._release_adapter(request)
+    def _free(self, ended: EndedRequest) -> None:
+        """Give back what an ended request holds: its KV blocks and slot, its random stream, its adapter hold."""
+        request_id = ended.request.request_id
+        self._generators.pop(request_id, None)
+        if ended.finish_reason == "error":  # failed mid-generation: the scheduler drops it as it drops an abort
+            self._release_adapter(self.scheduler.abort_request(request_id))
+            return
+        status = RequestStatus.FINISHED_LENGTH if ended.finish_reason == "length" else RequestStatus.FINISHED_STOPPED
+        self.scheduler.finish_request(request_id, status)
+        self._release_adapter(ended.request)
 
     def _release_adapter(self, request: Request) -> None:
         if request.adapter is not None:
             self.adapter_cache.release(request.adapter.key)
 
-    def _logprobs(self, token: int, sampled, row: int) -> list[TokenLogprob]:
-        top = sampled.top_logprobs[row] or []
-        return [TokenLogprob(
-            token_id=token,
-            token=self.tokenizer.decode([token], skip_special_tokens=False),
-            logprob=sampled.logprobs[row],
-            top=[(tid, self.tokenizer.decode([tid], skip_special_tokens=False), lp) for tid, lp in top],
-        )]
-
     # -------------------------------------------------------------------- stats
     def stats(self) -> EngineStats:
         """A reading of the engine's state and counters; any thread may take one (a scrape does)."""
-        cache, slots, latencies = self.adapter_cache, self.slot_table, self.latencies.snapshot()
+        cache, slots, processed = self.adapter_cache, self.slot_table, self.output_processor
+        latencies = processed.latencies.snapshot()
         # One reading of each queue: the LoRA info lists and the per-adapter counts agree.
         running, waiting = self.scheduler.running_adapter_counts(), self.scheduler.waiting_adapter_counts()
         tenants = self.scheduler.tenant_loads()
@@ -450,8 +309,8 @@ class LLMEngine:
             preemptions_total=self.preemptions_total,
             running_per_adapter=running,
             waiting_per_adapter=waiting,
-            requests_per_adapter_total=dict(self.requests_per_adapter),
-            finished_requests_total=dict(self.finished_requests),
+            requests_per_adapter_total=dict(processed.requests_per_adapter),
+            finished_requests_total=dict(processed.finished_requests),
             block_size=self.config.block_size,
             running_lora_adapters=_adapter_names(running),
             waiting_lora_adapters=_adapter_names(waiting)[:MAX_LISTED_WAITING_ADAPTERS],

@@ -1,9 +1,14 @@
-"""When a request stops: stop strings in the text stream, and eos / stop tokens / length per token."""
+"""When a request stops: stop strings in the text stream, and eos / stop tokens / length / a complete
+grammar per token."""
 from __future__ import annotations
 
 from collections.abc import Collection
+from typing import TYPE_CHECKING
 
 from loraloom.engine.request import RequestStatus, SamplingParams
+
+if TYPE_CHECKING:  # llguidance is imported by the requests that use a grammar, not by every stop check
+    from loraloom.engine.structured_output import GrammarMatcher
 
 
 class StopStringMatcher:
@@ -83,3 +88,21 @@ class TokenStops:
         if num_output_tokens >= self.max_tokens:
             return RequestStatus.FINISHED_LENGTH.value
         return None
+
+
+class GrammarTokenStops(TokenStops):
+    """TokenStops for a request with a grammar: each token advances the matcher first, and the
+    request stops as soon as the grammar is complete (nothing but end-of-sequence could follow)."""
+
+    __slots__ = ("matcher",)
+
+    def __init__(self, params: SamplingParams, eos_token_ids: Collection[int], matcher: GrammarMatcher) -> None:
+        super().__init__(params, eos_token_ids)
+        self.matcher = matcher
+
+    def check(self, token_id: int, num_output_tokens: int) -> str | None:
+        self.matcher.accept(token_id)
+        reason = super().check(token_id, num_output_tokens)
+        if reason is None and self.matcher.finished:
+            return "stop"
+        return reason

@@ -5,8 +5,8 @@ once, off the step thread (AsyncEngine.compile_grammar), and cached by its text.
 engine gives the request its own `GrammarMatcher`, a copy of the compiled grammar's start state.
 Each step the sampler masks the rows that have one (`apply_grammar_masks`: every token the
 grammar cannot take next gets -inf, after the other logit adjustments), and `GrammarTokenStops`
-advances the matcher with each accepted token and finishes the request once the grammar is
-complete. End-of-sequence is in the mask only where the grammar accepts what came before.
+(engine/stop.py, beside the other stop rules) advances the matcher with each accepted token and
+finishes the request once the grammar is complete. End-of-sequence is in the mask only where the grammar accepts what came before.
 
 Why llguidance rather than xgrammar (measured on this project's 2-core CPU, bundled tokenizer,
 49k vocab, an 8-property schema with a nested object, enum, array and pattern): a schema compiles
@@ -20,15 +20,12 @@ import json
 import re
 import threading
 from collections import OrderedDict
-from collections.abc import Collection, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import llguidance
 import numpy as np
 import torch
-
-from loraloom.engine.request import SamplingParams
-from loraloom.engine.stop import TokenStops
 
 # A schema's JSON text (compact) may be at most this long: OpenAI's own limits (100 properties,
 # 5 levels) fit well within it.
@@ -81,24 +78,6 @@ class GrammarMatcher:
     def finished(self) -> bool:
         """Nothing but end-of-sequence can follow (the JSON is complete), or the matcher failed."""
         return self._matcher.is_stopped()
-
-
-class GrammarTokenStops(TokenStops):
-    """TokenStops for a request with a grammar: each token advances the matcher first, and the
-    request stops as soon as the grammar is complete (nothing but end-of-sequence could follow)."""
-
-    __slots__ = ("matcher",)
-
-    def __init__(self, params: SamplingParams, eos_token_ids: Collection[int], matcher: GrammarMatcher) -> None:
-        super().__init__(params, eos_token_ids)
-        self.matcher = matcher
-
-    def check(self, token_id: int, num_output_tokens: int) -> str | None:
-        self.matcher.accept(token_id)
-        reason = super().check(token_id, num_output_tokens)
-        if reason is None and self.matcher.finished:
-            return "stop"
-        return reason
 
 
 class GrammarCompiler:

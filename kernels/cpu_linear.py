@@ -4,10 +4,9 @@ copy of the weight packed into 32-column panels once; past that (prefills), oneD
 (kernels/onednn_linear.py); torch's matmul where neither applies. A LoRA-wrapped linear streams the adapter
 weights from memory on one thread beside the chunked matmul, or adds them after the other matmuls.
 
-Why our own matmul: torch's matmul calls MKL, which runs its AVX2 kernels on AMD CPUs that have AVX-512;
-the panel matmul took a decode step of the bundled model 1.4x faster at batch 1 and 1.9x at batch 8 and 32
-on a 2-core EPYC (Zen 5) than the chunked MKL matmul before it, and 1.1-1.2x faster than oneDNN's matmul
-at batch 8 and 32, which has a fixed cost per call too large to cut into chunks (BENCHMARKS.md session 16).
+Why our own matmul: torch's matmul calls MKL, which runs its AVX2 kernels on AMD CPUs that have AVX-512,
+and oneDNN's matmul has a fixed cost per call too large to cut into chunks; the panel matmul uses the
+CPU's widest vectors at any row count (`benchmarks/cpu_linear.py` compares them on this machine).
 
 Why chunks: for a few rows, a matmul on two threads spends much of its time keeping them in step. Cut
 into column chunks, each a single-threaded matmul that the threads take from a shared counter, MKL's

@@ -162,8 +162,8 @@ class PackedStack:
     each targeted slice's B in panels (BPanels), one after another, then zeros.
 
     One row rather than A and each slice's B in tensors of their own: a decode step reads a slot's
-    weights for a linear as one run of memory instead of one run per part, and on a 2-core EPYC (Zen 5)
-    a batch-32 decode step's compiled op took 17.0 -> 15.3 ms on one thread (BENCHMARKS.md session 15).
+    weights for a linear as one run of memory instead of one run per part, and a run the hardware
+    prefetcher follows to its end is cheaper than several short ones (the op is bound by these reads).
     """
 
     holds_narrower_slots: ClassVar[bool] = True  # a slot may be read as a narrower dtype (load's `dtype`)

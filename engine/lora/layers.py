@@ -19,20 +19,12 @@ from torch import nn
 
 from loraloom.engine.config import ModelConfig
 from loraloom.engine.model.layers import Linear
+from loraloom.engine.model.llama import PACKED_MODULES
 from loraloom.engine.lora.weights import AdapterWeights, lora_module_shapes
 from loraloom.kernels.backend import REFERENCE_BACKEND, KernelBackend
 from loraloom.kernels.lora_stacks import LoRAStack
 from loraloom.kernels.metadata import SGMVMetadata
 from loraloom.kernels.sgmv_plan import plan_sgmv
-
-# Each wrapped Linear of a decoder layer -> the PEFT modules packed into its output, in slice order.
-PACKED_MODULES: dict[str, tuple[str, ...]] = {
-    "self_attn.qkv_proj": ("q_proj", "k_proj", "v_proj"),
-    "self_attn.o_proj": ("o_proj",),
-    "mlp.gate_up_proj": ("gate_proj", "up_proj"),
-    "mlp.down_proj": ("down_proj",),
-}
-
 
 class LoRASlotPool:
     """Adapter slots: per decoder layer and wrapped linear, one stack (kernels/lora_stacks.py) in
@@ -132,7 +124,13 @@ class LoRALinear(nn.Module):
     def forward(self, x: torch.Tensor, lora: SGMVMetadata | None) -> torch.Tensor:  # [T, in] -> [T, out]
         if lora is None or lora.num_segments == 0:
             return self.base(x, None)  # a base-only step: no LoRA work at all
-        return self.base.forward_with_lora(x, self.stack, lora, self.slice_offsets, self.backend)
+        if self.base.plain_weight:
+            # One call: on the CPU the adapters' weights stream beside the base matmul (kernels/cpu_linear.py).
+            return self.backend.linear_add_lora(x, self.base.weight, self.stack, lora, self.slice_offsets)
+        # A scaled product (FP8) runs in the base's own kernel; the LoRA is added on top in the activation dtype.
+        out = self.base(x, None)
+        self.backend.add_lora(x, self.stack, lora, out, self.slice_offsets)
+        return out
 
 
 def attach_lora(model: nn.Module, pool: LoRASlotPool) -> None:

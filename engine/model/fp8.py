@@ -23,11 +23,10 @@ from torch import nn
 
 from loraloom.engine.config import ModelConfig
 from loraloom.engine.model.layers import Linear
-from loraloom.engine.lora.layers import PACKED_MODULES
+from loraloom.engine.model.llama import PACKED_MODULES
 from loraloom.kernels.backend import REFERENCE_BACKEND, KernelBackend
 from loraloom.kernels.dtypes import FP8_DTYPE
 from loraloom.kernels.fp8 import quantize_weight_per_channel
-from loraloom.kernels.lora_stacks import LoRAStack
 from loraloom.kernels.metadata import SGMVMetadata
 
 
@@ -40,6 +39,8 @@ class Fp8Linear(Linear):
     checkpoint's static `input_scale` when it has one. The product runs in the backend's
     fp8_linear (kernels/fp8.py: Triton kernels, `_scaled_mm` or the reference).
     """
+
+    plain_weight = False  # the product needs the scales: LoRALinear adds the adapters after it
 
     def __init__(
         self, in_features: int, slice_sizes: tuple[int, ...], static_input_scale: bool, device: torch.device | str,
@@ -71,13 +72,6 @@ class Fp8Linear(Linear):
     def forward(self, x: torch.Tensor, lora: SGMVMetadata | None) -> torch.Tensor:  # [T, in] -> [T, out]
         return self.backend.fp8_linear(x, self.weight, self.weight_scale, self.input_scale, self.two_term_activations)
 
-    def forward_with_lora(self, x: torch.Tensor, stack: LoRAStack, lora: SGMVMetadata, slice_offsets: list[int],
-                          lora_backend: KernelBackend) -> torch.Tensor:
-        """The FP8 product, then the LoRA added on top in the activation dtype."""
-        out = self(x, lora)
-        lora_backend.add_lora(x, stack, lora, out, slice_offsets)
-        return out
-
     def extra_repr(self) -> str:
         activations = "static per-tensor" if self.input_scale is not None else "dynamic per-token"
         if self.two_term_activations:
@@ -91,7 +85,7 @@ class Fp8Linear(Linear):
 # residual of q1; kernels/fp8.py quantize_per_token_two_term).
 #
 # Measured on the bundled SmolLM2-135M in bf16, the real path (kernels/reference.py), perplexity ratio
-# FP8 / BF16 on the first 4,096 tokens of tests/engine/model/test_fp8.py's held-out text (BF16 13.260):
+# FP8 / BF16 on the first 4,096 tokens of tests/engine/model/test_fp8_model.py's held-out text (BF16 13.260):
 #   all FP8 (one-term)                          x1.036   weights only FP8 (acts BF16)     x1.0235
 #   activations only FP8 (weights BF16)         x1.023   weights only FP8, last layer BF16 x1.0093
 #   activations only FP8, last layer BF16       x1.022   one-term, last layer BF16         x1.019

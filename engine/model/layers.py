@@ -6,14 +6,13 @@ overwritten by the loader, so random initialization would only cost time.
 from __future__ import annotations
 
 import math
-from typing import overload
+from typing import ClassVar, overload
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from loraloom.kernels.backend import REFERENCE_BACKEND, KernelBackend
-from loraloom.kernels.lora_stacks import LoRAStack
 from loraloom.kernels.metadata import SGMVMetadata
 
 
@@ -25,6 +24,10 @@ class Linear(nn.Module):
     The LoRA wrapper (engine/lora/layers.py) replaces these modules and uses the slices
     and `lora`; the base layer ignores `lora`. The product runs in the backend's linear.
     """
+
+    # The weight is multiplied as it is (no scales): a LoRA backend may fuse the adapters into this
+    # product (linear_add_lora). A subclass whose product needs more than the weight says False.
+    plain_weight: ClassVar[bool] = True
 
     def __init__(self, in_features: int, slice_sizes: tuple[int, ...], dtype: torch.dtype, device: torch.device | str,
                  backend: KernelBackend = REFERENCE_BACKEND):
@@ -39,12 +42,6 @@ class Linear(nn.Module):
 
     def forward(self, x: torch.Tensor, lora: SGMVMetadata | None) -> torch.Tensor:
         return self.backend.linear(x, self.weight)  # [T, in] -> [T, out]
-
-    def forward_with_lora(self, x: torch.Tensor, stack: LoRAStack, lora: SGMVMetadata, slice_offsets: list[int],
-                          lora_backend: KernelBackend) -> torch.Tensor:
-        """forward(x) plus the LoRA of lora's adapter tokens from `stack`, in one call of the LoRA pool's
-        backend (on the CPU, the adapters' weights stream beside the base matmul: kernels/cpu_linear.py)."""
-        return lora_backend.linear_add_lora(x, self.weight, stack, lora, slice_offsets)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, slice_sizes={self.slice_sizes}"

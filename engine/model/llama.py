@@ -21,6 +21,16 @@ from loraloom.kernels.metadata import AttentionMetadata, SGMVMetadata
 
 KVCache = tuple[torch.Tensor, torch.Tensor]  # (k_cache, v_cache), each [num_blocks, block_size, KVH, D]
 
+# Each fused projection of a decoder layer (its path in LlamaDecoderLayer) -> the Hugging Face modules
+# packed into its output, in slice order. Whatever replaces the projections by name (LoRA's wrappers,
+# FP8's linears) and whatever reads a checkpoint's per-module tensors (FP8 scales) walks this table.
+PACKED_MODULES: dict[str, tuple[str, ...]] = {
+    "self_attn.qkv_proj": ("q_proj", "k_proj", "v_proj"),
+    "self_attn.o_proj": ("o_proj",),
+    "mlp.gate_up_proj": ("gate_proj", "up_proj"),
+    "mlp.down_proj": ("down_proj",),
+}
+
 
 class LlamaAttention(nn.Module):
     def __init__(self, config: ModelConfig, backend: KernelBackend, dtype: torch.dtype, device: torch.device | str):

@@ -11,8 +11,7 @@
 // Measured on a 2-core EPYC, engine-direct decode steps of 8 distinct adapters, same process: the
 // LoRA cost 9.1 ms a step after the chunked matmul and 5.2 ms beside it. At 32 adapters both cost
 // ~17 ms: the matmul then keeps both cores busy with arithmetic, so the LoRA thread's core time (~15 ms
-// a step, `perf`) comes out of the matmul's; the matmul itself is no slower beside the stream
-// (BENCHMARKS.md session 12).
+// a step, `perf`) comes out of the matmul's; the matmul itself is no slower beside the stream.
 //
 // The LoRA is summed into a zeroed buffer and added to the matmul's output chunk by chunk (ChunkJoin):
 // each output element gets one base dot product and one LoRA sum, added once, as packed_add_lora adds
@@ -100,8 +99,7 @@ class ColumnChunks {
 // Adds the LoRA's buffer into the matmul's output a column chunk at a time, inside the parallel
 // region: a chunk is added once both its matmul and the whole LoRA are done, by whichever thread
 // finishes the second of the two. Added after the region instead, by the calling thread alone, the
-// sum kept the other threads waiting (0.5 ms of a 75 ms batch-32 step of the bundled model's linears,
-// measured on a 2-core EPYC, same process, alternated; BENCHMARKS.md session 13).
+// sum kept the other threads waiting.
 class ChunkJoin {
  public:
   ChunkJoin(const at::Tensor& out, const at::Tensor& lora_out, const ColumnChunks& chunks)

@@ -15,9 +15,8 @@
 // side by side (the earlier loops, which shared x loads that way) got a core 10-15 GB/s where one
 // stream gets 22-25; a 32-adapter decode step's op went from 20 to 15 ms. A slot's B panels follow
 // its A rows in one row of the stack's weights (kernels/lora_stacks.py PackedStack), so a segment
-// reads one run of memory per linear: on a 2-core EPYC (Zen 5), a batch-32 decode step's op on one
-// thread took 17.0 -> 15.3 ms against A and each slice's B in tensors of their own (BENCHMARKS.md
-// session 15). The run is also prefetched a few KiB ahead (vector_ops.h prefetch_ahead), and a whole
+// reads one run of memory per linear, which the hardware prefetcher follows better than one run per
+// part. The run is also prefetched a few KiB ahead (vector_ops.h prefetch_ahead), and a whole
 // B panel is expanded four rows per pass with the rows' outputs in vector registers: on a 2-core Xeon
 // that took the 32-adapter decode step's op from 23 to 20 ms and a 5-rows-per-adapter step's from 36
 // to 26 ms.

@@ -6,8 +6,7 @@
 // AVX-512 (`perf` on a 2-core EPYC, Zen 5: mkl_blas_def_sgemm_kernel_0_zen, ymm registers). This loop,
 // nothing more than rows x 32 columns of sums kept in vector registers while a panel streams past once per
 // tile of rows, ran the bundled model's decode shapes 2.4-3.2x faster than MKL on one thread with the
-// weights coming from memory (benchmarks/cpu_gemm_probe.py), and a whole decode step 1.4x faster at batch 1
-// and 1.9x at batch 8 and 32 (BENCHMARKS.md session 16).
+// weights coming from memory (benchmarks/cpu_gemm_probe.py), and a whole decode step faster at every batch.
 //
 // With AVX-512 a tile is up to 8 rows: 16 vector sums plus two panel vectors and a broadcast fit in the 32
 // registers. With AVX2 (Float16x is then two registers) a tile is up to 4 rows, for the same reason with 16.

@@ -181,10 +181,8 @@ inline float sum16(Float16x v) {
 //
 // Each row keeps kChains running vector sums, so the loop is not held to one multiply-add per chain per
 // multiply-add latency (a decode step's shrink is one row against each A row), and the lanes are summed as
-// a tree. Against two chains and a lane-by-lane sum, on a 2-core Xeon (Skylake-SP), builds alternated three
-// times: the op on one thread at 40 rows per adapter (prefill segments) 261-271 ms against 281-330, and
-// decode_ratio.py's median ratio at batch 8 0.927 against 0.901, at batch 32 0.847 against 0.827; the op
-// alone at one row per adapter is bound by memory either way (BENCHMARKS.md session 17).
+// a tree. Prefill segments (many rows per adapter) are bound by those chains, so they gain; one row per
+// adapter is bound by memory either way.
 template <int kRows, typename W>
 inline void dot_rows(const W* __restrict w, const float* const* xs, int64_t n, float* out, const Stream& stream) {
 #if defined(__AVX512F__)

@@ -47,7 +47,7 @@ from loraloom.platform.api.revocation import KeyWatch
 from loraloom.platform.api.security_headers import SecurityHeaders
 from loraloom.platform.api.schemas.common import ErrorResponse
 from loraloom.platform.db import create_db_engine, create_session_factory
-from loraloom.platform.db.change_listener import ChangeListener, InProcessChangeListener, PostgresChangeListener
+from loraloom.platform.db.change_listener import InProcessChangeListener, PostgresChangeListener
 from loraloom.platform.limits.admission import Gate
 from loraloom.platform.limits.factory import create_limiter
 from loraloom.platform.limits.quota import month_usage
@@ -59,7 +59,8 @@ from loraloom.platform.metering.http_metrics import HttpResponseCounts
 from loraloom.platform.metering.throttle_metrics import ThrottledRequests
 from loraloom.platform.metering.training_metrics import TrainingCollector
 from loraloom.platform.metering.usage import write_usage_records
-from loraloom.platform.registry.lookup import AdapterLookup, RegistryAdapterLookup
+from loraloom.platform.registry.lookup import AdapterLookup
+from loraloom.platform.registry.service import RegistryService
 from loraloom.platform.settings import Settings
 from loraloom.platform.training.celery_app import create_celery_app
 from loraloom.platform.training.supervisor import TrainingSupervisor
@@ -89,12 +90,6 @@ async def preload_adapters(engine: EngineClient, lookup: AdapterLookup) -> None:
             await engine.load_adapter(adapter)
         except AdapterLoadError as error:
             logger.error("adapter %r (%s) not loaded: %s", adapter.name, adapter.uri, error)
-
-
-def change_listener(lookup: AdapterLookup) -> ChangeListener:
-    """What keeps the lookup's cache honest about changes other gateways make; nothing to run
-    for a lookup without a registry (only the adapters given at start, which never change)."""
-    return lookup.registry.changes if isinstance(lookup, RegistryAdapterLookup) else InProcessChangeListener()
 
 
 def rate_limits(settings: Settings, session_factory: Any) -> RateLimits:
@@ -156,14 +151,23 @@ def api_app(**options: Any) -> FastAPI:
 
 
 def create_app(
-    engine: EngineClient, lookup: AdapterLookup, settings: Settings, *, training: TrainingSupervisor | None = None
+    engine: EngineClient,
+    lookup: AdapterLookup,
+    settings: Settings,
+    *,
+    registry: RegistryService | None = None,
+    training: TrainingSupervisor | None = None,
 ) -> FastAPI:
     """The app serving `engine`; tenants, keys, usage and audit live in `settings.database_url`,
-    which must already be migrated (`loraloom db upgrade`; `loraloom serve` does it). `training`,
-    the supervisor of serve's training side, is what /health reports of training."""
+    which must already be migrated (`loraloom db upgrade`; `loraloom serve` does it). `registry`: the
+    adapter registry the adapter and file routes change (composition.py builds it with `lookup`);
+    without one those routes answer 404 and only `lookup`'s adapters are served. `training`, the
+    supervisor of serve's training side, is what /health reports of training."""
     db_engine = create_db_engine(settings.database_url)
     session_factory = create_session_factory(db_engine)
-    changes = change_listener(lookup)
+    # What keeps the lookup's cache honest about changes other gateways make; nothing to run without a
+    # registry (only the adapters given at start, which never change).
+    changes = registry.changes if registry is not None else InProcessChangeListener()
 
     def record_writer(name: str, write: Any) -> BatchWriter[Any]:
         return BatchWriter(
@@ -202,6 +206,7 @@ def create_app(
     app = api_app(lifespan=lifespan)
     app.state.engine = engine
     app.state.lookup = lookup
+    app.state.registry = registry
     app.state.session_factory = session_factory
     app.state.settings = settings
     app.state.training = training

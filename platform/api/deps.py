@@ -1,5 +1,5 @@
 """Everything a route handler receives, as `Annotated` dependencies: the engine, the adapter
-lookup (and the registry behind it), the database and settings the app was created with, the
+lookup, the adapter registry, the database and settings the app was created with, the
 training job sender, the usage meter, and the caller (`authenticate`
 answers 401 for a bad key, the role dependencies 403):
 
@@ -35,7 +35,8 @@ from loraloom.platform.db.models import ApiKeyRole, utcnow
 from loraloom.platform.json_input import lone_surrogate_message, lone_surrogate_path, may_hold_surrogates
 from loraloom.platform.limits.policy import caller_limits
 from loraloom.platform.metering.usage import UsageMeter
-from loraloom.platform.registry.lookup import AdapterLookup, RegistryAdapterLookup
+from loraloom.platform.registry.lookup import AdapterLookup
+from loraloom.platform.registry.service import RegistryService
 from loraloom.platform.settings import Settings
 from loraloom.platform.training.celery_app import send_run_job
 
@@ -70,11 +71,12 @@ SessionDep = Annotated[Session, Depends(get_session)]
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 
 
-def get_registry_lookup(lookup: LookupDep) -> RegistryAdapterLookup:
-    """The lookup, for the routes that need the registry behind it (adapters, files)."""
-    if not isinstance(lookup, RegistryAdapterLookup):
+def get_registry(request: Request) -> RegistryService:
+    """The adapter registry, for the routes that change it or read its blobs (adapters, files)."""
+    registry: RegistryService | None = request.app.state.registry
+    if registry is None:
         raise APIError(404, "This server has no adapter registry; it serves only the adapters given to it at start")
-    return lookup
+    return registry
 
 
 def get_job_sender(request: Request) -> Callable[[str], None]:
@@ -83,7 +85,7 @@ def get_job_sender(request: Request) -> Callable[[str], None]:
     return lambda job_id: send_run_job(app, job_id)
 
 
-RegistryLookupDep = Annotated[RegistryAdapterLookup, Depends(get_registry_lookup)]
+RegistryDep = Annotated[RegistryService, Depends(get_registry)]
 JobSenderDep = Annotated[Callable[[str], None], Depends(get_job_sender)]
 
 

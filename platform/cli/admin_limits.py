@@ -53,7 +53,7 @@ def add_limits_command(admin_commands: Any) -> None:
 def admin_limits(settings: Any, args: argparse.Namespace) -> dict[str, Any]:
     """Apply the flags given to the stored limits; returns the limits now in force."""
     from loraloom.platform.accounts.tenants import find_tenant
-    from loraloom.platform.cli.admin import require_migrated
+    from loraloom.platform.cli.database_state import require_migrated
     from loraloom.platform.db import create_db_engine, create_session_factory
     from loraloom.platform.db.models import ApiKey
     from loraloom.platform.limits.policy import (

@@ -145,6 +145,8 @@ def add_worker_command(commands: argparse._SubParsersAction) -> None:
         "worker", help="run a training worker (queue `training`)", formatter_class=argparse.ArgumentDefaultsHelpFormatter
     )
     worker.add_argument("--model", type=Path, metavar="PATH", help="the base the server serves; default: bundled")
+    worker.add_argument("--max-lora-rank", type=positive_int, default=EngineConfig().max_lora_rank,
+                        help="the servers' --max-lora-rank: a job of a higher rank fails, since they could not load it")
     worker.add_argument("--broker-url", metavar="URL", help="default: LORALOOM_BROKER_URL, else the embedded broker")
     worker.add_argument("--loglevel", default="INFO")
 
@@ -191,14 +193,11 @@ def serve(args: argparse.Namespace) -> None:
     from sqlalchemy.exc import SQLAlchemyError
 
     from loraloom.engine import AsyncEngine, import_bundled
-    from loraloom.platform.api.app import create_app
+    from loraloom.platform.api.composition import compose_app
     from loraloom.platform.api.overload import default_max_waiting
     from loraloom.platform.cli.admin import bootstrap_notice, prepare_database, shown_url
     from loraloom.platform.registry.fetch import adapter_fetcher_from_settings
-    from loraloom.platform.registry.local import LocalAdapterLookup
-    from loraloom.platform.registry.lookup import registry_lookup_from_settings
     from loraloom.platform.storage import storage_from_settings
-    from loraloom.platform.training.jobs import find_checkpoint
     from loraloom.platform.training.supervisor import TrainingSupervisor
 
     from loraloom.engine import reserve_for_step_thread
@@ -217,23 +216,22 @@ def serve(args: argparse.Namespace) -> None:
         logging.getLogger(__name__).warning(bootstrap_notice(key_file), extra={"bootstrap_key_file": str(key_file)})
     model_dir = args.model if args.model is not None else import_bundled()
     use_settings_defaults(args, settings)
-    try:
-        store = storage_from_settings(settings)
-        engine = AsyncEngine.create(model_dir, engine_config(args), adapter_fetcher_from_settings(settings, store))
-        local = LocalAdapterLookup(
-            base_names={engine.model_name}, adapters=dict(args.adapter), adapter_dir=args.adapter_dir
-        )
-        lookup = registry_lookup_from_settings(settings, store, local, find_checkpoint=find_checkpoint)
-    except (ValueError, FileNotFoundError) as error:  # bad model directory or adapter names: say which, no traceback
-        sys.exit(f"loraloom serve: {error}")
-    # The training side: the worker beside the server (unless --no-worker), restarted when it dies or
-    # gets stuck, and a reaper of jobs whose worker died.
-    training = TrainingSupervisor(settings, None if args.no_worker else worker_command(model_dir, settings.broker_url))
     if args.tool_parser is not None:
         settings.tool_parser = args.tool_parser
     if settings.max_waiting_requests is None:  # a full server is judged against this engine's size
         settings.max_waiting_requests = default_max_waiting(args.max_num_seqs)
-    app = create_app(engine, lookup, settings, training=training)
+    # The training side: the worker beside the server (unless --no-worker), restarted when it dies or
+    # gets stuck, and a reaper of jobs whose worker died.
+    training = TrainingSupervisor(
+        settings, None if args.no_worker else worker_command(model_dir, settings.broker_url, args.max_lora_rank)
+    )
+    try:
+        engine = AsyncEngine.create(model_dir, engine_config(args),
+                                    adapter_fetcher_from_settings(settings, storage_from_settings(settings)))
+        app = compose_app(settings, engine, adapters=dict(args.adapter), adapter_dir=args.adapter_dir,
+                          training=training)
+    except (ValueError, FileNotFoundError) as error:  # bad model directory or adapter names: say which, no traceback
+        sys.exit(f"loraloom serve: {error}")
     # uvicorn handles SIGTERM with a graceful shutdown, then raises it again with the handler found at
     # its start: the default one would end the process before the `finally` stops the worker.
     signal.signal(signal.SIGTERM, _exit_on_sigterm)
@@ -274,10 +272,12 @@ def fast_server_options() -> dict[str, str]:
     }
 
 
-def worker_command(model_dir: Path, broker_url: str | None) -> list[str]:
+def worker_command(model_dir: Path, broker_url: str | None, max_lora_rank: int) -> list[str]:
     """`loraloom worker` beside the server, so `serve` alone trains too. A process of its own: it
-    forks a fresh child per job, which the server's threads and CUDA state must not be part of."""
-    command = [sys.executable, "-m", "loraloom.platform.cli", "worker", "--model", str(model_dir)]
+    forks a fresh child per job, which the server's threads and CUDA state must not be part of.
+    It trains for this server: its base, and its largest rank."""
+    command = [sys.executable, "-m", "loraloom.platform.cli", "worker", "--model", str(model_dir),
+               "--max-lora-rank", str(max_lora_rank)]
     if broker_url is not None:
         command += ["--broker-url", broker_url]
     return command
@@ -300,4 +300,4 @@ def run_worker_command(args: argparse.Namespace) -> None:
     model_dir = args.model if args.model is not None else import_bundled()
     if not (model_dir / "config.json").is_file():
         sys.exit(f"loraloom worker: --model {model_dir}: no config.json there; pass the served base's directory")
-    run_worker(settings, model_dir, loglevel=args.loglevel)
+    run_worker(settings, model_dir, args.max_lora_rank, loglevel=args.loglevel)

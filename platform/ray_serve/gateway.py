@@ -8,14 +8,10 @@ from fastapi import FastAPI
 from ray import serve
 from ray.serve.handle import DeploymentHandle
 
-from loraloom.platform.api.app import create_app
+from loraloom.platform.api.composition import compose_app
 from loraloom.platform.ray_serve.options import AppOptions
 from loraloom.platform.ray_serve.remote_client import RayEngineClient
-from loraloom.platform.registry.local import LocalAdapterLookup
-from loraloom.platform.registry.lookup import registry_lookup_from_settings
 from loraloom.platform.settings import Settings
-from loraloom.platform.storage import storage_from_settings
-from loraloom.platform.training.jobs import find_checkpoint
 
 GATEWAY_DEPLOYMENT = "LoraloomGateway"
 # Requests one gateway replica holds at once. Ray Serve's default (5) made the gateway, which only
@@ -35,8 +31,4 @@ class GatewayDeployment:
         """Built once the engine deployment answers: the app's facts (model name, limits) are its own."""
         settings = Settings()  # LORALOOM_* from the replica's environment (the config's runtime_env)
         facts = await self._engine.facts.remote()
-        engine = RayEngineClient(self._engine, facts, self._options.model_dir())
-        store = storage_from_settings(settings)
-        local = LocalAdapterLookup(base_names={engine.model_name}, adapters={}, adapter_dir=None)
-        lookup = registry_lookup_from_settings(settings, store, local, find_checkpoint=find_checkpoint)
-        return create_app(engine, lookup, settings)
+        return compose_app(settings, RayEngineClient(self._engine, facts, self._options.model_dir()))

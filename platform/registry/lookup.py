@@ -3,8 +3,8 @@
 `AdapterLookup` is what the API asks. With a registry configured (what `serve` builds) it is
 `RegistryAdapterLookup`: a fine-tuning checkpoint id, else the caller's registry (references.py
 parses the name, resolution.py answers it through a cache, so the request path does not
-query the database per request; the adapter routes invalidate it on every change, and the
-change listener on the changes other gateways announce), else the
+query the database per request; the registry service (service.py) invalidates it on every change
+it makes, and its change listener on the changes other gateways announce), else the
 server-local adapters given to `serve` (local.py: --adapter, --adapter-dir), which every
 tenant may use.
 
@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import functools
 import uuid
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Protocol
 
 from sqlalchemy import select
@@ -24,21 +22,17 @@ from sqlalchemy.orm import Session, selectinload, sessionmaker
 
 from loraloom.engine import AdapterHandle, runtime_key
 from loraloom.platform.db import create_db_engine, create_session_factory
-from loraloom.platform.db.change_listener import ChangeListener, InProcessChangeListener, change_listener_for
 from loraloom.platform.db.models import Adapter, AdapterVersion, AdapterVersionStatus, Alias, FineTuningCheckpoint
 from loraloom.platform.registry.catalog import ServableName, tenant_catalog
 from loraloom.platform.registry.errors import AdapterNotFoundError
 from loraloom.platform.registry.fetch import version_uri
-from loraloom.platform.registry.leftovers import remove_upload_leftovers
 from loraloom.platform.registry.local import LocalAdapterLookup
 from loraloom.platform.registry.named import NamedAdapter
 from loraloom.platform.registry.references import LATEST_ALIAS, AdapterReference, parse_reference
 from loraloom.platform.registry.resolution import ResolutionCache, ResolvedVersion, resolve_reference
-from loraloom.platform.registry.staging import UploadLimits
-from loraloom.platform.settings import Settings
+from loraloom.platform.registry.service import RegistryService
 from loraloom.platform.storage import BlobStore, content_key
 
-RESOLUTION_CACHE_ENTRIES = 100_000  # (tenant, reference) answers; a few hundred bytes each
 CHECKPOINT_ID_PREFIX = "ftckpt-"
 
 
@@ -73,25 +67,19 @@ class CheckpointFinder(Protocol):
     ) -> FineTuningCheckpoint | None: ...
 
 
-@dataclass(frozen=True)
-class AdapterRegistry:
-    """What the registry's routes and lookup share; `serve` builds one."""
-
-    session_factory: sessionmaker[Session]
-    store: BlobStore
-    resolutions: ResolutionCache
-    upload_limits: UploadLimits
-    presigned_expires_s: int
-    staging_dir: Path  # uploads are unpacked in folders of their own here
-    # Keeps `resolutions` honest about changes other gateways make; the app's lifespan runs it.
-    changes: ChangeListener = field(default_factory=InProcessChangeListener)
-
-
 class RegistryAdapterLookup:
     def __init__(
-        self, *, registry: AdapterRegistry, local: LocalAdapterLookup, find_checkpoint: CheckpointFinder
+        self,
+        *,
+        session_factory: sessionmaker[Session],
+        store: BlobStore,
+        resolutions: ResolutionCache,
+        local: LocalAdapterLookup,
+        find_checkpoint: CheckpointFinder,
     ) -> None:
-        self.registry = registry
+        self.session_factory = session_factory
+        self.store = store
+        self.resolutions = resolutions  # the registry service's: it forgets an adapter's answers as it changes it
         self.local = local
         self.find_checkpoint = find_checkpoint
 
@@ -110,7 +98,7 @@ class RegistryAdapterLookup:
             if resolved is not None:
                 template = None if resolved.template_sha256 is None else self._template(resolved.template_sha256)
                 return NamedAdapter(
-                    resolved.handle(self.registry.store), name=resolved.adapter_name, version=resolved.number,
+                    resolved.handle(self.store), name=resolved.adapter_name, version=resolved.number,
                     alias=reference.target_alias, version_id=resolved.version_id, chat_template=template,
                 )
         if reference is not None and not reference.is_bare_name:
@@ -120,26 +108,26 @@ class RegistryAdapterLookup:
     @functools.lru_cache(maxsize=64)  # noqa: B019 (one lookup per server): templates are read per request
     def _template(self, sha256: str) -> str:
         """A version's chat template text, by its content digest (reached only through the tenant's version)."""
-        with self.registry.store.open(content_key(sha256)) as blob:
+        with self.store.open(content_key(sha256)) as blob:
             return blob.read().decode("utf-8")
 
     def _registry_version(self, reference: AdapterReference, tenant_id: uuid.UUID) -> ResolvedVersion | None:
         def load() -> ResolvedVersion | None:
-            with self.registry.session_factory() as session:
+            with self.session_factory() as session:
                 return resolve_reference(session, tenant_id=tenant_id, reference=reference)
 
-        return self.registry.resolutions.get_or_load(tenant_id, reference, load)
+        return self.resolutions.get_or_load(tenant_id, reference, load)
 
     def _checkpoint(self, checkpoint_id: str, tenant_id: uuid.UUID) -> AdapterHandle:
         """A fine-tuning checkpoint (its id is the `fine_tuned_model_checkpoint` the API shows)."""
-        with self.registry.session_factory() as session:
+        with self.session_factory() as session:
             checkpoint = self.find_checkpoint(session, tenant_id=tenant_id, checkpoint_id=checkpoint_id)
         if checkpoint is None:
             raise AdapterNotFoundError(checkpoint_id)
         return AdapterHandle(
             key=runtime_key(checkpoint.weights_sha256, checkpoint.config_sha256, tenant_id),
             name=checkpoint.id,
-            uri=version_uri(self.registry.store, weights_sha256=checkpoint.weights_sha256,
+            uri=version_uri(self.store, weights_sha256=checkpoint.weights_sha256,
                             config_sha256=checkpoint.config_sha256),
             sha256=checkpoint.weights_sha256,
         )
@@ -149,7 +137,7 @@ class RegistryAdapterLookup:
         local = self.local.list_adapters(tenant_id)
         if tenant_id is None:
             return local
-        with self.registry.session_factory() as session:
+        with self.session_factory() as session:
             rows = session.execute(
                 select(AdapterVersion, Adapter)
                 .join(Adapter, AdapterVersion.adapter_id == Adapter.id)
@@ -162,11 +150,11 @@ class RegistryAdapterLookup:
                 .options(selectinload(AdapterVersion.files))
                 .order_by(Adapter.name)
             ).all()
-            registered = [ResolvedVersion.of(version, adapter).handle(self.registry.store) for version, adapter in rows]
+            registered = [ResolvedVersion.of(version, adapter).handle(self.store) for version, adapter in rows]
         return registered + local
 
     def list_models(self, tenant_id: uuid.UUID, *, include_versions: bool) -> list[ServableName]:
-        with self.registry.session_factory() as session:
+        with self.session_factory() as session:
             registered = tenant_catalog(session, tenant_id=tenant_id, include_versions=include_versions)
         # A registry name hides a server-local adapter of the same name (resolve asks the registry first).
         shadowed = {model.id for model in registered}
@@ -178,7 +166,7 @@ class RegistryAdapterLookup:
         reference = parse_reference(model_id)
         if reference is None:
             return self.local.find_model(model_id, tenant_id)
-        with self.registry.session_factory() as session:
+        with self.session_factory() as session:
             registered = tenant_catalog(session, tenant_id=tenant_id, include_versions=True,
                                         adapter_name=reference.name)
         found = next((model for model in registered if model.id == model_id), None)
@@ -186,26 +174,12 @@ class RegistryAdapterLookup:
             return found
         return self.local.find_model(model_id, tenant_id)
 
-    def invalidate(self, tenant_id: uuid.UUID, adapter_name: str) -> None:
-        """Forget cached resolutions of one adapter: call after any change to its versions or aliases."""
-        self.registry.resolutions.invalidate(tenant_id, adapter_name)
 
-
-def registry_lookup_from_settings(
-    settings: Settings, store: BlobStore, local: LocalAdapterLookup, *, find_checkpoint: CheckpointFinder
+def registry_lookup(
+    registry: RegistryService, database_url: str, local: LocalAdapterLookup, *, find_checkpoint: CheckpointFinder
 ) -> RegistryAdapterLookup:
-    """The gateway's lookup: the registry in settings.database_url, then `local`. Called once as a
-    server starts, which is when the upload leftovers of killed servers are removed."""
-    settings.staging_dir.mkdir(parents=True, exist_ok=True)
-    remove_upload_leftovers(settings, store)
-    resolutions = ResolutionCache(capacity=RESOLUTION_CACHE_ENTRIES, ttl_s=settings.adapter_resolution_ttl_s)
-    registry = AdapterRegistry(
-        session_factory=create_session_factory(create_db_engine(settings.database_url)),
-        store=store,
-        resolutions=resolutions,
-        upload_limits=UploadLimits(max_total_bytes=settings.adapter_upload_max_bytes),
-        presigned_expires_s=settings.presigned_url_expires_s,
-        staging_dir=settings.staging_dir,
-        changes=change_listener_for(settings.database_url, resolutions),
+    """The gateway's lookup: `registry`'s versions (through its resolution cache), then `local`."""
+    return RegistryAdapterLookup(
+        session_factory=create_session_factory(create_db_engine(database_url)), store=registry.store,
+        resolutions=registry.resolutions, local=local, find_checkpoint=find_checkpoint,
     )
-    return RegistryAdapterLookup(registry=registry, local=local, find_checkpoint=find_checkpoint)

@@ -53,33 +53,38 @@ class UploadedFile:
     size_bytes: int
 
 
-def upload_version(
-    session: Session,
-    *,
-    store: BlobStore,
-    tenant_id: uuid.UUID,
-    adapter_name: str,
-    parts: Sequence[UploadedPart],
-    limits: UploadLimits,
-    base: ServedBase,
-    actor_key_id: uuid.UUID | None,
-    staging_dir: Path,
-) -> Published:
+@dataclass(frozen=True)
+class UploadTarget:
+    """What both ways of pushing a version share: which tenant's adapter, who pushes it, where its files
+    are staged and stored, and what they must fit. RegistryService builds one per push."""
+
+    store: BlobStore
+    staging_dir: Path  # each upload is unpacked in a folder of its own here
+    limits: UploadLimits
+    base: ServedBase
+    tenant_id: uuid.UUID
+    adapter_name: str
+    actor_key_id: uuid.UUID | None
+
+
+def upload_version(session: Session, target: UploadTarget, parts: Sequence[UploadedPart]) -> Published:
     """Register the uploaded files (the two PEFT files or one archive of them) as a new version, or
-    return the version holding them already; they are unpacked in a folder of its own under `staging_dir`."""
-    check_adapter_name(adapter_name, reserved=base.reserved_names)
-    with tempfile.TemporaryDirectory(prefix=UPLOAD_DIR_PREFIX, dir=staging_dir) as workdir:
-        stage_adapter_files(parts, Path(workdir), limits=limits.for_base(base.largest_upload_bytes, base.max_lora_rank))
+    return the version holding them already."""
+    base = target.base
+    check_adapter_name(target.adapter_name, reserved=base.reserved_names)
+    with tempfile.TemporaryDirectory(prefix=UPLOAD_DIR_PREFIX, dir=target.staging_dir) as workdir:
+        limits = target.limits.for_base(base.largest_upload_bytes, base.max_lora_rank)
+        stage_adapter_files(parts, Path(workdir), limits=limits)
         return publish_adapter_dir(
             session,
-            store=store,
-            tenant_id=tenant_id,
-            adapter_name=adapter_name,
+            store=target.store,
+            tenant_id=target.tenant_id,
+            adapter_name=target.adapter_name,
             directory=Path(workdir),
             base=base,
             source=AdapterVersionSource.upload,
             training_job_id=None,
-            actor_key_id=actor_key_id,
+            actor_key_id=target.actor_key_id,
         )
 
 
@@ -112,28 +117,18 @@ def request_presigned_uploads(
     return presigned
 
 
-def complete_presigned_upload(
-    session: Session,
-    *,
-    store: BlobStore,
-    tenant_id: uuid.UUID,
-    adapter_name: str,
-    files: Sequence[UploadedFile],
-    limits: UploadLimits,
-    base: ServedBase,
-    actor_key_id: uuid.UUID | None,
-    staging_dir: Path,
-) -> Published:
+def complete_presigned_upload(session: Session, target: UploadTarget, files: Sequence[UploadedFile]) -> Published:
     """Verify each uploaded file's size and sha256, validate the adapter, then register it.
     A failure at any point deletes the uploads and leaves no row and no new blob."""
-    check_adapter_name(adapter_name, reserved=base.reserved_names)
-    _check_files(files, limits)
+    store = target.store
+    check_adapter_name(target.adapter_name, reserved=target.base.reserved_names)
+    _check_files(files, target.limits)
     for file in files:
         _check_declared_sha256(file)  # a malformed digest is refused before it is claimed
     pending = {file.upload_key for file in files}
     try:
         with claimed_blobs(session, store, (file.sha256 for file in files)), tempfile.TemporaryDirectory(
-            prefix=UPLOAD_DIR_PREFIX, dir=staging_dir
+            prefix=UPLOAD_DIR_PREFIX, dir=target.staging_dir
         ) as workdir:
             stored = []
             for file in files:
@@ -141,18 +136,18 @@ def complete_presigned_upload(
                 ref = store.complete_upload(file.upload_key, sha256=file.sha256, size=file.size_bytes)
                 store.get_to_path(ref.key, Path(workdir) / file.filename)
                 stored.append(StoredFile(filename=file.filename, ref=ref))
-            summary = validate_adapter_dir(Path(workdir), base=base)
+            summary = validate_adapter_dir(Path(workdir), base=target.base)
             check_uploaded_template(Path(workdir))
             return register_version(
                 session,
-                tenant_id=tenant_id,
-                adapter_name=adapter_name,
+                tenant_id=target.tenant_id,
+                adapter_name=target.adapter_name,
                 summary=summary,
                 files=stored,
-                base_model=base.name,
+                base_model=target.base.name,
                 source=AdapterVersionSource.upload,
                 training_job_id=None,
-                actor_key_id=actor_key_id,
+                actor_key_id=target.actor_key_id,
             )
     except (BlobNotFoundError, BlobVerificationError) as error:
         raise UploadRejectedError(f"files: {error}") from error

@@ -8,6 +8,7 @@ from pathlib import Path
 from loraloom.engine import (
     AdapterLoadError,
     AdapterSummary,
+    EngineClient,
     ModelConfig,
     base_model_matches,
     inspect_adapter,
@@ -19,11 +20,15 @@ from loraloom.platform.registry.references import ALWAYS_BASE_NAMES
 
 @dataclass(frozen=True)
 class ServedBase:
-    """The base model every registered version must fit (the engine's, see the router)."""
+    """The base model every registered version must fit: the one the engine serves, at its largest rank."""
 
     name: str  # e.g. "SmolLM2-135M-Instruct"; also what requests name to get no adapter
     config: ModelConfig
     max_lora_rank: int
+
+    @classmethod
+    def of(cls, engine: EngineClient) -> ServedBase:
+        return cls(name=engine.model_name, config=engine.model_config, max_lora_rank=engine.max_lora_rank)
 
     @property
     def reserved_names(self) -> frozenset[str]:

@@ -12,6 +12,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic_core import PydanticCustomError
 
 from loraloom.engine import LORA_MODULE_PARENTS, EngineConfig
+from loraloom.platform.training.errors import TrainingInputError
 
 # An adapter is only useful if the engine can load it: its rank must fit a GPU slot.
 MAX_LORA_RANK = EngineConfig.max_lora_rank
@@ -77,6 +78,17 @@ class Hyperparameters(BaseModel):
             return handler(data)
         except ValidationError as error:
             raise ValidationError.from_exception_data(error.title, [_with_our_name(detail) for detail in error.errors()])
+
+
+def check_rank_is_served(hyperparameters: Hyperparameters, max_lora_rank: int) -> None:
+    """The job's rank must be one the servers load: their --max-lora-rank, which may be below MAX_LORA_RANK.
+    Checked as a job is created and again as it starts, since the servers may have restarted with less."""
+    if hyperparameters.lora_r > max_lora_rank:
+        raise TrainingInputError(
+            code="invalid_hyperparameters", param="hyperparameters.lora_r",
+            message=f"hyperparameters.lora_r: {hyperparameters.lora_r} is above the largest rank this server "
+                    f"serves ({max_lora_rank}); lower it",
+        )
 
 
 def _ours(data: dict[str, Any]) -> dict[str, Any]:

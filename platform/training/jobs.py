@@ -28,7 +28,7 @@ from loraloom.platform.db.pages import Page, fetch_page, newest_first
 from loraloom.platform.registry.references import check_adapter_name
 from loraloom.platform.training.errors import TrainingConflictError, TrainingInputError, TrainingNotFoundError
 from loraloom.platform.training.files import FINE_TUNE_PURPOSE, find_file
-from loraloom.platform.training.hyperparameters import Hyperparameters
+from loraloom.platform.training.hyperparameters import Hyperparameters, check_rank_is_served
 from loraloom.platform.training.job_state import SYSTEM_ERROR, add_event, new_id
 
 EVENT_ID_PREFIX = "ftevent-"
@@ -88,12 +88,7 @@ def create_job(
     except ValueError as error:
         raise TrainingInputError(code="invalid_suffix", param="suffix",
                                  message=str(error).replace("name: ", "suffix: ", 1)) from None
-    if hyperparameters.lora_r > served.max_lora_rank:
-        raise TrainingInputError(
-            code="invalid_hyperparameters", param="hyperparameters.lora_r",
-            message=f"hyperparameters.lora_r: {hyperparameters.lora_r} is above the largest rank this server "
-                    f"serves ({served.max_lora_rank}); lower it",
-        )
+    check_rank_is_served(hyperparameters, served.max_lora_rank)
     for param, file_id in (("training_file", training_file), ("validation_file", validation_file)):
         if file_id is not None:
             _check_file(session, tenant_id, param, file_id, hyperparameters.max_seq_len)

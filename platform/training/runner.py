@@ -35,7 +35,7 @@ from loraloom.platform.storage import (
 )
 from loraloom.platform.training.dispatch import next_job
 from loraloom.platform.training.errors import TrainingInputError
-from loraloom.platform.training.hyperparameters import MAX_LORA_RANK, Hyperparameters
+from loraloom.platform.training.hyperparameters import Hyperparameters, check_rank_is_served
 from loraloom.platform.training.job_state import (
     SYSTEM_ERROR,
     Claim,
@@ -61,6 +61,7 @@ TIME_LIMIT_EXCEEDED = "time_limit_exceeded"
 class WorkerContext:
     settings: Settings
     model_dir: Path  # the base this worker trains on: the one the engine serves
+    max_lora_rank: int  # the largest rank the engine serves (its --max-lora-rank): what an adapter must fit
     worker_id: str
     send: Callable[[str], None]  # queue a job id again
 
@@ -212,6 +213,7 @@ def _train_and_publish(factory: sessionmaker[Session], claim: Claim, context: Wo
     if spec.model != model_dir.name:
         raise RuntimeError(f"this worker trains on {model_dir.name!r}, but the job is for {spec.model!r}; "
                            "start the worker with --model pointing at the served base")
+    check_rank_is_served(spec.hyperparameters, context.max_lora_rank)  # before any training it would waste
     store = storage_from_settings(settings)
     tokenizer = Tokenizer.from_dir(model_dir)
     hyperparameters = spec.hyperparameters
@@ -294,7 +296,8 @@ def _train_and_publish(factory: sessionmaker[Session], claim: Claim, context: Wo
                           metrics=last_metrics or None, message="The job was cancelled after its last step"):
                 session.commit()
         return
-    base = ServedBase(name=model_dir.name, config=ModelConfig.from_dir(model_dir), max_lora_rank=MAX_LORA_RANK)
+    base = ServedBase(name=model_dir.name, config=ModelConfig.from_dir(model_dir),
+                      max_lora_rank=context.max_lora_rank)
     with factory() as session:
         version = publish_adapter_dir(
             session, store=store, tenant_id=spec.tenant_id, adapter_name=spec.suffix, directory=result.adapter_dir,

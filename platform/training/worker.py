@@ -58,8 +58,9 @@ def worker_id(worker_pid: int) -> str:
     return f"{socket.gethostname()}:{worker_pid}"
 
 
-def create_worker_app(settings: Settings, model_dir: Path) -> Celery:
-    """The Celery app with the training task registered; `model_dir` is the served base."""
+def create_worker_app(settings: Settings, model_dir: Path, max_lora_rank: int) -> Celery:
+    """The Celery app with the training task registered; `model_dir` is the served base and
+    `max_lora_rank` the largest rank the servers load (their --max-lora-rank)."""
     app = create_celery_app(settings)
     worker_pid = os.getpid()  # the worker's main process: each job runs in a child it forks
     worker_process_init.connect(functools.partial(_job_child_ends_with_worker, worker_pid), weak=False)
@@ -72,7 +73,7 @@ def create_worker_app(settings: Settings, model_dir: Path) -> Celery:
         from loraloom.platform.training.runner import WorkerContext, run_job
 
         context = WorkerContext(
-            settings=settings, model_dir=model_dir, worker_id=worker_id(worker_pid),
+            settings=settings, model_dir=model_dir, max_lora_rank=max_lora_rank, worker_id=worker_id(worker_pid),
             send=lambda requeued_id: send_run_job(app, requeued_id),
         )
         run_job(job_id, context)
@@ -118,13 +119,13 @@ def start_reaper(settings: Settings, log_level: str) -> multiprocessing.process.
     return reaper
 
 
-def run_worker(settings: Settings, model_dir: Path, *, loglevel: str = "INFO") -> None:
+def run_worker(settings: Settings, model_dir: Path, max_lora_rank: int, *, loglevel: str = "INFO") -> None:
     """Consume the training queue until stopped (SIGTERM: finish the current job's step and exit).
     Its log is JSON lines on stderr, Celery's included (the caller configured logging): Celery keeps
     the root logger's handler (worker_hijack_root_logger off), prints no banner (--quiet), and what it
     writes to stdout regardless (its shutdown notices) becomes log lines of logger `celery.stdout`."""
     stdout_as_log_lines("celery.stdout")
-    app = create_worker_app(settings, model_dir)
+    app = create_worker_app(settings, model_dir, max_lora_rank)
     reaper = start_reaper(settings, loglevel)
     try:
         app.worker_main([

@@ -154,7 +154,7 @@ def test_a_request_failed_by_the_engine_raises_in_its_own_stream_only(engine, mo
 def test_a_request_reads_its_adapter_from_the_host_cache_once_and_gives_its_hold_back(
     engine, tiny_checkpoint, tmp_path
 ):
-    """Issue 11: generate() used to read the host cache before queueing and admit_request again.
+    """Issue 11: generate() used to read the host cache before queueing, and the step thread read it again to admit.
     Now the hold taken off the step thread is the request's: one lookup (a miss, then nothing)."""
     directory = make_peft_adapter(tiny_checkpoint, tmp_path / "a", rank=4, alpha=8,
                                   target_modules=["q_proj", "v_proj"], seed=5)

@@ -1,5 +1,5 @@
 """Fair share across tenants (engine/fair_share.py, the scheduler's rule 0), on the simulated model of
-test_scheduler.py: a step is one tick of the clock.
+scheduler_simulation.py: a step is one tick of the clock.
 
 The bound tested. Two tenants A and B, both backlogged from step 0 (so neither counter is ever lifted),
 weights w_A and w_B; W_f(t) is the service f received by step t, measured here from the requests
@@ -21,8 +21,8 @@ from __future__ import annotations
 import random
 
 import pytest
-from test_scheduler import (VOCAB, NoReservationSlotTable, Simulation, Spec, play, random_specs,
-                            unconstrained_outputs)
+from scheduler_simulation import (VOCAB, NoReservationSlotTable, Simulation, Spec, play, random_specs,
+                                  unconstrained_outputs)
 
 from loraloom.engine.config import EngineConfig
 from loraloom.engine.lora.slots import AdapterSlotTable

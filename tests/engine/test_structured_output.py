@@ -10,7 +10,8 @@ import torch
 
 from loraloom.engine.request import Request, SamplingParams
 from loraloom.engine.sampler import Sampler, make_generator
-from loraloom.engine.structured_output import GrammarCompiler, GrammarTokenStops
+from loraloom.engine.stop import GrammarTokenStops
+from loraloom.engine.structured_output import GrammarCompiler
 from loraloom.engine.tokenizer import Tokenizer
 
 # Small and bounded, so that even random logits finish the JSON within a few dozen tokens.

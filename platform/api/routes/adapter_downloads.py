@@ -14,7 +14,7 @@ from fastapi import APIRouter, Depends, Path, Request
 from fastapi.responses import StreamingResponse
 
 from loraloom.engine import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE
-from loraloom.platform.api.deps import DeveloperDep, EngineDep, RegistryLookupDep, SessionDep
+from loraloom.platform.api.deps import DeveloperDep, EngineDep, RegistryDep, SessionDep
 from loraloom.platform.api.errors import FieldErrorRoute
 from loraloom.platform.api.schemas.adapter_downloads import DownloadFileObject, DownloadObject
 from loraloom.platform.api.schemas.adapters import AdapterNamePath, VersionNumber
@@ -50,13 +50,13 @@ def _attachment(filename: str) -> dict[str, str]:
 
 
 def _export(
-    name: AdapterNamePath, number: VersionNumber, caller: DeveloperDep, session: SessionDep, lookup: RegistryLookupDep,
+    name: AdapterNamePath, number: VersionNumber, caller: DeveloperDep, session: SessionDep, registry: RegistryDep,
     engine: EngineDep,
 ) -> ExportedVersion:
     """The version the path names, as the caller's tenant sees it, with the served base's name."""
     return export_version(
         session,
-        store=lookup.registry.store,
+        store=registry.store,
         tenant_id=caller.tenant_id,
         name=name,
         number=number,
@@ -87,10 +87,10 @@ def _members(exported: ExportedVersion, store: BlobStore) -> list[ArchiveMember]
     response_class=StreamingResponse,
     responses=_binary(TAR_GZ, "adapter_config.json and adapter_model.safetensors at the archive's top level."),
 )
-def get_version_content(exported: ExportDep, lookup: RegistryLookupDep) -> StreamingResponse:
+def get_version_content(exported: ExportDep, registry: RegistryDep) -> StreamingResponse:
     """The version as a PEFT directory in a .tar.gz, streamed: extract it into a folder and
     `peft.PeftModel.from_pretrained(base, folder)` loads it."""
-    members = _members(exported, lookup.registry.store)
+    members = _members(exported, registry.store)
     return StreamingResponse(
         tar_gz(members), media_type=TAR_GZ, headers=_attachment(f"{exported.reference}.tar.gz")
     )
@@ -101,22 +101,22 @@ def get_version_content(exported: ExportDep, lookup: RegistryLookupDep) -> Strea
     response_class=StreamingResponse,
     responses=_binary(OCTET_STREAM, "The file's bytes; their sha256 is the one GET .../download lists."),
 )
-def get_version_file(exported: ExportDep, filename: FileName, lookup: RegistryLookupDep) -> StreamingResponse:
+def get_version_file(exported: ExportDep, filename: FileName, registry: RegistryDep) -> StreamingResponse:
     """One file of the version, streamed through the gateway."""
     file = exported.file(filename)
     return StreamingResponse(
-        read_chunks(file.open(lookup.registry.store)),
+        read_chunks(file.open(registry.store)),
         media_type=MEDIA_TYPES[filename],
         headers={**_attachment(filename), "Content-Length": str(file.size_bytes)},
     )
 
 
 @router.get("/v1/adapters/{name}/versions/{number}/download", response_model=DownloadObject)
-def get_version_download(exported: ExportDep, request: Request, lookup: RegistryLookupDep) -> DownloadObject:
+def get_version_download(exported: ExportDep, request: Request, registry: RegistryDep) -> DownloadObject:
     """Where to fetch each file of the version, with its size and sha256. On S3 storage the weights'
     URL is presigned, straight to the bucket (it expires at `expires_at`); the config, which names
     the served base, and everything on file:// storage come through this API's .../files/ route."""
-    store, expires_s = lookup.registry.store, lookup.registry.presigned_expires_s
+    store, expires_s = registry.store, registry.presigned_expires_s
     files = []
     for file in exported.files:
         presigned = (

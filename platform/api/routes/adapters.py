@@ -3,9 +3,9 @@
 Everything is scoped to the caller's tenant; another tenant's adapter is a 404 exactly
 like a missing one. Reading and changing need a developer or admin key (an inference key
 calls adapters by name and lists them in GET /v1/models, nothing more: docs/ACCESS.md).
-After a change the resolution cache of that adapter is invalidated; an alias move also
-prefetches its version into the engine's host cache, and a deletion unloads the
-version from the engine before its blobs are removed.
+Changes go through the registry service (registry/service.py), which forgets its cached
+resolutions of the adapter; an alias move also prefetches its version into the engine's host
+cache, and a deletion unloads the version from the engine before its blobs are removed.
 """
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ from typing import Annotated
 from fastapi import APIRouter, BackgroundTasks, File, Form, Query, Response, UploadFile
 from sqlalchemy.orm import Session
 
-from loraloom.engine import AdapterLoadError, EngineClient
-from loraloom.platform.api.deps import DeveloperDep, EngineDep, RegistryLookupDep, SessionDep
+from loraloom.engine import AdapterHandle, AdapterLoadError, EngineClient
+from loraloom.platform.api.deps import DeveloperDep, EngineDep, RegistryDep, SessionDep
 from loraloom.platform.api.errors import FieldErrorRoute
 from loraloom.platform.api.schemas.adapters import (
     ALLOW_BASE_MISMATCH_IGNORED,
@@ -40,23 +40,11 @@ from loraloom.platform.api.schemas.adapters import (
 )
 from loraloom.platform.api.schemas.common import DEFAULT_PAGE_SIZE, ErrorResponse, PageLimit
 from loraloom.platform.db.models import MAX_INT64, AdapterVersion
-from loraloom.platform.registry.aliases import alias_history, find_alias, move_alias, remove_alias
-from loraloom.platform.registry.lookup import RegistryAdapterLookup
+from loraloom.platform.registry.aliases import alias_history, find_alias
 from loraloom.platform.registry.publish import Published
-from loraloom.platform.registry.resolution import ResolvedVersion
 from loraloom.platform.registry.staging import UploadedPart
-from loraloom.platform.registry.uploads import (
-    PlannedFile,
-    UploadedFile,
-    complete_presigned_upload,
-    request_presigned_uploads,
-    upload_version,
-)
-from loraloom.platform.registry.validation import ServedBase
+from loraloom.platform.registry.uploads import PlannedFile, UploadedFile
 from loraloom.platform.registry.versions import (
-    delete_adapter,
-    delete_unreferenced_blobs,
-    delete_version,
     find_adapter,
     find_version,
     list_adapters,
@@ -72,10 +60,6 @@ router = APIRouter(
     route_class=FieldErrorRoute,
     responses={status: {"model": ErrorResponse} for status in (400, 404, 409, 413, 500)},
 )
-
-
-def served_base(engine: EngineClient) -> ServedBase:
-    return ServedBase(name=engine.model_name, config=engine.model_config, max_lora_rank=engine.max_lora_rank)
 
 
 # ------------------------------------------------------------------ helpers
@@ -96,21 +80,12 @@ def _published_object(session: Session, published: Published, adapter_name: str,
     return answer
 
 
-async def _prefetch(engine: EngineClient, lookup: RegistryAdapterLookup, version: ResolvedVersion) -> None:
+async def _prefetch(engine: EngineClient, adapter: AdapterHandle) -> None:
     """Load a just-promoted version into the host cache, so its first request does not wait for storage."""
     try:
-        await engine.load_adapter(version.handle(lookup.registry.store))
+        await engine.load_adapter(adapter)
     except AdapterLoadError as error:
-        logger.error("prefetch of %s failed: %s", version.key, error)
-
-
-def _forget(
-    session: Session, engine: EngineClient, lookup: RegistryAdapterLookup, versions: list[ResolvedVersion]
-) -> None:
-    """After deleted versions are committed: unload them from the engine, then delete their blobs."""
-    for version in versions:
-        engine.unload_adapter(version.key)
-    delete_unreferenced_blobs(session, store=lookup.registry.store, versions=versions)
+        logger.error("prefetch of %s failed: %s", adapter.key, error)
 
 
 # ------------------------------------------------------------------ adapters
@@ -118,7 +93,7 @@ def _forget(
 def get_adapters(
     caller: DeveloperDep,
     session: SessionDep,
-    lookup: RegistryLookupDep,
+    registry: RegistryDep,
     limit: PageLimit = DEFAULT_PAGE_SIZE,
     after: Annotated[str | None, Query(description="The last name of the previous page.")] = None,
 ) -> AdapterList:
@@ -127,7 +102,7 @@ def get_adapters(
 
 
 @router.get("/v1/adapters/{name}", response_model=AdapterObject)
-def get_adapter(name: AdapterNamePath, caller: DeveloperDep, session: SessionDep, lookup: RegistryLookupDep) -> AdapterObject:
+def get_adapter(name: AdapterNamePath, caller: DeveloperDep, session: SessionDep, registry: RegistryDep) -> AdapterObject:
     return AdapterObject.of(find_adapter(session, tenant_id=caller.tenant_id, name=name))
 
 
@@ -136,14 +111,12 @@ def remove_adapter(
     name: AdapterNamePath,
     caller: DeveloperDep,
     session: SessionDep,
-    lookup: RegistryLookupDep,
+    registry: RegistryDep,
     engine: EngineDep,
     force: Annotated[bool, Query(description="Delete even while aliases other than latest point at its versions.")] = False,
 ) -> Deleted:
     """Delete an adapter and all its versions; refused (409) while it has aliases other than `latest`, unless force."""
-    removed = delete_adapter(session, tenant_id=caller.tenant_id, name=name, force=force)
-    lookup.invalidate(caller.tenant_id, name)
-    _forget(session, engine, lookup, removed)
+    registry.delete_adapter(session, tenant_id=caller.tenant_id, name=name, force=force, unload=engine.unload_adapter)
     return Deleted(id=name, object="adapter")
 
 
@@ -155,8 +128,7 @@ def post_version(
     response: Response,
     caller: DeveloperDep,
     session: SessionDep,
-    lookup: RegistryLookupDep,
-    engine: EngineDep,
+    registry: RegistryDep,
     files: Annotated[
         list[UploadFile],
         File(description="adapter_config.json and adapter_model.safetensors, or one .tar.gz/.tgz/.tar/.zip of them."),
@@ -166,18 +138,10 @@ def post_version(
 ) -> VersionObject:
     """Upload a new version; the adapter is created by its first version. `latest` moves to it. Files a
     version already holds (byte for byte) return that version with status 200 and `deduplicated: true`."""
-    published = upload_version(
-        session,
-        store=lookup.registry.store,
-        tenant_id=caller.tenant_id,
-        adapter_name=name,
+    published = registry.upload_version(
+        session, tenant_id=caller.tenant_id, name=name, actor_key_id=caller.api_key_id,
         parts=[UploadedPart(filename=file.filename or "", stream=file.file) for file in files],
-        limits=lookup.registry.upload_limits,
-        base=served_base(engine),
-        actor_key_id=caller.api_key_id,
-        staging_dir=lookup.registry.staging_dir,
     )
-    lookup.invalidate(caller.tenant_id, name)
     return _published_object(session, published, name, response)
 
 
@@ -186,7 +150,7 @@ def get_versions(
     name: AdapterNamePath,
     caller: DeveloperDep,
     session: SessionDep,
-    lookup: RegistryLookupDep,
+    registry: RegistryDep,
     limit: PageLimit = DEFAULT_PAGE_SIZE,
     after: Annotated[
         int | None, Query(ge=0, le=MAX_INT64, description="The last version number of the previous page.")
@@ -198,7 +162,7 @@ def get_versions(
 
 @router.get("/v1/adapters/{name}/versions/{number}", response_model=VersionObject)
 def get_version(
-    name: AdapterNamePath, number: VersionNumber, caller: DeveloperDep, session: SessionDep, lookup: RegistryLookupDep
+    name: AdapterNamePath, number: VersionNumber, caller: DeveloperDep, session: SessionDep, registry: RegistryDep
 ) -> VersionObject:
     return _version_object(session, find_version(session, tenant_id=caller.tenant_id, name=name, number=number), name)
 
@@ -209,32 +173,26 @@ def remove_version(
     number: VersionNumber,
     caller: DeveloperDep,
     session: SessionDep,
-    lookup: RegistryLookupDep,
+    registry: RegistryDep,
     engine: EngineDep,
     force: Annotated[bool, Query(description="Also delete the aliases (other than latest) pointing at it.")] = False,
 ) -> Deleted:
-    removed = delete_version(
-        session, tenant_id=caller.tenant_id, name=name, number=number, force=force, actor_key_id=caller.api_key_id
+    registry.delete_version(
+        session, tenant_id=caller.tenant_id, name=name, number=number, force=force, actor_key_id=caller.api_key_id,
+        unload=engine.unload_adapter,
     )
-    lookup.invalidate(caller.tenant_id, name)
-    _forget(session, engine, lookup, [removed])
     return Deleted(id=f"{name}@{number}", object="adapter.version")
 
 
 # ------------------------------------------------------------------ presigned uploads
 @router.post("/v1/adapters/{name}/uploads", response_model=UploadObject)
 def post_upload(
-    name: AdapterNamePath, body: UploadRequestBody, caller: DeveloperDep, lookup: RegistryLookupDep, engine: EngineDep
+    name: AdapterNamePath, body: UploadRequestBody, caller: DeveloperDep, registry: RegistryDep
 ) -> UploadObject:
     """For adapters too big to pass through the gateway: presigned URLs to PUT the two files straight
     to object storage (S3 storage only); then POST .../uploads/complete."""
-    presigned = request_presigned_uploads(
-        store=lookup.registry.store,
-        adapter_name=name,
-        files=[PlannedFile(filename=file.filename, size_bytes=file.size_bytes) for file in body.files],
-        limits=lookup.registry.upload_limits,
-        base=served_base(engine),
-        expires_s=lookup.registry.presigned_expires_s,
+    presigned = registry.request_presigned_uploads(
+        name=name, files=[PlannedFile(filename=file.filename, size_bytes=file.size_bytes) for file in body.files]
     )
     return UploadObject(
         files=[
@@ -254,32 +212,23 @@ def post_upload_complete(
     response: Response,
     caller: DeveloperDep,
     session: SessionDep,
-    lookup: RegistryLookupDep,
-    engine: EngineDep,
+    registry: RegistryDep,
 ) -> VersionObject:
     """Verify the uploaded files' sizes and sha256, validate the adapter, register the new version (or
     return, with status 200, the version that holds the same files already)."""
-    published = complete_presigned_upload(
-        session,
-        store=lookup.registry.store,
-        tenant_id=caller.tenant_id,
-        adapter_name=name,
+    published = registry.complete_presigned_upload(
+        session, tenant_id=caller.tenant_id, name=name, actor_key_id=caller.api_key_id,
         files=[
             UploadedFile(filename=f.filename, upload_key=f.upload_key, sha256=f.sha256, size_bytes=f.size_bytes)
             for f in body.files
         ],
-        limits=lookup.registry.upload_limits,
-        base=served_base(engine),
-        actor_key_id=caller.api_key_id,
-        staging_dir=lookup.registry.staging_dir,
     )
-    lookup.invalidate(caller.tenant_id, name)
     return _published_object(session, published, name, response)
 
 
 # ------------------------------------------------------------------ aliases
 @router.get("/v1/adapters/{name}/aliases/{alias}", response_model=AliasObject)
-def get_alias(name: AdapterNamePath, alias: AliasNamePath, caller: DeveloperDep, session: SessionDep, lookup: RegistryLookupDep) -> AliasObject:
+def get_alias(name: AdapterNamePath, alias: AliasNamePath, caller: DeveloperDep, session: SessionDep, registry: RegistryDep) -> AliasObject:
     return AliasObject.of(find_alias(session, tenant_id=caller.tenant_id, name=name, alias=alias), name)
 
 
@@ -290,37 +239,31 @@ def put_alias(
     body: AliasMoveBody,
     caller: DeveloperDep,
     session: SessionDep,
-    lookup: RegistryLookupDep,
+    registry: RegistryDep,
     engine: EngineDep,
     background: BackgroundTasks,
 ) -> AliasObject:
     """Point the alias at a version (promote, rollback); recorded in the alias's history.
     The version is prefetched into the engine's host cache after the response."""
-    row, version = move_alias(
-        session,
-        tenant_id=caller.tenant_id,
-        name=name,
-        alias=alias,
-        number=body.version,
+    row, version = registry.move_alias(
+        session, tenant_id=caller.tenant_id, name=name, alias=alias, number=body.version,
         actor_key_id=caller.api_key_id,
     )
-    lookup.invalidate(caller.tenant_id, name)
-    background.add_task(_prefetch, engine, lookup, version)
+    background.add_task(_prefetch, engine, version)
     return AliasObject.of(row, name)
 
 
 @router.delete("/v1/adapters/{name}/aliases/{alias}", response_model=Deleted)
 def delete_alias_route(
-    name: AdapterNamePath, alias: MovableAliasPath, caller: DeveloperDep, session: SessionDep, lookup: RegistryLookupDep
+    name: AdapterNamePath, alias: MovableAliasPath, caller: DeveloperDep, session: SessionDep, registry: RegistryDep
 ) -> Deleted:
-    remove_alias(session, tenant_id=caller.tenant_id, name=name, alias=alias, actor_key_id=caller.api_key_id)
-    lookup.invalidate(caller.tenant_id, name)
+    registry.remove_alias(session, tenant_id=caller.tenant_id, name=name, alias=alias, actor_key_id=caller.api_key_id)
     return Deleted(id=f"{name}:{alias}", object="adapter.alias")
 
 
 @router.get("/v1/adapters/{name}/aliases/{alias}/history", response_model=AliasHistoryList)
 def get_alias_history(
-    name: AdapterNamePath, alias: AliasNamePath, caller: DeveloperDep, session: SessionDep, lookup: RegistryLookupDep
+    name: AdapterNamePath, alias: AliasNamePath, caller: DeveloperDep, session: SessionDep, registry: RegistryDep
 ) -> AliasHistoryList:
     moves = alias_history(session, tenant_id=caller.tenant_id, name=name, alias=alias)
     return AliasHistoryList(

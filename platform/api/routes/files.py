@@ -10,7 +10,7 @@ from fastapi import APIRouter, File, Form, Query, UploadFile
 from fastapi.responses import StreamingResponse
 from starlette.concurrency import iterate_in_threadpool
 
-from loraloom.platform.api.deps import DeveloperDep, EngineDep, RegistryLookupDep, SessionDep, SettingsDep
+from loraloom.platform.api.deps import DeveloperDep, EngineDep, RegistryDep, SessionDep, SettingsDep
 from loraloom.platform.api.errors import FieldErrorRoute
 from loraloom.platform.api.schemas.common import DEFAULT_PAGE_SIZE, ErrorResponse, PageLimit
 from loraloom.platform.api.schemas.files import FileDeleted, FileList, FileObject
@@ -28,7 +28,7 @@ router = APIRouter(
 def upload_file(
     caller: DeveloperDep,
     session: SessionDep,
-    lookup: RegistryLookupDep,
+    registry: RegistryDep,
     engine: EngineDep,
     settings: SettingsDep,
     file: Annotated[UploadFile, File(description="A JSONL dataset: chat, instruction or text format.")],
@@ -36,7 +36,7 @@ def upload_file(
 ) -> FileObject:
     row = create_file(
         session,
-        store=lookup.registry.store,
+        store=registry.store,
         tenant_id=caller.tenant_id,
         actor_key_id=caller.api_key_id,
         filename=file.filename or "",
@@ -53,7 +53,7 @@ def upload_file(
 def get_files(
     caller: DeveloperDep,
     session: SessionDep,
-    lookup: RegistryLookupDep,
+    registry: RegistryDep,
     purpose: str | None = None,
     limit: PageLimit = DEFAULT_PAGE_SIZE,
     after: Annotated[str | None, Query(description="The last file id of the previous page.")] = None,
@@ -63,20 +63,20 @@ def get_files(
 
 
 @router.get("/v1/files/{file_id}", response_model=FileObject)
-def get_file(file_id: str, caller: DeveloperDep, session: SessionDep, lookup: RegistryLookupDep) -> FileObject:
+def get_file(file_id: str, caller: DeveloperDep, session: SessionDep, registry: RegistryDep) -> FileObject:
     return FileObject.of(find_file(session, tenant_id=caller.tenant_id, file_id=file_id))
 
 
 @router.delete("/v1/files/{file_id}", response_model=FileDeleted)
-def remove_file(file_id: str, caller: DeveloperDep, session: SessionDep, lookup: RegistryLookupDep) -> FileDeleted:
-    delete_file(session, store=lookup.registry.store, tenant_id=caller.tenant_id, file_id=file_id)
+def remove_file(file_id: str, caller: DeveloperDep, session: SessionDep, registry: RegistryDep) -> FileDeleted:
+    delete_file(session, store=registry.store, tenant_id=caller.tenant_id, file_id=file_id)
     return FileDeleted(id=file_id)
 
 
 @router.get("/v1/files/{file_id}/content", response_class=StreamingResponse)
-def get_file_content(file_id: str, caller: DeveloperDep, session: SessionDep, lookup: RegistryLookupDep):
+def get_file_content(file_id: str, caller: DeveloperDep, session: SessionDep, registry: RegistryDep):
     row = find_file(session, tenant_id=caller.tenant_id, file_id=file_id)
-    blob = open_file(lookup.registry.store, row)
+    blob = open_file(registry.store, row)
     return StreamingResponse(
         iterate_in_threadpool(read_chunks(blob)), media_type="application/jsonl",
         # The name is the uploader's: percent-encoded, so it can never break out of the header.

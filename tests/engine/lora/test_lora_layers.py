@@ -17,9 +17,9 @@ from loraloom.engine.model.layers import Linear
 from loraloom.engine.model.loader import load_model
 from loraloom.engine.lora.errors import AdapterLoadError
 from loraloom.engine.lora.files import ADAPTER_WEIGHTS_FILE
-from loraloom.engine.lora.layers import LoRALinear, LoRASlotPool, PACKED_MODULES, attach_lora, build_sgmv_metadata
+from loraloom.engine.lora.layers import LoRALinear, LoRASlotPool, attach_lora, build_sgmv_metadata
 from loraloom.engine.lora.weights import load_adapter_weights
-from loraloom.engine.model.llama import allocate_kv_cache
+from loraloom.engine.model.llama import PACKED_MODULES, allocate_kv_cache
 from loraloom.kernels.backend import REFERENCE_BACKEND
 from loraloom.kernels.lora_stacks import PANEL_WIDTH, PackedStack, SliceStack
 from loraloom.kernels.metadata import AttentionMetadata

@@ -210,7 +210,7 @@ def test_fp8_cache_greedy_generations_match_the_full_precision_cache(model_dir: 
     assert identical >= GREEDY_MIN_IDENTICAL and mean_prefix >= GREEDY_MIN_MEAN_PREFIX, report
 
 
-LICENSE_DIR = Path("/usr/share/common-licenses")  # as tests/engine/model/test_fp8.py: on every Debian machine
+LICENSE_DIR = Path("/usr/share/common-licenses")  # as tests/engine/model/test_fp8_model.py: on every Debian machine
 PERPLEXITY_CHUNK = 1024
 PERPLEXITY_CHUNKS = 3
 

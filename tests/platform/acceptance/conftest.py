@@ -15,14 +15,11 @@ from sqlalchemy import Engine, func, select
 
 from loraloom.engine.async_engine import AsyncEngine
 from loraloom.engine.config import EngineConfig
-from loraloom.platform.api.app import create_app
+from loraloom.platform.api.composition import compose_app
 from loraloom.platform.db import create_db_engine
 from loraloom.platform.db.models import AuditLogEntry, Base, BlobLock, UsageRecord
 from loraloom.platform.registry.fetch import adapter_fetcher_from_settings
-from loraloom.platform.registry.local import LocalAdapterLookup
-from loraloom.platform.registry.lookup import registry_lookup_from_settings
 from loraloom.platform.storage import LocalBlobStore, storage_from_settings
-from loraloom.platform.training.jobs import find_checkpoint
 
 MAX_LORA_RANK = 8  # small, so a rank-16 config is "too large" without a big file
 UPLOAD_LIMIT_BYTES = 4 * 1024 * 1024  # both adapters are well under it
@@ -85,9 +82,7 @@ def live(model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         EngineConfig(num_kv_blocks=64, max_lora_rank=MAX_LORA_RANK),
         adapter_fetcher_from_settings(settings, store),
     )
-    local = LocalAdapterLookup({engine.model_name}, {}, None)
-    lookup = registry_lookup_from_settings(settings, store, local, find_checkpoint=find_checkpoint)
-    app = create_app(engine, lookup, settings)
+    app = compose_app(settings, engine)
     database = create_db_engine(settings.database_url)
     try:
         with serve_in_thread(app) as url:

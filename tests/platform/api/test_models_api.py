@@ -18,14 +18,11 @@ from sqlalchemy import update
 
 from loraloom.engine.async_engine import AsyncEngine
 from loraloom.engine.config import EngineConfig
-from loraloom.platform.api.app import create_app
+from loraloom.platform.api.composition import compose_app
 from loraloom.platform.db import create_db_engine, create_session_factory
 from loraloom.platform.db.models import Adapter, AdapterVersion, Alias
 from loraloom.platform.registry.fetch import adapter_fetcher_from_settings
-from loraloom.platform.registry.local import LocalAdapterLookup
-from loraloom.platform.registry.lookup import registry_lookup_from_settings
 from loraloom.platform.storage import storage_from_settings
-from loraloom.platform.training.jobs import find_checkpoint
 
 NAMES = ("adapter_config.json", "adapter_model.safetensors")
 CHAT = [{"role": "user", "content": "Hi"}]
@@ -64,9 +61,7 @@ def served(model_dir, tmp_path_factory) -> Iterator[Served]:
     store = storage_from_settings(settings)
     engine = AsyncEngine.create(model_dir, EngineConfig(num_kv_blocks=64), adapter_fetcher_from_settings(settings, store))
     local_copy = Path(shutil.copytree(peft_adapter, tmp_path_factory.mktemp("local") / "local-copy"))
-    local = LocalAdapterLookup({engine.model_name}, {"local-copy": local_copy}, None)
-    lookup = registry_lookup_from_settings(settings, store, local, find_checkpoint=find_checkpoint)
-    with serve_in_thread(create_app(engine, lookup, settings)) as url:
+    with serve_in_thread(compose_app(settings, engine, adapters={"local-copy": local_copy})) as url:
         with httpx.Client(base_url=url, headers=bearer(acme), timeout=120) as http:
             for directory in (peft_adapter, other_peft_adapter):
                 files = [("files", (name, (directory / name).read_bytes())) for name in NAMES]

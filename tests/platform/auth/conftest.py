@@ -41,7 +41,7 @@ def auth_server(model_dir, tmp_path_factory) -> Iterator[AuthServer]:
 
 @dataclass
 class AccessServer:
-    """A server as `loraloom serve` builds it (create_app over the registry lookup), with the app itself
+    """A server as `loraloom serve` builds it (compose_app), with the app itself
     for walking its routes. keys: "inference", "developer", "admin" (tenant acme), "globex" (a developer
     of tenant globex), "operator" (an admin key of tenant default)."""
 
@@ -55,9 +55,8 @@ class AccessServer:
 @pytest.fixture(scope="session")
 def access_server(model_dir, tmp_path_factory) -> Iterator[AccessServer]:
     from loraloom.platform.registry.fetch import adapter_fetcher_from_settings
-    from loraloom.platform.registry.lookup import registry_lookup_from_settings
+    from loraloom.platform.api.composition import compose_app
     from loraloom.platform.storage import storage_from_settings
-    from loraloom.platform.training.jobs import find_checkpoint
 
     settings = migrated_settings(tmp_path_factory.mktemp("access"))
     keys = {
@@ -69,8 +68,6 @@ def access_server(model_dir, tmp_path_factory) -> Iterator[AccessServer]:
     }
     store = storage_from_settings(settings)
     engine = AsyncEngine.create(model_dir, EngineConfig(num_kv_blocks=64), adapter_fetcher_from_settings(settings, store))
-    lookup = registry_lookup_from_settings(settings, store, LocalAdapterLookup({engine.model_name}, {}, None),
-                                           find_checkpoint=find_checkpoint)
-    app = create_app(engine, lookup, settings)
+    app = compose_app(settings, engine)
     with serve_in_thread(app) as url:
         yield AccessServer(url=url, app=app, engine=engine, settings=settings, keys=keys)

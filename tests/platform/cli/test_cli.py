@@ -18,7 +18,7 @@ from lora_factory import make_peft_adapter
 from loraloom.engine.model.bundled import bundled_model_dir
 from loraloom.engine.config import EngineConfig
 from loraloom.platform.cli.main import build_parser, main
-from loraloom.platform.cli.serve import engine_config, fast_server_options, use_settings_defaults
+from loraloom.platform.cli.serve import engine_config, fast_server_options, use_settings_defaults, worker_command
 from loraloom.platform.settings import Settings
 
 LORALOOM = Path(sys.executable).parent / "loraloom"  # the installed console script
@@ -106,6 +106,14 @@ def test_gpu_memory_utilization_must_be_a_fraction(capsys, value):
 
 def test_serve_defaults_are_the_engine_defaults():
     assert engine_config(build_parser().parse_args(["serve"])) == EngineConfig()
+
+
+def test_the_worker_serve_starts_trains_for_serve_s_base_and_rank(tmp_path):
+    command = worker_command(tmp_path / "base", None, 16)
+    args = build_parser().parse_args(command[command.index("worker"):])
+    assert (args.command, args.model, args.max_lora_rank) == ("worker", tmp_path / "base", 16)
+    # A worker started on its own assumes servers of the engine's default sizes.
+    assert build_parser().parse_args(["worker"]).max_lora_rank == EngineConfig().max_lora_rank
 
 
 def test_serve_runs_uvicorn_on_uvloop_and_httptools():

@@ -19,12 +19,9 @@ from lora_factory import make_peft_adapter
 from loraloom.engine.async_engine import AsyncEngine
 from loraloom.engine.config import EngineConfig
 from loraloom.engine.lora.weights import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE
-from loraloom.platform.api.app import create_app
+from loraloom.platform.api.composition import compose_app
 from loraloom.platform.registry.fetch import adapter_fetcher_from_settings
-from loraloom.platform.registry.local import LocalAdapterLookup
-from loraloom.platform.registry.lookup import registry_lookup_from_settings
 from loraloom.platform.storage import storage_from_settings
-from loraloom.platform.training.jobs import find_checkpoint
 
 LORALOOM = Path(sys.executable).parent / "loraloom"  # the installed console script
 
@@ -50,9 +47,7 @@ def server(model_dir, tmp_path_factory) -> Iterator[ClientServer]:
     }
     store = storage_from_settings(settings)
     engine = AsyncEngine.create(model_dir, EngineConfig(num_kv_blocks=16), adapter_fetcher_from_settings(settings, store))
-    local = LocalAdapterLookup({engine.model_name}, {}, None)
-    lookup = registry_lookup_from_settings(settings, store, local, find_checkpoint=find_checkpoint)
-    app = create_app(engine, lookup, settings)
+    app = compose_app(settings, engine)
     with serve_in_thread(app) as url:
         yield ClientServer(url=url, keys=keys, adapters=adapters)
 

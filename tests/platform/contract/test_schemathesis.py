@@ -26,12 +26,9 @@ from lora_factory import make_peft_adapter
 
 from loraloom.engine.async_engine import AsyncEngine
 from loraloom.engine.config import EngineConfig
-from loraloom.platform.api.app import create_app
+from loraloom.platform.api.composition import compose_app
 from loraloom.platform.registry.fetch import adapter_fetcher_from_settings
-from loraloom.platform.registry.local import LocalAdapterLookup
-from loraloom.platform.registry.lookup import registry_lookup_from_settings
 from loraloom.platform.storage import storage_from_settings
-from loraloom.platform.training.jobs import find_checkpoint
 
 HERE = Path(__file__).resolve().parent
 SCHEMATHESIS = Path(sys.executable).with_name("schemathesis")
@@ -83,9 +80,7 @@ def contract_server(model_dir, tmp_path_factory) -> Iterator[tuple[str, str, dic
     operator = make_key(settings, tenant="default", role="admin")
     store = storage_from_settings(settings)
     engine = AsyncEngine.create(model_dir, EngineConfig(num_kv_blocks=64), adapter_fetcher_from_settings(settings, store))
-    local = LocalAdapterLookup({engine.model_name}, {}, None)
-    lookup = registry_lookup_from_settings(settings, store, local, find_checkpoint=find_checkpoint)
-    with serve_in_thread(create_app(engine, lookup, settings)) as url:
+    with serve_in_thread(compose_app(settings, engine)) as url:
         yield url, operator, seed(url, operator, peft)
 
 

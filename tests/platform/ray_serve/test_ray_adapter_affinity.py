@@ -22,15 +22,12 @@ ray = pytest.importorskip("ray")
 from ray import serve  # noqa: E402  (after the skip: Ray is the optional extra `ray`)
 
 from loraloom.engine import ADAPTER_FILES, AsyncEngine, EngineConfig  # noqa: E402
-from loraloom.platform.api.app import create_app  # noqa: E402
+from loraloom.platform.api.composition import compose_app  # noqa: E402
 from loraloom.platform.ray_serve.app import build_application  # noqa: E402
 from loraloom.platform.ray_serve.engine_deployment import EngineDeployment  # noqa: E402
 from loraloom.platform.ray_serve.replica_board import replica_board  # noqa: E402
 from loraloom.platform.registry.fetch import adapter_fetcher_from_settings  # noqa: E402
-from loraloom.platform.registry.local import LocalAdapterLookup  # noqa: E402
-from loraloom.platform.registry.lookup import registry_lookup_from_settings  # noqa: E402
 from loraloom.platform.storage import storage_from_settings  # noqa: E402
-from loraloom.platform.training.jobs import find_checkpoint  # noqa: E402
 
 ENGINE = {"num_kv_blocks": 64, "max_loras": 4, "max_num_seqs": 8}
 ADAPTERS = [f"bot{index}" for index in range(4)]
@@ -135,9 +132,7 @@ def test_each_adapter_is_served_by_one_replica_and_both_replicas_serve(cluster, 
     settings = cluster.settings
     store = storage_from_settings(settings)
     engine = AsyncEngine.create(model_dir, EngineConfig(**ENGINE), adapter_fetcher_from_settings(settings, store))
-    lookup = registry_lookup_from_settings(settings, store, LocalAdapterLookup({engine.model_name}, {}, None),
-                                           find_checkpoint=find_checkpoint)
-    with TestClient(create_app(engine, lookup, settings)) as local:
+    with TestClient(compose_app(settings, engine)) as local:
         assert answers(local.post, cluster.headers) == served
 
 

@@ -18,7 +18,7 @@ from loraloom.engine.lora.weights import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FI
 from loraloom.platform.db.models import Adapter, AdapterVersion, AdapterVersionFile, Alias, AliasHistory
 from loraloom.platform.registry.publish import Published
 from loraloom.platform.registry.staging import UploadedPart, UploadLimits
-from loraloom.platform.registry.uploads import upload_version
+from loraloom.platform.registry.uploads import UploadTarget, upload_version
 from loraloom.platform.registry.validation import ServedBase
 from loraloom.platform.storage import BlobStore, LocalBlobStore
 
@@ -62,17 +62,22 @@ def upload_parts(
 ) -> Published:
     """Register the parts as a version of `name` (or get the version holding them already: deduplicated)."""
     with factory() as session:
-        return upload_version(
-            session,
-            store=store,
-            tenant_id=tenant_id,
-            adapter_name=name,
-            parts=parts,
-            limits=UploadLimits(max_total_bytes=64 * 1024 * 1024, max_archive_members=8),
-            base=served,
-            actor_key_id=None,
-            staging_dir=Path(tempfile.gettempdir()),  # the server stages under its data dir; any folder will do here
-        )
+        return upload_version(session, upload_target(store, served, tenant_id, name), parts)
+
+
+def upload_target(
+    store: BlobStore, served: ServedBase, tenant_id: uuid.UUID, name: str, *, limits: UploadLimits | None = None
+) -> UploadTarget:
+    """A push of `name` by tenant `tenant_id` (no key), staged in the system's temp folder."""
+    return UploadTarget(
+        store=store,
+        staging_dir=Path(tempfile.gettempdir()),  # the server stages under its data dir; any folder will do here
+        limits=limits or UploadLimits(max_total_bytes=64 * 1024 * 1024, max_archive_members=8),
+        base=served,
+        tenant_id=tenant_id,
+        adapter_name=name,
+        actor_key_id=None,
+    )
 
 
 def upload_dir(

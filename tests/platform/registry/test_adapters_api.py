@@ -25,12 +25,9 @@ from sqlalchemy.engine import Engine
 from loraloom.engine import runtime_key
 from loraloom.engine.async_engine import AsyncEngine
 from loraloom.engine.config import EngineConfig
-from loraloom.platform.api.app import create_app
+from loraloom.platform.api.composition import compose_app
 from loraloom.platform.registry.fetch import adapter_fetcher_from_settings
-from loraloom.platform.registry.local import LocalAdapterLookup
-from loraloom.platform.registry.lookup import registry_lookup_from_settings
 from loraloom.platform.storage import LocalBlobStore, content_key, storage_from_settings
-from loraloom.platform.training.jobs import find_checkpoint
 
 NAMES = ("adapter_config.json", "adapter_model.safetensors")
 CHAT = [{"role": "user", "content": "What is the capital of France?"}]
@@ -57,9 +54,7 @@ def api(model_dir, peft_adapter, tmp_path_factory) -> Iterator[Api]:
     store = storage_from_settings(settings)
     engine = AsyncEngine.create(model_dir, EngineConfig(num_kv_blocks=128), adapter_fetcher_from_settings(settings, store))
     local_copy = shutil.copytree(peft_adapter, tmp_path_factory.mktemp("local") / "local-copy")
-    local = LocalAdapterLookup({engine.model_name}, {"local-copy": Path(local_copy)}, None)
-    lookup = registry_lookup_from_settings(settings, store, local, find_checkpoint=find_checkpoint)
-    app = create_app(engine, lookup, settings)
+    app = compose_app(settings, engine, adapters={"local-copy": Path(local_copy)})
     with TestClient(app) as client:
         yield Api(client, engine, store, **{role: bearer(key) for role, key in keys.items()})
 

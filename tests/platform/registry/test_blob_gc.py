@@ -19,7 +19,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from loraloom.engine.async_engine import AsyncEngine
 from loraloom.engine.config import EngineConfig
-from loraloom.platform.api.app import create_app
+from loraloom.platform.api.composition import compose_app
 from loraloom.platform.db import create_db_engine, create_session_factory
 from loraloom.platform.db.blob_references import CLAIM_TTL, claim_blobs, release_claims
 from loraloom.platform.db.models import (
@@ -34,11 +34,8 @@ from loraloom.platform.db.models import (
 )
 from loraloom.platform.registry.blobs import collect_blob
 from loraloom.platform.registry.fetch import adapter_fetcher_from_settings
-from loraloom.platform.registry.local import LocalAdapterLookup
-from loraloom.platform.registry.lookup import registry_lookup_from_settings
 from loraloom.platform.registry.versions import delete_adapter, delete_unreferenced_blobs, delete_version
 from loraloom.platform.storage import BlobStore, content_key, storage_from_settings
-from loraloom.platform.training.jobs import find_checkpoint
 
 CONFIG = "adapter_config.json"
 WEIGHTS = "adapter_model.safetensors"
@@ -120,9 +117,7 @@ def store_has_any(store: BlobStore, *sha256s: str) -> bool:
 def serve_app(model_dir: Path, settings):
     store = storage_from_settings(settings)
     engine = AsyncEngine.create(model_dir, EngineConfig(num_kv_blocks=32), adapter_fetcher_from_settings(settings, store))
-    local = LocalAdapterLookup({engine.model_name}, {}, None)
-    lookup = registry_lookup_from_settings(settings, store, local, find_checkpoint=find_checkpoint)
-    return serve_in_thread(create_app(engine, lookup, settings))
+    return serve_in_thread(compose_app(settings, engine))
 
 
 def test_a_second_server_still_serves_another_tenant_s_checkpoint_after_the_delete(

@@ -16,12 +16,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from loraloom.engine import ADAPTER_FILES
 from loraloom.engine.async_engine import AsyncEngine
 from loraloom.engine.config import EngineConfig
-from loraloom.platform.api.app import create_app
+from loraloom.platform.api.composition import compose_app
 from loraloom.platform.registry.fetch import adapter_fetcher_from_settings
-from loraloom.platform.registry.local import LocalAdapterLookup
-from loraloom.platform.registry.lookup import registry_lookup_from_settings
 from loraloom.platform.storage import storage_from_settings
-from loraloom.platform.training.jobs import find_checkpoint
 
 CHAT = [{"role": "user", "content": "Say something."}]
 
@@ -57,9 +54,7 @@ def live(model_dir, tmp_path_factory) -> Iterator[Live]:
     store = storage_from_settings(settings)
     engine = AsyncEngine.create(model_dir, EngineConfig(num_kv_blocks=64, max_loras=8),
                                 adapter_fetcher_from_settings(settings, store))
-    lookup = registry_lookup_from_settings(settings, store, LocalAdapterLookup({engine.model_name}, {}, None),
-                                           find_checkpoint=find_checkpoint)
-    with TestClient(create_app(engine, lookup, settings)) as client:
+    with TestClient(compose_app(settings, engine)) as client:
         yield Live(client, engine, bearer(acme), bearer(globex), bearer(operator))
 
 

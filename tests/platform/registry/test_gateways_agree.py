@@ -21,14 +21,12 @@ from prometheus_client.parser import text_string_to_metric_families
 from loraloom.engine import ADAPTER_FILES
 from loraloom.engine.async_engine import AsyncEngine
 from loraloom.engine.config import EngineConfig
-from loraloom.platform.api.app import create_app
+from loraloom.platform.api.composition import compose_app
 from loraloom.platform.db import upgrade_database
 from loraloom.platform.registry.fetch import adapter_fetcher_from_settings
-from loraloom.platform.registry.local import LocalAdapterLookup
-from loraloom.platform.registry.lookup import RegistryAdapterLookup, registry_lookup_from_settings
+from loraloom.platform.registry.service import RegistryService
 from loraloom.platform.settings import Settings
 from loraloom.platform.storage import storage_from_settings
-from loraloom.platform.training.jobs import find_checkpoint
 
 HOUR_S = 3600.0
 NOTIFICATION_WAIT_S = 10.0  # generous; delivery takes milliseconds
@@ -38,7 +36,7 @@ CHAT = [{"role": "user", "content": "Say something."}]
 @dataclass
 class Gateway:
     client: TestClient
-    lookup: RegistryAdapterLookup
+    registry: RegistryService
     operator: dict[str, str]  # /metrics is the operator's
 
     def chat(self, headers: dict[str, str], model: str):
@@ -78,21 +76,20 @@ def gateways(postgres_database_url: str, model_dir: Path, tmp_path: Path) -> Ite
 
 
 class InProcessGateway:
-    """An app like `loraloom serve` builds (create_app over a registry lookup), served in-process."""
+    """An app as `loraloom serve` builds it (compose_app), served in-process."""
 
     def __init__(self, settings: Settings, model_dir: Path, operator: dict[str, str]) -> None:
         self.operator = operator
         store = storage_from_settings(settings)
         engine = AsyncEngine.create(model_dir, EngineConfig(num_kv_blocks=16, max_loras=2),
                                     adapter_fetcher_from_settings(settings, store))
-        self.lookup = registry_lookup_from_settings(
-            settings, store, LocalAdapterLookup({engine.model_name}, {}, None), find_checkpoint=find_checkpoint
-        )
-        self.client = TestClient(create_app(engine, self.lookup, settings))
+        app = compose_app(settings, engine)
+        self.registry = app.state.registry
+        self.client = TestClient(app)
 
     def __enter__(self) -> Gateway:
         self.client.__enter__()
-        return Gateway(self.client, self.lookup, self.operator)
+        return Gateway(self.client, self.registry, self.operator)
 
     def __exit__(self, *exc_info: object) -> None:
         self.client.__exit__(*exc_info)
@@ -127,7 +124,7 @@ def test_a_change_through_one_gateway_holds_on_the_others_next_request(
     # B resolves bot:prod to version 1 and keeps that answer.
     assert b.chat(developer, "bot:prod").status_code == 200
     assert b.served("acme", "bot@1") == 1
-    assert len(b.lookup.registry.resolutions) == 1
+    assert len(b.registry.resolutions) == 1
 
     # Promote prod to version 2 through A: B's next request serves version 2.
     assert a.client.put("/v1/adapters/bot/aliases/prod", json={"version": 2}, headers=developer).status_code == 200

@@ -16,13 +16,10 @@ from live_api import bearer, make_key, migrated_settings
 from loraloom.engine import ADAPTER_FILES
 from loraloom.engine.async_engine import AsyncEngine
 from loraloom.engine.config import EngineConfig
-from loraloom.platform.api.app import create_app
+from loraloom.platform.api.composition import compose_app
 from loraloom.platform.api.schemas.generation import MAX_CACHE_KEY_CHARS
 from loraloom.platform.registry.fetch import adapter_fetcher_from_settings
-from loraloom.platform.registry.local import LocalAdapterLookup
-from loraloom.platform.registry.lookup import registry_lookup_from_settings
 from loraloom.platform.storage import storage_from_settings
-from loraloom.platform.training.jobs import find_checkpoint
 
 BLOCK_SIZE = 16
 # The victim's system prompt with a secret near its end; the near miss differs in one figure of it.
@@ -55,9 +52,7 @@ def live(model_dir, peft_adapter, other_peft_adapter, tmp_path_factory) -> Itera
     store = storage_from_settings(settings)
     engine = AsyncEngine.create(model_dir, EngineConfig(num_kv_blocks=256, block_size=BLOCK_SIZE, max_loras=8),
                                 adapter_fetcher_from_settings(settings, store))
-    server_local = LocalAdapterLookup({engine.model_name}, {"shared-local": other_peft_adapter}, None)
-    lookup = registry_lookup_from_settings(settings, store, server_local, find_checkpoint=find_checkpoint)
-    with TestClient(create_app(engine, lookup, settings)) as client:
+    with TestClient(compose_app(settings, engine, adapters={"shared-local": other_peft_adapter})) as client:
         live = Live(client, keys)
         for tenant in TENANTS:  # the same bytes, uploaded by each tenant under the same name
             files = [("files", (name, (Path(peft_adapter) / name).read_bytes(), "application/octet-stream"))

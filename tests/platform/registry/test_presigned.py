@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import hashlib
 import shutil
-import tempfile
 from pathlib import Path
 
 import httpx
 import pytest
-from registry_checks import registry_row_counts, stored_objects
+from registry_checks import registry_row_counts, stored_objects, upload_target
 from safetensors.torch import load_file, save_file
 
 from loraloom.platform.registry.errors import UploadRejectedError
@@ -46,15 +45,7 @@ def complete(factory, store, served, tenant, presigned, directory: Path, *, sha2
         declared.append(UploadedFile(file.filename, file.upload_key, digest, len(data)))
     with factory() as session:
         return complete_presigned_upload(
-            session,
-            store=store,
-            tenant_id=tenant,
-            adapter_name="big-bot",
-            files=declared,
-            limits=LIMITS,
-            base=served,
-            actor_key_id=None,
-            staging_dir=Path(tempfile.gettempdir()),  # the server stages under its data dir; any folder will do here
+            session, upload_target(store, served, tenant, "big-bot", limits=LIMITS), declared
         ).version
 
 

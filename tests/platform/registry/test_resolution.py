@@ -15,10 +15,9 @@ from loraloom.platform.registry.aliases import move_alias
 from loraloom.platform.registry.errors import AdapterNotFoundError
 from loraloom.platform.registry.fetch import version_uri
 from loraloom.platform.registry.local import LocalAdapterLookup
-from loraloom.platform.registry.lookup import AdapterRegistry, RegistryAdapterLookup
+from loraloom.platform.registry.lookup import RegistryAdapterLookup
 from loraloom.platform.registry.references import parse_reference
 from loraloom.platform.registry.resolution import ResolutionCache
-from loraloom.platform.registry.staging import UploadLimits
 from loraloom.platform.registry.versions import delete_version
 from loraloom.platform.training.jobs import find_checkpoint
 
@@ -42,17 +41,13 @@ def local_adapter(peft_adapter: Path, tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def lookup(session_factory, file_store, served, clock, local_adapter, tmp_path) -> RegistryAdapterLookup:
-    registry = AdapterRegistry(
-        session_factory=session_factory,
-        store=file_store,
-        resolutions=ResolutionCache(capacity=100, ttl_s=30.0, clock=clock),
-        upload_limits=UploadLimits(),
-        presigned_expires_s=600,
-        staging_dir=tmp_path / "staging",
-    )
+def lookup(session_factory, file_store, served, clock, local_adapter) -> RegistryAdapterLookup:
     local = LocalAdapterLookup({served.name}, {}, local_adapter.parent)
-    return RegistryAdapterLookup(registry=registry, local=local, find_checkpoint=find_checkpoint)
+    return RegistryAdapterLookup(
+        session_factory=session_factory, store=file_store,
+        resolutions=ResolutionCache(capacity=100, ttl_s=30.0, clock=clock), local=local,
+        find_checkpoint=find_checkpoint,
+    )
 
 
 @pytest.fixture
@@ -140,7 +135,7 @@ def test_deleted_version_no_longer_resolves(lookup, acme_versions, session_facto
     tenant, _ = acme_versions
     with session_factory() as session:
         delete_version(session, tenant_id=tenant, name="support-bot", number=2, force=False, actor_key_id=None)
-    lookup.invalidate(tenant, "support-bot")
+    lookup.resolutions.invalidate(tenant, "support-bot")
     with pytest.raises(AdapterNotFoundError):
         lookup.resolve("support-bot@2", tenant)
     assert lookup.resolve("support-bot", tenant).name == "support-bot@1"  # latest moved back
@@ -160,7 +155,7 @@ def test_cache_serves_repeats_without_the_database_and_invalidates_on_alias_move
         move_alias(session, tenant_id=tenant, name="support-bot", alias="prod", number=2, actor_key_id=None)
     # Moved behind the cache's back: still the cached answer until invalidated (or the TTL ends).
     assert lookup.resolve("support-bot:prod", tenant).name == "support-bot@1"
-    lookup.invalidate(tenant, "support-bot")
+    lookup.resolutions.invalidate(tenant, "support-bot")
     assert lookup.resolve("support-bot:prod", tenant).name == "support-bot@2"
 
     with session_factory() as session:
@@ -180,7 +175,7 @@ def test_misses_are_cached_too_and_invalidated_by_a_first_upload(
         lookup.resolve("newcomer", tenant)
     assert queries == []
     upload_dir(session_factory, file_store, served, tenant, peft_adapter, name="newcomer")
-    lookup.invalidate(tenant, "newcomer")
+    lookup.resolutions.invalidate(tenant, "newcomer")
     assert lookup.resolve("newcomer", tenant).name == "newcomer@1"
 
 

@@ -14,13 +14,11 @@ from registry_checks import parts_of
 
 from loraloom.engine import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE
 from loraloom.platform.db import create_db_engine, create_session_factory, upgrade_database
-from loraloom.platform.registry.local import LocalAdapterLookup
-from loraloom.platform.registry.lookup import registry_lookup_from_settings
-from loraloom.platform.registry.staging import UploadedPart, UploadLimits
-from loraloom.platform.registry.uploads import upload_version
+from loraloom.platform.registry.service import RegistryService, registry_service_from_settings
+from loraloom.platform.registry.staging import UploadedPart
+from loraloom.platform.registry.validation import ServedBase
 from loraloom.platform.settings import Settings
 from loraloom.platform.storage import storage_from_settings
-from loraloom.platform.training.jobs import find_checkpoint
 
 HOUR_S = 3600.0
 
@@ -46,14 +44,12 @@ def part_file(parent: Path, name: str) -> Path:
     return path
 
 
-def start_server_registry(settings: Settings):
+def start_server_registry(settings: Settings, served: ServedBase) -> RegistryService:
     """What `loraloom serve` does as it starts, up to the registry (the engine is not needed here)."""
-    store = storage_from_settings(settings)
-    return registry_lookup_from_settings(settings, store, LocalAdapterLookup({"base"}, {}, None),
-                                         find_checkpoint=find_checkpoint)
+    return registry_service_from_settings(settings, storage_from_settings(settings), served)
 
 
-def test_start_removes_stale_upload_leftovers_and_keeps_fresh_ones(tmp_path: Path) -> None:
+def test_start_removes_stale_upload_leftovers_and_keeps_fresh_ones(tmp_path: Path, served) -> None:
     settings = Settings(data_dir=tmp_path / "data")
     staging, part_dir, cache = settings.staging_dir, settings.data_dir / "blobs" / "tmp", settings.adapter_cache_dir
     part_dir.mkdir(parents=True)
@@ -73,17 +69,17 @@ def test_start_removes_stale_upload_leftovers_and_keeps_fresh_ones(tmp_path: Pat
         age(staging_folder(cache, "0123-4567"), 2 * HOUR_S),  # a finished cached version, not a leftover
     ]
 
-    start_server_registry(settings)
+    start_server_registry(settings, served)
 
     assert [path for path in stale if path.exists()] == []
     assert [path for path in fresh if not path.exists()] == []
 
 
-def test_the_grace_period_is_a_setting(tmp_path: Path) -> None:
+def test_the_grace_period_is_a_setting(tmp_path: Path, served) -> None:
     settings = Settings(data_dir=tmp_path / "data", stale_file_grace_s=60)
     older = age(staging_folder(settings.staging_dir, "loraloom-upload-older"), 120)
     younger = age(staging_folder(settings.staging_dir, "loraloom-upload-younger"), 10)
-    start_server_registry(settings)
+    start_server_registry(settings, served)
     assert (older.exists(), younger.exists()) == (False, True)
 
 
@@ -103,18 +99,17 @@ class WatchingStream(io.BytesIO):
 def test_uploads_are_staged_under_the_data_dir(tmp_path: Path, peft_adapter: Path, served) -> None:
     settings = Settings(data_dir=tmp_path / "data")
     upgrade_database(settings.database_url)
-    lookup = start_server_registry(settings)
-    assert lookup.registry.staging_dir == settings.data_dir / "staging"
+    registry = start_server_registry(settings, served)
+    assert registry.staging_dir == settings.data_dir / "staging"
     config, weights = parts_of(peft_adapter)
     watched = WatchingStream(weights.stream.read(), settings.staging_dir)
     engine = create_db_engine(settings.database_url)
     try:
         with create_session_factory(engine)() as session:
             tenant = new_tenant(session)
-            version = upload_version(
-                session, store=lookup.registry.store, tenant_id=tenant.id, adapter_name="bot",
-                parts=[config, UploadedPart(ADAPTER_WEIGHTS_FILE, watched)], limits=UploadLimits(), base=served,
-                actor_key_id=None, staging_dir=lookup.registry.staging_dir,
+            version = registry.upload_version(
+                session, tenant_id=tenant.id, name="bot", actor_key_id=None,
+                parts=[config, UploadedPart(ADAPTER_WEIGHTS_FILE, watched)],
             ).version
     finally:
         engine.dispose()

@@ -5,12 +5,14 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from loraloom.engine import EngineConfig
 from loraloom.platform.settings import Settings
 from loraloom.platform.training.runner import WorkerContext, run_job
 
 
 def main(job_id: str, model_dir: str) -> None:
-    run_job(job_id, WorkerContext(settings=Settings(), model_dir=Path(model_dir), worker_id="doomed-worker",
+    run_job(job_id, WorkerContext(settings=Settings(), model_dir=Path(model_dir),
+                                  max_lora_rank=EngineConfig().max_lora_rank, worker_id="doomed-worker",
                                   send=lambda _: None))
 
 

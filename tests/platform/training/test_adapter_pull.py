@@ -25,7 +25,7 @@ import httpx
 import pytest
 from lora_factory import make_peft_adapter
 from product_codes import product_dataset
-from training_live import TrainingServer, job, training_server, training_settings, upload
+from training_live import MAX_LORA_RANK, TrainingServer, job, training_server, training_settings, upload
 
 from loraloom.engine import Tokenizer
 from loraloom.platform.training.hyperparameters import Hyperparameters
@@ -213,8 +213,8 @@ def test_a_trained_adapter_is_in_result_files_and_pulls_into_peft(local_server, 
         assert created.json()["result_files"] == []
         job_id = created.json()["id"]
     # The worker's task body, in this process: no broker round trip is needed to run one job.
-    run_job(job_id, WorkerContext(settings=local_server.settings, model_dir=tiny_base, worker_id="pull-worker",
-                                  send=lambda _: None))
+    run_job(job_id, WorkerContext(settings=local_server.settings, model_dir=tiny_base, max_lora_rank=MAX_LORA_RANK,
+                                  worker_id="pull-worker", send=lambda _: None))
     with local_server.http() as client:
         finished = job(client, job_id)
         assert finished["status"] == "succeeded", finished

@@ -11,7 +11,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from sqlalchemy.orm import Session, sessionmaker
-from training_live import training_settings
+from training_live import MAX_LORA_RANK, training_settings
 
 from loraloom.platform.db import create_db_engine, create_session_factory
 from loraloom.platform.db.models import FineTuningJob, FineTuningJobStatus, Tenant, TenantLimits, utcnow
@@ -101,7 +101,8 @@ def test_a_held_back_job_runs_once_its_tenants_running_job_ends(model_dir: Path,
         (other_job,) = add_jobs(factory, other, 1, model=model_dir.name)
         elsewhere = claim_job(factory, first, "another-worker")  # the tenant's one job runs on another worker
         sent: list[str] = []
-        context = WorkerContext(settings=settings, model_dir=model_dir, worker_id="worker", send=sent.append)
+        context = WorkerContext(settings=settings, model_dir=model_dir, max_lora_rank=MAX_LORA_RANK, worker_id="worker",
+                                send=sent.append)
 
         run_job(held, context)  # its message: the tenant is at its limit, so the other tenant's job runs
         with factory() as session:

@@ -18,7 +18,7 @@ from product_codes import product_dataset
 from safetensors.torch import load
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
-from training_live import training_settings, wait_for, worker_environment
+from training_live import MAX_LORA_RANK, training_settings, wait_for, worker_environment
 
 from live_api import new_tenant
 from loraloom.engine.tokenizer import Tokenizer
@@ -67,7 +67,7 @@ def add_job(settings, tiny_base: Path) -> str:
             )
             job = create_job(
                 session, tenant_id=tenant.id, actor_key_id=None,
-                served=ServedModel(name=tiny_base.name, max_lora_rank=16, reserved_names=frozenset()),
+                served=ServedModel(name=tiny_base.name, max_lora_rank=MAX_LORA_RANK, reserved_names=frozenset()),
                 model=tiny_base.name, training_file=file.id, validation_file=None, suffix="resumed", seed=SEED,
                 hyperparameters=HYPERPARAMETERS, max_attempts=settings.training_max_attempts, send=lambda _: None,
             )
@@ -120,8 +120,8 @@ def test_a_job_whose_worker_was_killed_resumes_from_its_last_checkpoint(tiny_bas
     assert sent == [job_id]
     resumed_from = max(query(settings, select(FineTuningCheckpoint.step).where(FineTuningCheckpoint.job_id == job_id)))
 
-    run_job(job_id, WorkerContext(settings=settings, model_dir=tiny_base, worker_id="retry-worker",
-                                  send=sent.append))
+    run_job(job_id, WorkerContext(settings=settings, model_dir=tiny_base, max_lora_rank=MAX_LORA_RANK,
+                                  worker_id="retry-worker", send=sent.append))
 
     (job,) = query(settings, select(FineTuningJob).where(FineTuningJob.id == job_id))
     assert (job.status, job.attempts, job.error_message) == (FineTuningJobStatus.succeeded, 2, None)

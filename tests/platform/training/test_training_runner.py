@@ -1,6 +1,7 @@
 """The worker's task body (runner.run_job) in-process, on faults found before any training step:
-the user's fault fails the job with its code and param at once; a system fault is retried
-until the attempts run out, then fails as system_error; a message for a finished job does nothing."""
+the user's fault fails the job with its code and param at once (a rank above the one the server
+serves is one); a system fault is retried until the attempts run out, then fails as system_error;
+a message for a finished job does nothing."""
 from __future__ import annotations
 
 import logging
@@ -8,12 +9,13 @@ import uuid
 from pathlib import Path
 
 from sqlalchemy import func, select
-from training_live import training_settings
+from training_live import MAX_LORA_RANK, training_settings
 
 from live_api import new_tenant
 from loraloom.platform.db import create_db_engine, create_session_factory
 from loraloom.platform.db.models import FineTuningJob, FineTuningJobEvent, FineTuningJobStatus
 from loraloom.platform.settings import Settings
+from loraloom.platform.training.hyperparameters import Hyperparameters
 from loraloom.platform.training.job_state import SYSTEM_ERROR
 from loraloom.platform.training.runner import WorkerContext, run_job
 
@@ -45,8 +47,9 @@ def job_and_event_count(settings: Settings, job_id: str) -> tuple[FineTuningJob,
         engine.dispose()
 
 
-def context(settings: Settings, model_dir: Path, sent: list[str]) -> WorkerContext:
-    return WorkerContext(settings=settings, model_dir=model_dir, worker_id="test-worker", send=sent.append)
+def context(settings: Settings, model_dir: Path, sent: list[str], max_lora_rank: int = MAX_LORA_RANK) -> WorkerContext:
+    return WorkerContext(settings=settings, model_dir=model_dir, max_lora_rank=max_lora_rank, worker_id="test-worker",
+                         send=sent.append)
 
 
 def test_a_deleted_training_file_fails_the_job_as_the_user_s_fault(model_dir: Path, tmp_path: Path) -> None:
@@ -57,6 +60,23 @@ def test_a_deleted_training_file_fails_the_job_as_the_user_s_fault(model_dir: Pa
     job, _ = job_and_event_count(settings, job_id)
     assert (job.status, job.error_code, job.error_param) == (FineTuningJobStatus.failed, "file_not_found", "training_file")
     assert job.attempts == 1 and sent == [] and job.run_token is None
+
+
+def test_a_rank_above_the_served_one_fails_the_job_before_it_reads_or_trains(model_dir: Path, tmp_path: Path):
+    """The worker holds a job to the rank its server serves (serve's --max-lora-rank, passed to the worker),
+    not to the engine's default: a job accepted while the server served a higher rank must not train an
+    adapter the server cannot load."""
+    settings = training_settings(tmp_path)
+    job_id = add_job(settings, model=model_dir.name)  # default hyperparameters; its training file is gone too
+    served_rank = Hyperparameters().lora_r // 2
+    sent: list[str] = []
+    run_job(job_id, context(settings, model_dir, sent, max_lora_rank=served_rank))
+    job, _ = job_and_event_count(settings, job_id)
+    assert (job.status, job.error_code, job.error_param) == (
+        FineTuningJobStatus.failed, "invalid_hyperparameters", "hyperparameters.lora_r"
+    )
+    assert f"largest rank this server serves ({served_rank})" in job.error_message
+    assert job.attempts == 1 and sent == []
 
 
 def test_a_system_fault_is_retried_then_fails_and_a_stale_message_does_nothing(

@@ -23,14 +23,11 @@ from live_api import bearer, make_key, serve_in_thread
 
 from loraloom.engine.async_engine import AsyncEngine
 from loraloom.engine.config import EngineConfig
-from loraloom.platform.api.app import create_app
+from loraloom.platform.api.composition import compose_app
 from loraloom.platform.db import upgrade_database
 from loraloom.platform.registry.fetch import adapter_fetcher_from_settings
-from loraloom.platform.registry.local import LocalAdapterLookup
-from loraloom.platform.registry.lookup import registry_lookup_from_settings
 from loraloom.platform.settings import Settings
 from loraloom.platform.storage import storage_from_settings
-from loraloom.platform.training.jobs import find_checkpoint
 from loraloom.platform.training.worker import end_with_parent
 
 MAX_LORA_RANK = 16
@@ -85,10 +82,7 @@ def training_server(model_dir: Path, settings: Settings) -> Iterator[TrainingSer
         model_dir, EngineConfig(num_kv_blocks=128, max_num_seqs=32, max_lora_rank=MAX_LORA_RANK),
         adapter_fetcher_from_settings(settings, store),
     )
-    lookup = registry_lookup_from_settings(
-        settings, store, LocalAdapterLookup({engine.model_name}, {}, None), find_checkpoint=find_checkpoint
-    )
-    with serve_in_thread(create_app(engine, lookup, settings)) as url:
+    with serve_in_thread(compose_app(settings, engine)) as url:
         yield TrainingServer(url=url, settings=settings, keys=keys, model_name=engine.model_name)
 
 
