@@ -69,7 +69,7 @@ test-web: setup
 # runs), and the TypeScript openapi-typescript generates from it; both are committed, and
 # tests/web/test_api_types.py fails while they differ from what this target writes.
 web-types: $(STAMP) $(WEB_MODULES)
-	$(PY) -m loraloom.platform.api.openapi web/src/api/openapi.json
+	$(PY) -m loraloom.platform.api.openapi_file web/src/api/openapi.json
 	cd web && npm run generate-types
 
 test-slow: setup

@@ -129,7 +129,7 @@ def check_api_routes_authenticated(app: FastAPI) -> None:
 
 def api_app(**options: Any) -> FastAPI:
     """The app's routes, error handlers and OpenAPI document, with nothing running behind them: what
-    create_app serves, and what `python -m loraloom.platform.api.openapi` prints the document of.
+    create_app serves, and what `python -m loraloom.platform.api.openapi_file` writes the document of.
     `options` go to FastAPI (create_app's lifespan)."""
     # /docs and /redoc with their scripts and styles served from the package, not a CDN: they load offline.
     app = FastAPIOffline(title="loraloom", summary="OpenAI-compatible multi-LoRA serving", **options)

@@ -1,7 +1,7 @@
 """The OpenAPI document: the API's contract. The console's types are generated from it
 (web/src/api/openapi.json and schema.d.ts, `make web-types`), and schemathesis holds the server to it
-(tests/platform/contract). `python -m loraloom.platform.api.openapi [FILE]` writes it, built from the
-routes alone: no engine, database or server.
+(tests/platform/contract). `python -m loraloom.platform.api.openapi_file [FILE]` writes it, built from
+the routes alone: no engine, database or server.
 
 FastAPI writes most of it from the routes and schemas; `install_contract` corrects what FastAPI says
 that this API does not do (a 422 for a bad request: it answers 400; bounds of 64-bit integers as floats)
@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import json
 import re
-import sys
-from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI
@@ -110,18 +108,3 @@ def install_contract(app: FastAPI) -> None:
 def document_text(document: dict[str, Any]) -> str:
     """The document as the repository keeps it: stable key order, so a regeneration diffs cleanly."""
     return json.dumps(document, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
-
-
-def main(argv: list[str]) -> None:
-    # Imported here: app.py builds its app with install_contract, so this module cannot import it at the top.
-    from loraloom.platform.api.app import api_app
-
-    text = document_text(api_app().openapi())
-    if argv:
-        Path(argv[0]).write_text(text, encoding="utf-8")
-    else:
-        sys.stdout.write(text)
-
-
-if __name__ == "__main__":
-    main(sys.argv[1:])
