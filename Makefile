@@ -10,7 +10,7 @@ TORCH_VERSION ?= 2.13.0
 HOST ?= 127.0.0.1
 PORT ?= 8000
 
-.PHONY: setup setup-parts bundled-model cpu-extension run test test-slow test-times test-web bench clean
+.PHONY: setup setup-parts bundled-model cpu-extension run test test-slow test-times test-web web-types bench clean
 
 # The web console (web/): built into web/dist, which the server serves at /console. The stamp is
 # newer than every source file once built, so an unchanged tree is not rebuilt.
@@ -78,6 +78,13 @@ test: setup
 test-web: setup
 	cd web && npm run typecheck && npm test
 	$(PY) -m pytest -q tests/web
+
+# The console's API types: the server's OpenAPI document, written by Python from the routes (no server
+# runs), and the TypeScript openapi-typescript generates from it; both are committed, and
+# tests/web/test_api_types.py fails while they differ from what this target writes.
+web-types: $(STAMP) $(WEB_MODULES)
+	$(PY) -m loraloom.platform.api.openapi_file web/src/api/openapi.json
+	cd web && npm run generate-types
 
 test-slow: setup
 	@$(RUN_GROUPS) --pytest-args '-m slow' $(TEST_GROUPS)

@@ -16,10 +16,12 @@ from starlette.concurrency import run_in_threadpool
 
 from loraloom.engine import AdapterLoadError, EngineClient
 from loraloom.platform.accounts.keys import write_key_uses
+from loraloom.platform.api.allowed_methods import install_allow_header
 from loraloom.platform.api.console import install_console
 from loraloom.platform.api.deps import authenticate, refuse_lone_surrogates
 from loraloom.platform.api.errors import install_error_handlers
 from loraloom.platform.api.middleware import AuditMiddleware, BodySizeLimit
+from loraloom.platform.api.openapi import install_contract
 from loraloom.platform.api.overload import OverloadGuard, default_max_waiting
 from loraloom.platform.api.rate_limits import RateLimitHeaders, RateLimits
 from loraloom.platform.api.request_log import RequestLogMiddleware
@@ -125,6 +127,29 @@ def check_api_routes_authenticated(app: FastAPI) -> None:
             )
 
 
+def api_app(**options: Any) -> FastAPI:
+    """The app's routes, error handlers and OpenAPI document, with nothing running behind them: what
+    create_app serves, and what `python -m loraloom.platform.api.openapi_file` writes the document of.
+    `options` go to FastAPI (create_app's lifespan)."""
+    # /docs and /redoc with their scripts and styles served from the package, not a CDN: they load offline.
+    app = FastAPIOffline(title="loraloom", summary="OpenAI-compatible multi-LoRA serving", **options)
+    install_error_handlers(app)  # first: its middleware is then the innermost
+    install_allow_header(app)
+    authenticated = APIRouter(
+        dependencies=[Depends(authenticate), Depends(refuse_lone_surrogates)],
+        responses={status: {"model": ErrorResponse} for status in (401, 403)},
+    )
+    for router in AUTHENTICATED_ROUTERS:
+        authenticated.include_router(router)
+    app.include_router(authenticated)
+    for router in OPEN_ROUTERS:
+        app.include_router(router)
+    install_console(app)  # /console, and / redirecting there
+    check_api_routes_authenticated(app)
+    install_contract(app)
+    return app
+
+
 def create_app(
     engine: EngineClient,
     lookup: AdapterLookup,
@@ -178,8 +203,7 @@ def create_app(
             await app.state.rate_limits.gate.limiter.close()
             db_engine.dispose()
 
-    # /docs and /redoc with their scripts and styles served from the package, not a CDN: they load offline.
-    app = FastAPIOffline(title="loraloom", summary="OpenAI-compatible multi-LoRA serving", lifespan=lifespan)
+    app = api_app(lifespan=lifespan)
     app.state.engine = engine
     app.state.lookup = lookup
     app.state.registry = registry
@@ -203,7 +227,6 @@ def create_app(
     app.state.rate_limits = rate_limits(settings, session_factory)
     app.state.metrics_registry.register(app.state.rate_limits.throttled)
     app.state.created = int(time.time())
-    install_error_handlers(app)
     app.add_middleware(AuditMiddleware)
     # An oversized body is refused before anything else reads it.
     app.add_middleware(BodySizeLimit, max_body_bytes=settings.max_request_body_bytes,
@@ -217,15 +240,4 @@ def create_app(
     app.add_middleware(ResponseMetrics, counts=response_counts)
     # Outermost: every request gets its id first (the audit log records it) and is logged last.
     app.add_middleware(RequestLogMiddleware)
-    authenticated = APIRouter(
-        dependencies=[Depends(authenticate), Depends(refuse_lone_surrogates)],
-        responses={status: {"model": ErrorResponse} for status in (401, 403)},
-    )
-    for router in AUTHENTICATED_ROUTERS:
-        authenticated.include_router(router)
-    app.include_router(authenticated)
-    for router in OPEN_ROUTERS:
-        app.include_router(router)
-    install_console(app)  # /console, and / redirecting there
-    check_api_routes_authenticated(app)
     return app

@@ -262,21 +262,4 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(RequestValidationError, _validation_error_handler)
     app.add_exception_handler(StarletteHTTPException, _http_error_handler)
     app.add_exception_handler(Exception, _unexpected_error_handler)
-    _document_validation_errors_as_400(app)
 
-
-def _document_validation_errors_as_400(app: FastAPI) -> None:
-    """FastAPI documents a 422 for every route with a body; this API answers 400 instead."""
-    generate_openapi = app.openapi
-
-    def openapi() -> dict[str, Any]:
-        if app.openapi_schema is None:
-            schema = generate_openapi()  # also caches it in app.openapi_schema
-            for operations in schema["paths"].values():
-                for operation in operations.values():
-                    operation.get("responses", {}).pop("422", None)
-            for name in ("HTTPValidationError", "ValidationError"):
-                schema.get("components", {}).get("schemas", {}).pop(name, None)
-        return app.openapi_schema
-
-    app.openapi = openapi

@@ -6,6 +6,7 @@ Events may also be read oldest first (`order="asc"`), which is how a follower ta
 """
 from __future__ import annotations
 
+import re
 import secrets
 import uuid
 from collections.abc import Callable
@@ -31,6 +32,8 @@ from loraloom.platform.training.hyperparameters import Hyperparameters, check_ra
 from loraloom.platform.training.job_state import SYSTEM_ERROR, add_event, new_id
 
 EVENT_ID_PREFIX = "ftevent-"
+# An event cursor: an event id, or its number (at most MAX_INT64, which no pattern states).
+EVENT_CURSOR = re.compile(r"(?:ftevent-)?[0-9]{1,19}")
 MAX_SEED = 2**31 - 1
 
 
@@ -202,11 +205,11 @@ def event_id(event: FineTuningJobEvent) -> str:
 
 
 def parse_event_id(value: str) -> int:
-    number = value.removeprefix(EVENT_ID_PREFIX)
-    if not number.isdigit() or int(number) > MAX_INT64:  # no event id is larger; SQLite would overflow
+    # No event id is larger than MAX_INT64; SQLite would overflow.
+    if EVENT_CURSOR.fullmatch(value) is None or int(value.removeprefix(EVENT_ID_PREFIX)) > MAX_INT64:
         raise TrainingInputError(code="invalid_cursor", param="after",
                                  message=f"after: {value!r} is not an event id (ftevent-<number>)")
-    return int(number)
+    return int(value.removeprefix(EVENT_ID_PREFIX))
 
 
 def list_checkpoints(

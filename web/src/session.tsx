@@ -2,7 +2,8 @@
 // sign-out), checked against GET /v1/me, which also says the tenant and role to show.
 import { useQuery, useQueryClient } from "@tanstack/react-query";
 import { createContext, type ReactNode, useCallback, useContext, useMemo, useState } from "react";
-import { Api, ApiError } from "./api/client";
+import { Api, ApiError, ok } from "./api/client";
+import { queryKeys } from "./api/queryKeys";
 import type { Me } from "./api/types";
 
 const STORAGE_KEY = "loraloom.apiKey";
@@ -41,8 +42,8 @@ export function SessionGate({ signIn, children }: Props) {
   const [key, setKey] = useState<string | null>(storedKey);
   const api = useMemo(() => (key ? new Api(key) : null), [key]);
   const me = useQuery({
-    queryKey: ["me", key],
-    queryFn: () => api!.get<Me>("/v1/me"),
+    queryKey: queryKeys.me(key ?? ""),
+    queryFn: () => ok(api!.http.GET("/v1/me")),
     enabled: api !== null,
     retry: false,
     staleTime: Infinity,

@@ -17,7 +17,7 @@ from loraloom.engine import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE
 from loraloom.platform.api.deps import DeveloperDep, EngineDep, RegistryDep, SessionDep
 from loraloom.platform.api.errors import FieldErrorRoute
 from loraloom.platform.api.schemas.adapter_downloads import DownloadFileObject, DownloadObject
-from loraloom.platform.api.schemas.adapters import VersionNumber
+from loraloom.platform.api.schemas.adapters import AdapterNamePath, VersionNumber
 from loraloom.platform.api.schemas.common import ErrorResponse
 from loraloom.platform.registry.archive import ArchiveMember, tar_gz
 from loraloom.platform.registry.export import ExportedVersion, export_version
@@ -50,7 +50,7 @@ def _attachment(filename: str) -> dict[str, str]:
 
 
 def _export(
-    name: str, number: VersionNumber, caller: DeveloperDep, session: SessionDep, registry: RegistryDep,
+    name: AdapterNamePath, number: VersionNumber, caller: DeveloperDep, session: SessionDep, registry: RegistryDep,
     engine: EngineDep,
 ) -> ExportedVersion:
     """The version the path names, as the caller's tenant sees it, with the served base's name."""

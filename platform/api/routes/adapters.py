@@ -21,10 +21,13 @@ from loraloom.platform.api.errors import FieldErrorRoute
 from loraloom.platform.api.schemas.adapters import (
     ALLOW_BASE_MISMATCH_IGNORED,
     AdapterList,
+    AdapterNamePath,
     AdapterObject,
     AliasHistoryEntry,
     AliasHistoryList,
     AliasMoveBody,
+    AliasNamePath,
+    MovableAliasPath,
     AliasObject,
     Deleted,
     PresignedFileObject,
@@ -99,13 +102,13 @@ def get_adapters(
 
 
 @router.get("/v1/adapters/{name}", response_model=AdapterObject)
-def get_adapter(name: str, caller: DeveloperDep, session: SessionDep, registry: RegistryDep) -> AdapterObject:
+def get_adapter(name: AdapterNamePath, caller: DeveloperDep, session: SessionDep, registry: RegistryDep) -> AdapterObject:
     return AdapterObject.of(find_adapter(session, tenant_id=caller.tenant_id, name=name))
 
 
 @router.delete("/v1/adapters/{name}", response_model=Deleted)
 def remove_adapter(
-    name: str,
+    name: AdapterNamePath,
     caller: DeveloperDep,
     session: SessionDep,
     registry: RegistryDep,
@@ -121,7 +124,7 @@ def remove_adapter(
 @router.post("/v1/adapters/{name}/versions", response_model=VersionObject, status_code=201,
              responses=DEDUPLICATED_RESPONSE)
 def post_version(
-    name: str,
+    name: AdapterNamePath,
     response: Response,
     caller: DeveloperDep,
     session: SessionDep,
@@ -144,7 +147,7 @@ def post_version(
 
 @router.get("/v1/adapters/{name}/versions", response_model=VersionList)
 def get_versions(
-    name: str,
+    name: AdapterNamePath,
     caller: DeveloperDep,
     session: SessionDep,
     registry: RegistryDep,
@@ -159,14 +162,14 @@ def get_versions(
 
 @router.get("/v1/adapters/{name}/versions/{number}", response_model=VersionObject)
 def get_version(
-    name: str, number: VersionNumber, caller: DeveloperDep, session: SessionDep, registry: RegistryDep
+    name: AdapterNamePath, number: VersionNumber, caller: DeveloperDep, session: SessionDep, registry: RegistryDep
 ) -> VersionObject:
     return _version_object(session, find_version(session, tenant_id=caller.tenant_id, name=name, number=number), name)
 
 
 @router.delete("/v1/adapters/{name}/versions/{number}", response_model=Deleted)
 def remove_version(
-    name: str,
+    name: AdapterNamePath,
     number: VersionNumber,
     caller: DeveloperDep,
     session: SessionDep,
@@ -184,7 +187,7 @@ def remove_version(
 # ------------------------------------------------------------------ presigned uploads
 @router.post("/v1/adapters/{name}/uploads", response_model=UploadObject)
 def post_upload(
-    name: str, body: UploadRequestBody, caller: DeveloperDep, registry: RegistryDep
+    name: AdapterNamePath, body: UploadRequestBody, caller: DeveloperDep, registry: RegistryDep
 ) -> UploadObject:
     """For adapters too big to pass through the gateway: presigned URLs to PUT the two files straight
     to object storage (S3 storage only); then POST .../uploads/complete."""
@@ -204,7 +207,7 @@ def post_upload(
 @router.post("/v1/adapters/{name}/uploads/complete", response_model=VersionObject, status_code=201,
              responses=DEDUPLICATED_RESPONSE)
 def post_upload_complete(
-    name: str,
+    name: AdapterNamePath,
     body: UploadCompleteBody,
     response: Response,
     caller: DeveloperDep,
@@ -225,14 +228,14 @@ def post_upload_complete(
 
 # ------------------------------------------------------------------ aliases
 @router.get("/v1/adapters/{name}/aliases/{alias}", response_model=AliasObject)
-def get_alias(name: str, alias: str, caller: DeveloperDep, session: SessionDep, registry: RegistryDep) -> AliasObject:
+def get_alias(name: AdapterNamePath, alias: AliasNamePath, caller: DeveloperDep, session: SessionDep, registry: RegistryDep) -> AliasObject:
     return AliasObject.of(find_alias(session, tenant_id=caller.tenant_id, name=name, alias=alias), name)
 
 
 @router.put("/v1/adapters/{name}/aliases/{alias}", response_model=AliasObject)
 def put_alias(
-    name: str,
-    alias: str,
+    name: AdapterNamePath,
+    alias: MovableAliasPath,
     body: AliasMoveBody,
     caller: DeveloperDep,
     session: SessionDep,
@@ -252,7 +255,7 @@ def put_alias(
 
 @router.delete("/v1/adapters/{name}/aliases/{alias}", response_model=Deleted)
 def delete_alias_route(
-    name: str, alias: str, caller: DeveloperDep, session: SessionDep, registry: RegistryDep
+    name: AdapterNamePath, alias: MovableAliasPath, caller: DeveloperDep, session: SessionDep, registry: RegistryDep
 ) -> Deleted:
     registry.remove_alias(session, tenant_id=caller.tenant_id, name=name, alias=alias, actor_key_id=caller.api_key_id)
     return Deleted(id=f"{name}:{alias}", object="adapter.alias")
@@ -260,7 +263,7 @@ def delete_alias_route(
 
 @router.get("/v1/adapters/{name}/aliases/{alias}/history", response_model=AliasHistoryList)
 def get_alias_history(
-    name: str, alias: str, caller: DeveloperDep, session: SessionDep, registry: RegistryDep
+    name: AdapterNamePath, alias: AliasNamePath, caller: DeveloperDep, session: SessionDep, registry: RegistryDep
 ) -> AliasHistoryList:
     moves = alias_history(session, tenant_id=caller.tenant_id, name=name, alias=alias)
     return AliasHistoryList(

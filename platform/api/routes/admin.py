@@ -26,14 +26,16 @@ from loraloom.platform.api.schemas.admin import (
     TenantCreate,
     TenantList,
     TenantObject,
+    TenantPath,
 )
-from loraloom.platform.api.schemas.common import TenantQuery
+from loraloom.platform.api.schemas.common import ErrorResponse, TenantQuery
 
 # A bad name or expiry is a ValueError("field: ...") from the services: FieldErrorRoute makes it a 400.
 router = APIRouter(tags=["admin"], route_class=FieldErrorRoute, responses=ERROR_RESPONSES)
+CONFLICT = {409: {"model": ErrorResponse}}
 
 
-@router.post("/v1/tenants", status_code=201, response_model=TenantObject)
+@router.post("/v1/tenants", status_code=201, response_model=TenantObject, responses=CONFLICT)
 def create_tenant_route(body: TenantCreate, session: SessionDep, caller: OperatorDep) -> TenantObject:
     tenant = create_tenant(session, name=body.name)  # a name in use: TenantExistsError, a 409 (errors.py)
     session.commit()
@@ -45,8 +47,8 @@ def list_tenants_route(session: SessionDep, caller: OperatorDep) -> TenantList:
     return TenantList(data=[TenantObject.of(tenant) for tenant in list_tenants(session)])
 
 
-@router.post("/v1/tenants/{tenant}/suspend", response_model=TenantObject)
-def suspend_tenant_route(tenant: str, session: SessionDep, caller: OperatorDep) -> TenantObject:
+@router.post("/v1/tenants/{tenant}/suspend", response_model=TenantObject, responses=CONFLICT)
+def suspend_tenant_route(tenant: TenantPath, session: SessionDep, caller: OperatorDep) -> TenantObject:
     """Refuse every key of the tenant with 403 `tenant_suspended`; its open generations end within a second."""
     suspended = set_suspended(session, name=tenant, suspended=True)
     session.commit()
@@ -54,7 +56,7 @@ def suspend_tenant_route(tenant: str, session: SessionDep, caller: OperatorDep) 
 
 
 @router.post("/v1/tenants/{tenant}/resume", response_model=TenantObject)
-def resume_tenant_route(tenant: str, session: SessionDep, caller: OperatorDep) -> TenantObject:
+def resume_tenant_route(tenant: TenantPath, session: SessionDep, caller: OperatorDep) -> TenantObject:
     """Let the tenant's keys in again."""
     resumed = set_suspended(session, name=tenant, suspended=False)
     session.commit()

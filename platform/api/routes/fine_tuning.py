@@ -14,7 +14,7 @@ from fastapi import APIRouter, Query
 
 from loraloom.platform.api.deps import DeveloperDep, EngineDep, JobSenderDep, SessionDep, SettingsDep
 from loraloom.platform.api.errors import FieldErrorRoute
-from loraloom.platform.api.schemas.common import DEFAULT_PAGE_SIZE, ErrorResponse, PageLimit
+from loraloom.platform.api.schemas.common import DEFAULT_PAGE_SIZE, ErrorResponse, PageLimit, documented_pattern
 from loraloom.platform.api.schemas.fine_tuning import (
     CheckpointList,
     CheckpointObject,
@@ -26,6 +26,7 @@ from loraloom.platform.api.schemas.fine_tuning import (
 )
 from loraloom.platform.registry.references import ALWAYS_BASE_NAMES
 from loraloom.platform.training.jobs import (
+    EVENT_CURSOR,
     ServedModel,
     cancel_job,
     create_job,
@@ -93,7 +94,8 @@ def get_events(
     caller: DeveloperDep,
     session: SessionDep,
     limit: PageLimit = DEFAULT_PAGE_SIZE,
-    after: Annotated[str | None, Query(description="The last event id of the previous page.")] = None,
+    after: Annotated[str | None, Query(description="The last event id of the previous page.",
+                                       json_schema_extra=documented_pattern(EVENT_CURSOR))] = None,
     order: Annotated[Literal["asc", "desc"], Query(description="desc (newest first, OpenAI's) or asc.")] = "desc",
 ) -> EventList:
     page = list_events(session, tenant_id=caller.tenant_id, job_id=job_id, limit=limit, after=after, order=order)

@@ -11,6 +11,7 @@ from fastapi import APIRouter
 from loraloom.platform.accounts.tenants import find_tenant
 from loraloom.platform.api.deps import OperatorDep, SessionDep
 from loraloom.platform.api.errors import ERROR_RESPONSES, APIError, FieldErrorRoute
+from loraloom.platform.api.schemas.admin import TenantPath
 from loraloom.platform.api.schemas.limits import KeyLimitsBody, KeyLimitsObject, TenantLimitsBody, TenantLimitsObject
 from loraloom.platform.db.models import ApiKey
 from loraloom.platform.limits.policy import key_limits, set_key_limits, set_tenant_limits, tenant_limits
@@ -27,14 +28,14 @@ def _key(session: SessionDep, key_id: uuid.UUID) -> ApiKey:
 
 
 @router.get("/v1/tenants/{tenant}/limits", response_model=TenantLimitsObject)
-def get_tenant_limits(tenant: str, session: SessionDep, caller: OperatorDep) -> TenantLimitsObject:
+def get_tenant_limits(tenant: TenantPath, session: SessionDep, caller: OperatorDep) -> TenantLimitsObject:
     row = find_tenant(session, name=tenant)  # none of that name: a 404
     return TenantLimitsObject.of(row.name, tenant_limits(session, row.id))
 
 
 @router.put("/v1/tenants/{tenant}/limits", response_model=TenantLimitsObject)
 def put_tenant_limits(
-    tenant: str, body: TenantLimitsBody, session: SessionDep, caller: OperatorDep
+    tenant: TenantPath, body: TenantLimitsBody, session: SessionDep, caller: OperatorDep
 ) -> TenantLimitsObject:
     row = find_tenant(session, name=tenant)
     limits = set_tenant_limits(session, tenant_id=row.id, limits=body.limits())

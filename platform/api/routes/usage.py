@@ -10,7 +10,7 @@ from fastapi import APIRouter, Query
 from loraloom.platform.api.auth import tenant_in_scope
 from loraloom.platform.api.deps import DeveloperDep, SessionDep
 from loraloom.platform.api.errors import ERROR_RESPONSES, APIError
-from loraloom.platform.api.schemas.common import TenantQuery
+from loraloom.platform.api.schemas.common import IsoTime, TenantQuery
 from loraloom.platform.api.schemas.usage import UsageBucket, UsageReport
 from loraloom.platform.metering.usage import UsageGroup, aggregate_usage
 
@@ -32,8 +32,8 @@ def get_usage(
         description="`adapter` (by name), `version` (name and version number), `alias` (name and the alias the "
         "requests followed), `key` (API key) or `day` (UTC)"
     )] = UsageGroup.day,
-    start: Annotated[datetime | None, Query(description="Inclusive; ISO 8601, UTC when no offset is given")] = None,
-    end: Annotated[datetime | None, Query(description="Exclusive; ISO 8601, UTC when no offset is given")] = None,
+    start: Annotated[IsoTime | None, Query(description="Inclusive; ISO 8601, UTC when no offset is given")] = None,
+    end: Annotated[IsoTime | None, Query(description="Exclusive; ISO 8601, UTC when no offset is given")] = None,
     tenant: TenantQuery = None,
 ) -> UsageReport:
     start, end = as_utc(start), as_utc(end)

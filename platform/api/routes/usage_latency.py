@@ -14,6 +14,7 @@ from loraloom.platform.api.deps import DeveloperDep, SessionDep
 from loraloom.platform.api.errors import ERROR_RESPONSES, APIError
 from loraloom.platform.api.routes.usage import as_utc
 from loraloom.platform.api.routes.usage_series import MAX_BUCKETS, STEP
+from loraloom.platform.api.schemas.common import IsoTime
 from loraloom.platform.metering.latency import LatencyStats, TopOrder, latency_series, top_adapters
 from loraloom.platform.metering.usage_series import Granularity
 
@@ -80,8 +81,8 @@ def _period(start: datetime | None, end: datetime | None) -> tuple[datetime, dat
     return start, end
 
 
-StartQuery = Annotated[datetime | None, Query(description="Inclusive; ISO 8601, UTC without an offset. Default: 24 h ago")]
-EndQuery = Annotated[datetime | None, Query(description="Exclusive; ISO 8601, UTC without an offset. Default: now")]
+StartQuery = Annotated[IsoTime | None, Query(description="Inclusive; ISO 8601, UTC without an offset. Default: 24 h ago")]
+EndQuery = Annotated[IsoTime | None, Query(description="Exclusive; ISO 8601, UTC without an offset. Default: now")]
 
 
 @router.get("/v1/usage/latency", response_model=LatencySeries)

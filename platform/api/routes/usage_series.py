@@ -10,6 +10,7 @@ from pydantic import BaseModel, Field
 from loraloom.platform.api.deps import DeveloperDep, SessionDep
 from loraloom.platform.api.errors import ERROR_RESPONSES, APIError
 from loraloom.platform.api.routes.usage import as_utc
+from loraloom.platform.api.schemas.common import IsoTime
 from loraloom.platform.metering.usage_series import Granularity, usage_series
 
 router = APIRouter(tags=["usage"], responses=ERROR_RESPONSES)
@@ -41,8 +42,8 @@ def get_usage_series(
     session: SessionDep,
     caller: DeveloperDep,
     granularity: Annotated[Granularity, Query(description="hour or day (UTC)")] = Granularity.hour,
-    start: Annotated[datetime | None, Query(description="Inclusive; ISO 8601, UTC without an offset. Default: 24 h ago")] = None,
-    end: Annotated[datetime | None, Query(description="Exclusive; ISO 8601, UTC without an offset. Default: now")] = None,
+    start: Annotated[IsoTime | None, Query(description="Inclusive; ISO 8601, UTC without an offset. Default: 24 h ago")] = None,
+    end: Annotated[IsoTime | None, Query(description="Exclusive; ISO 8601, UTC without an offset. Default: now")] = None,
     adapter: Annotated[str | None, Query(description="One adapter's name (or a checkpoint id, or base); default: all")] = None,
 ) -> UsageSeries:
     start = as_utc(start) or datetime.now(timezone.utc) - timedelta(days=1)

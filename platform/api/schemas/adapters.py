@@ -8,13 +8,21 @@ from typing import Annotated, Any, Literal
 from fastapi import Path
 from pydantic import BaseModel, Field
 
-from loraloom.platform.api.schemas.common import ListObject, PageObject, StrictBody
+from loraloom.platform.api.schemas.common import ListObject, PageObject, StrictBody, documented_pattern
 from loraloom.platform.db.models import MAX_INT64, Adapter, AdapterVersion, Alias
-from loraloom.platform.registry.references import LATEST_ALIAS
+from loraloom.platform.registry.references import ADAPTER_NAME_PATTERN, ALIAS_NAME_PATTERN, LATEST_ALIAS
 from loraloom.platform.registry.validation import base_model_warning
 
 # A version number in a path: past 64 bits it is a 400 naming `number`, not a database overflow.
 VersionNumber = Annotated[int, Path(ge=1, le=MAX_INT64, description="The version number (name@N).")]
+# Names in a path: the registry checks them (and says what is wrong); the document states the same rule.
+AdapterNamePath = Annotated[str, Path(description="The adapter's name.",
+                                      json_schema_extra=documented_pattern(ADAPTER_NAME_PATTERN))]
+AliasNamePath = Annotated[str, Path(description="The alias' name.", json_schema_extra=documented_pattern(ALIAS_NAME_PATTERN))]
+# An alias a caller moves or deletes: any but `latest`, which always names the newest version.
+MovableAliasPath = Annotated[str, Path(description="The alias' name; not latest, which moves by itself.",
+                                       json_schema_extra={**documented_pattern(ALIAS_NAME_PATTERN),
+                                                          "not": {"const": LATEST_ALIAS}})]
 
 
 # ------------------------------------------------------------------ bodies

@@ -3,16 +3,23 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
-from typing import Literal
+from typing import Annotated, Literal
 
+from fastapi import Path
 from pydantic import AwareDatetime, BaseModel, Field
 
-from loraloom.platform.api.schemas.common import ListObject, StrictBody
+from loraloom.platform.accounts.tenants import TENANT_NAME
+from loraloom.platform.api.schemas.common import ListObject, StrictBody, documented_pattern
 from loraloom.platform.db.models import ApiKey, ApiKeyRole, Tenant
 
 
+# A tenant's name in a path; a name no tenant has is a 404 naming `tenant`.
+TenantPath = Annotated[str, Path(description="The tenant's name.", json_schema_extra=documented_pattern(TENANT_NAME))]
+
+
 class TenantCreate(StrictBody):
-    name: str = Field(description="1-64 lowercase letters, digits, '-' or '_'.")
+    # Checked by accounts/tenants.py, whose message says what is wrong; the document states the same rule.
+    name: str = Field(description="1-64 lowercase letters, digits, '-' or '_'.", json_schema_extra=documented_pattern(TENANT_NAME))
 
 
 class TenantObject(BaseModel):

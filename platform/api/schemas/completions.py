@@ -6,12 +6,12 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, Field, StrictBool, StrictInt, ValidationInfo, field_validator
 
 from loraloom.engine import MAX_TOP_LOGPROBS
-from loraloom.platform.api.schemas.common import one_error_for_union
+from loraloom.platform.api.schemas.common import JsonInteger, one_error_for_union
 from loraloom.platform.api.schemas.generation import GenerationRequest, Unsupported, Usage, refuse_unsupported
 
 
 PromptInput = Annotated[
-    str | list[int] | list[str] | list[list[int]],
+    str | list[JsonInteger] | list[str] | list[list[JsonInteger]],
     one_error_for_union("a string, a list of one string, a list of token ids, or a list of one list of token ids"),
 ]
 

@@ -3,19 +3,19 @@ Every limit is optional: null means unlimited."""
 from __future__ import annotations
 
 import uuid
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, StrictFloat, StrictInt
 
-from loraloom.platform.api.schemas.common import StrictBody
+from loraloom.platform.api.schemas.common import JSON_INTEGER, StrictBody
 from loraloom.platform.db.models import MAX_INT64
 from loraloom.platform.limits.policy import Limits
 
-LimitValue = int | None
+LimitValue = Annotated[StrictInt, Field(ge=1, le=MAX_INT64), JSON_INTEGER] | None
 
 
 def _limit(description: str) -> object:
-    return Field(default=None, ge=1, le=MAX_INT64, description=f"{description} null: unlimited.")
+    return Field(default=None, description=f"{description} null: unlimited.")
 
 
 class KeyLimitsBody(StrictBody):
@@ -38,7 +38,8 @@ class TenantLimitsBody(KeyLimitsBody):
         "Fine-tuning jobs running at once; the tenant's other jobs wait queued.")
     monthly_tokens: LimitValue = _limit(  # type: ignore[assignment]
         "Input plus output tokens per calendar month (UTC); past it requests get 429 insufficient_quota.")
-    share_weight: float = Field(
+    # Strict: pydantic would read `true` as 1.0, which the document's `number` does not allow.
+    share_weight: StrictFloat = Field(
         default=1.0, gt=0, description="The tenant's weight in the engine's fair share: 2 gets twice the tokens "
                                        "of 1 while both wait.")
 

@@ -5,8 +5,9 @@ import { useMutation, useQuery, useQueryClient } from "@tanstack/react-query";
 import { createColumnHelper } from "@tanstack/react-table";
 import { type FormEvent, useMemo, useState } from "react";
 import { Link } from "react-router-dom";
-import { withQuery } from "../api/client";
-import type { CreatedKey, Key, Role } from "../api/types";
+import { ok } from "../api/client";
+import { queryKeys } from "../api/queryKeys";
+import type { Key, Role } from "../api/types";
 import { formatAgo, formatDate } from "../lib/format";
 import { useApi, useSession } from "../session";
 import { DataTable } from "./DataTable";
@@ -18,8 +19,8 @@ const column = createColumnHelper<Key>();
 export function useKeys(tenant: string | undefined) {
   const api = useApi();
   return useQuery({
-    queryKey: ["keys", tenant ?? null],
-    queryFn: () => api.get<{ data: Key[] }>(withQuery("/v1/keys", { tenant })),
+    queryKey: queryKeys.keys.of(tenant ?? null),
+    queryFn: () => ok(api.http.GET("/v1/keys", { params: { query: { tenant } } })),
   });
 }
 
@@ -36,10 +37,10 @@ export function KeysSection({ tenant }: { tenant?: string }) {
   const [name, setName] = useState("");
   const [role, setRole] = useState<Role>("developer");
   const create = useMutation({
-    mutationFn: () => api.post<CreatedKey>("/v1/keys", { name, role, ...(tenant === undefined ? {} : { tenant }) }),
+    mutationFn: () => ok(api.http.POST("/v1/keys", { body: { name, role, ...(tenant === undefined ? {} : { tenant }) } })),
     onSuccess: () => {
       setName("");
-      return client.invalidateQueries({ queryKey: ["keys"] });
+      return client.invalidateQueries({ queryKey: queryKeys.keys.all });
     },
   });
   const columns = useMemo(

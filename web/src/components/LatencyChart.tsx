@@ -2,7 +2,8 @@
 // hour or day, from GET /v1/usage/latency: charts for the trend, and a table for the exact figures.
 import { createColumnHelper } from "@tanstack/react-table";
 import { useMemo, useState } from "react";
-import { type LatencyPoint, useLatencySeries } from "../api/queries";
+import { useLatencySeries } from "../api/queries";
+import type { LatencyPoint } from "../api/types";
 import { formatDate, formatNumber } from "../lib/format";
 import { formatErrorRate, formatMs } from "../lib/latency";
 import { DataTable } from "./DataTable";

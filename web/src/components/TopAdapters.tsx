@@ -3,7 +3,8 @@
 import { createColumnHelper } from "@tanstack/react-table";
 import { useMemo } from "react";
 import { Link } from "react-router-dom";
-import { type AdapterLatency, useTopAdapters } from "../api/queries";
+import { useTopAdapters } from "../api/queries";
+import type { AdapterLatency } from "../api/types";
 import { formatNumber } from "../lib/format";
 import { formatErrorRate, formatMs } from "../lib/latency";
 import { DataTable } from "./DataTable";

@@ -1,5 +1,6 @@
 // The job form's fields, defaults and help texts come from the server's own OpenAPI document
-// (components.schemas.Hyperparameters), so the form never disagrees with what the API accepts.
+// (components.schemas.Hyperparameters of web/src/api/openapi.json, which tests/web/test_api_types.py keeps
+// equal to what the server serves), so the form never disagrees with what the API accepts.
 
 export interface FieldSpec {
   name: string;

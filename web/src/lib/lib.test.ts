@@ -1,5 +1,6 @@
 import { describe, expect, it } from "vitest";
-import { errorFromBody, withQuery } from "../api/client";
+import { ApiError, errorFromBody, ok } from "../api/client";
+import { components } from "../api/openapi.json";
 import { adapterFiles, suggestedName } from "./dropped";
 import { formatAgo, formatBytes } from "./format";
 import { hyperparameterBody, hyperparameterFields } from "./hyperparameters";
@@ -21,10 +22,19 @@ describe("errorFromBody", () => {
   });
 });
 
-describe("withQuery", () => {
-  it("adds to a query the path already has and leaves out missing values", () => {
-    expect(withQuery("/v1/files?purpose=fine-tune", { limit: 100, after: undefined })).toBe("/v1/files?purpose=fine-tune&limit=100");
-    expect(withQuery("/v1/adapters", { after: null })).toBe("/v1/adapters");
+describe("ok", () => {
+  it("passes a 2xx answer's body on", async () => {
+    await expect(ok(Promise.resolve({ data: { id: "a" }, response: new Response(null, { status: 200 }) })))
+      .resolves.toEqual({ id: "a" });
+  });
+  it("throws any other answer as an ApiError with the server's message", async () => {
+    const error = { error: { message: "adapter 'x' does not exist", type: "invalid_request_error", param: null, code: "not_found" } };
+    const refused = ok(Promise.resolve({ error, response: new Response(null, { status: 404 }) }));
+    await expect(refused).rejects.toBeInstanceOf(ApiError);
+    await expect(refused).rejects.toMatchObject({ status: 404, message: "adapter 'x' does not exist", code: "not_found" });
+    // A body that was not JSON reaches ok() as text, and is shown as it is.
+    await expect(ok(Promise.resolve({ error: "Bad gateway\n", response: new Response(null, { status: 502 }) })))
+      .rejects.toMatchObject({ status: 502, message: "Bad gateway" });
   });
 });
 
@@ -53,10 +63,11 @@ describe("rate", () => {
 describe("lossCurve", () => {
   it("orders steps and lets a retried run's report win", () => {
     const metric = (created_at: number, step: number, train_loss: number, eval_loss?: number) => ({
-      id: String(created_at), created_at, level: "info", message: "", type: "metrics", data: { step, train_loss, eval_loss },
+      object: "fine_tuning.job.event" as const, id: String(created_at), created_at, level: "info", message: "", type: "metrics",
+      data: { step, train_loss, eval_loss },
     });
     const curve = lossCurve([metric(3, 1, 0.5), metric(1, 1, 2.0), metric(2, 2, 1.5, 1.7),
-      { id: "x", created_at: 4, level: "info", message: "done", type: "message", data: null }]);
+      { object: "fine_tuning.job.event", id: "x", created_at: 4, level: "info", message: "done", type: "message", data: null }]);
     expect(curve.steps).toEqual([1, 2]);
     expect(curve.train).toEqual([0.5, 1.5]);
     expect(curve.eval).toEqual([null, 1.7]);
@@ -78,6 +89,13 @@ describe("hyperparameters", () => {
     expect(hyperparameterBody(fields, { n_epochs: "3" })).toEqual({});
     expect(hyperparameterBody(fields, { n_epochs: "5", target_modules: "q_proj, v_proj" })).toEqual({ n_epochs: 5, target_modules: ["q_proj", "v_proj"] });
     expect(hyperparameterBody(fields, { n_epochs: "five" })).toEqual({ n_epochs: "five" });
+  });
+  it("reads the server's own schema from the committed OpenAPI document", () => {
+    const fields = hyperparameterFields({ components });
+    const rank = fields.find((field) => field.name === "lora_r");
+    expect(rank).toMatchObject({ type: "integer", minimum: 1 });
+    expect(rank?.maximum).toBeGreaterThan(1);
+    expect(fields.find((field) => field.name === "target_modules")).toMatchObject({ type: "array", default: [] });
   });
 });
 

@@ -1,7 +1,7 @@
 // Where an adapter's weights are now, for display: the best place any of its versions holds. The
 // engine's adapter slots are in GPU memory on a GPU server and in host memory on a CPU one, so the
 // words follow the device the engine status reports.
-import type { Residency } from "../api/queries";
+import type { Residency } from "../api/types";
 
 /** "GPU slot" on a GPU, "CPU slot" on a CPU: what an engine adapter slot is on `device` ("cuda:0", "cpu"). */
 export function slotName(device: string | undefined): string {

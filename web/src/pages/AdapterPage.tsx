@@ -2,8 +2,10 @@ import { useMutation, useQuery, useQueryClient } from "@tanstack/react-query";
 import { createColumnHelper } from "@tanstack/react-table";
 import { useMemo, useState } from "react";
 import { Link, useNavigate, useParams } from "react-router-dom";
+import { ok } from "../api/client";
 import { allPages } from "../api/queries";
-import type { Adapter, AliasMove, Version } from "../api/types";
+import { queryKeys } from "../api/queryKeys";
+import type { Adapter, Version, VersionPage } from "../api/types";
 import { ConfirmButton } from "../components/Confirm";
 import { DataTable } from "../components/DataTable";
 import { Empty, ErrorBox, Loading } from "../components/States";
@@ -17,11 +19,16 @@ const column = createColumnHelper<Version>();
 export function AdapterPage() {
   const name = useParams().name!;
   const api = useApi();
-  const path = `/v1/adapters/${encodeURIComponent(name)}`;
-  const adapter = useQuery({ queryKey: ["adapters", name], queryFn: () => api.get<Adapter>(path) });
+  const adapter = useQuery({
+    queryKey: queryKeys.adapters.one(name),
+    queryFn: () => ok(api.http.GET("/v1/adapters/{name}", { params: { path: { name } } })),
+  });
   const versions = useQuery({
-    queryKey: ["adapters", name, "versions"],
-    queryFn: () => allPages<Version>(api, `${path}/versions`, (page) => String(page.data[page.data.length - 1].version)),
+    queryKey: queryKeys.adapters.versions(name),
+    queryFn: () => allPages<VersionPage, number>(
+      (after, limit) => ok(api.http.GET("/v1/adapters/{name}/versions", { params: { path: { name }, query: { after, limit } } })),
+      (page) => page.data[page.data.length - 1]?.version,
+    ),
   });
   const columns = useMemo(
     () => [
@@ -91,10 +98,10 @@ function DeleteAdapter({ name }: { name: string }) {
   const client = useQueryClient();
   const navigate = useNavigate();
   const remove = useMutation({
-    mutationFn: () => api.delete(`/v1/adapters/${encodeURIComponent(name)}?force=true`),
+    mutationFn: () => ok(api.http.DELETE("/v1/adapters/{name}", { params: { path: { name }, query: { force: true } } })),
     onSuccess: async () => {
-      client.removeQueries({ queryKey: ["adapters", name] });
-      await client.invalidateQueries({ queryKey: ["adapters"], exact: true });
+      client.removeQueries({ queryKey: queryKeys.adapters.one(name) });
+      await client.invalidateQueries({ queryKey: queryKeys.adapters.all, exact: true });
       navigate("/adapters");
     },
   });
@@ -120,8 +127,8 @@ function DeleteAdapter({ name }: { name: string }) {
 function KeyName({ id }: { id: string | null }) {
   const api = useApi();
   const keys = useQuery({
-    queryKey: ["keys"],
-    queryFn: () => api.get<{ data: { id: string; name: string; prefix: string }[] }>("/v1/keys"),
+    queryKey: queryKeys.keys.of(null),
+    queryFn: () => ok(api.http.GET("/v1/keys")),
     staleTime: 60_000,
     retry: false,
   });
@@ -151,8 +158,8 @@ function useMoveAlias(adapter: string, alias: string) {
   const client = useQueryClient();
   return useMutation({
     mutationFn: (version: number) =>
-      api.put(`/v1/adapters/${encodeURIComponent(adapter)}/aliases/${encodeURIComponent(alias)}`, { version }),
-    onSuccess: () => client.invalidateQueries({ queryKey: ["adapters"] }),
+      ok(api.http.PUT("/v1/adapters/{name}/aliases/{alias}", { params: { path: { name: adapter, alias } }, body: { version } })),
+    onSuccess: () => client.invalidateQueries({ queryKey: queryKeys.adapters.all }),
   });
 }
 
@@ -190,9 +197,8 @@ function AliasItem({ adapter, alias, version }: { adapter: string; alias: string
   const api = useApi();
   const { me } = useSession();
   const history = useQuery({
-    queryKey: ["adapters", adapter, "aliases", alias, "history"],
-    queryFn: () =>
-      api.get<{ data: AliasMove[] }>(`/v1/adapters/${encodeURIComponent(adapter)}/aliases/${encodeURIComponent(alias)}/history`),
+    queryKey: queryKeys.adapters.aliasHistory(adapter, alias),
+    queryFn: () => ok(api.http.GET("/v1/adapters/{name}/aliases/{alias}/history", { params: { path: { name: adapter, alias } } })),
   });
   const move = useMoveAlias(adapter, alias);
   const moves = history.data?.data ?? [];

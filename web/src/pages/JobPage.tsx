@@ -1,8 +1,9 @@
 import { useMutation, useQuery, useQueryClient } from "@tanstack/react-query";
 import { useMemo } from "react";
 import { Link, useParams } from "react-router-dom";
-import { allPages, useFileNames } from "../api/queries";
-import type { Checkpoint, Job, JobEvent } from "../api/types";
+import { ok } from "../api/client";
+import { allPages, lastId, useFileNames } from "../api/queries";
+import { queryKeys } from "../api/queryKeys";
 import { ConfirmButton } from "../components/Confirm";
 import { LineChart } from "../components/LineChart";
 import { Empty, ErrorBox, Loading } from "../components/States";
@@ -20,29 +21,31 @@ export function JobPage() {
   const api = useApi();
   const { me } = useSession();
   const client = useQueryClient();
-  const path = `/v1/fine_tuning/jobs/${encodeURIComponent(jobId)}`;
+  const path = { path: { job_id: jobId } };
   const job = useQuery({
-    queryKey: ["jobs", jobId],
-    queryFn: () => api.get<Job>(path),
+    queryKey: queryKeys.jobs.one(jobId),
+    queryFn: () => ok(api.http.GET("/v1/fine_tuning/jobs/{job_id}", { params: path })),
     refetchInterval: (query) => (query.state.data && FINISHED.includes(query.state.data.status) ? false : LIVE_MS),
   });
   const running = !job.data || !FINISHED.includes(job.data.status);
   // Events and checkpoints keep refreshing while the job runs, and once more after it ends.
   const events = useQuery({
-    queryKey: ["jobs", jobId, "events", job.data?.status],
-    queryFn: () => allPages<JobEvent>(api, `${path}/events?order=asc`, (page) => page.data[page.data.length - 1].id),
+    queryKey: queryKeys.jobs.events(jobId, job.data?.status),
+    queryFn: () => allPages((after, limit) => ok(api.http.GET("/v1/fine_tuning/jobs/{job_id}/events",
+      { params: { ...path, query: { after, limit, order: "asc" } } })), lastId),
     refetchInterval: running ? LIVE_MS : false,
     placeholderData: (previous) => previous,
   });
   const checkpoints = useQuery({
-    queryKey: ["jobs", jobId, "checkpoints", job.data?.status],
-    queryFn: () => allPages<Checkpoint>(api, `${path}/checkpoints`, (page) => page.data[page.data.length - 1].id),
+    queryKey: queryKeys.jobs.checkpoints(jobId, job.data?.status),
+    queryFn: () => allPages((after, limit) => ok(api.http.GET("/v1/fine_tuning/jobs/{job_id}/checkpoints",
+      { params: { ...path, query: { after, limit } } })), lastId),
     refetchInterval: running ? LIVE_MS : false,
     placeholderData: (previous) => previous,
   });
   const cancel = useMutation({
-    mutationFn: () => api.post<Job>(`${path}/cancel`),
-    onSuccess: () => client.invalidateQueries({ queryKey: ["jobs"] }),
+    mutationFn: () => ok(api.http.POST("/v1/fine_tuning/jobs/{job_id}/cancel", { params: path })),
+    onSuccess: () => client.invalidateQueries({ queryKey: queryKeys.jobs.all }),
   });
   const fileNames = useFileNames();
   const curve = useMemo(() => lossCurve(events.data ?? []), [events.data]);

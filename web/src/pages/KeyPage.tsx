@@ -2,7 +2,8 @@
 // the Keys page (the caller's tenant) or a tenant's page (the operator, `tenant` in the path).
 import { useMutation, useQueryClient } from "@tanstack/react-query";
 import { Link, useParams } from "react-router-dom";
-import type { Key } from "../api/types";
+import { ok } from "../api/client";
+import { queryKeys } from "../api/queryKeys";
 import { ConfirmButton } from "../components/Confirm";
 import { keyState, useKeys } from "../components/KeysSection";
 import { Empty, ErrorBox, Loading } from "../components/States";
@@ -16,8 +17,8 @@ export function KeyPage() {
   const client = useQueryClient();
   const keys = useKeys(tenant);
   const revoke = useMutation({
-    mutationFn: () => api.delete<Key>(`/v1/keys/${encodeURIComponent(keyId)}`),
-    onSuccess: () => client.invalidateQueries({ queryKey: ["keys"] }),
+    mutationFn: () => ok(api.http.DELETE("/v1/keys/{key_id}", { params: { path: { key_id: keyId } } })),
+    onSuccess: () => client.invalidateQueries({ queryKey: queryKeys.keys.all }),
   });
   const back = tenant === undefined
     ? <Link to="/keys">← Keys</Link>

@@ -3,7 +3,8 @@
 import { useQuery } from "@tanstack/react-query";
 import { type FormEvent, useRef, useState } from "react";
 import { useSearchParams } from "react-router-dom";
-import type { Model } from "../api/types";
+import { ok } from "../api/client";
+import { queryKeys } from "../api/queryKeys";
 import { streamChat } from "../api/stream";
 import { CopyAsCode } from "../components/CopyAsCode";
 import { ErrorBox } from "../components/States";
@@ -16,8 +17,8 @@ export function PlaygroundPage() {
   const api = useApi();
   const [params] = useSearchParams();
   const models = useQuery({
-    queryKey: ["models", "with-versions"],
-    queryFn: () => api.get<{ data: Model[] }>("/v1/models?include_versions=true"),
+    queryKey: queryKeys.models.withVersions,
+    queryFn: () => ok(api.http.GET("/v1/models", { params: { query: { include_versions: true } } })),
   });
   const [sideBySide, setSideBySide] = useState(params.has("compare"));
   const [references, setReferences] = useState<[string, string]>([params.get("model") ?? "base", params.get("compare") ?? "base"]);

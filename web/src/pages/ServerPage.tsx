@@ -1,7 +1,8 @@
 import { createColumnHelper } from "@tanstack/react-table";
 import { useEffect, useMemo, useState } from "react";
 import { Link } from "react-router-dom";
-import { type Residency, type ServerEngineStatus, useEngineStatus } from "../api/queries";
+import { useEngineStatus } from "../api/queries";
+import type { Residency, ServerEngineStatus } from "../api/types";
 import { DataTable } from "../components/DataTable";
 import { LineChart } from "../components/LineChart";
 import { Empty, ErrorBox, Loading } from "../components/States";

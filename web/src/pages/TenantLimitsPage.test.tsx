@@ -9,15 +9,15 @@ import type { AddressInfo } from "node:net";
 import { MemoryRouter, Route, Routes } from "react-router-dom";
 import { afterAll, beforeAll, beforeEach, describe, expect, it } from "vitest";
 import { Api } from "../api/client";
-import type { TenantLimits } from "../api/types";
+import type { Me, TenantLimitsBody } from "../api/types";
 import { SessionContext } from "../session";
 import { TenantLimitsPage } from "./TenantLimitsPage";
 
 const REFUSAL = "requests_per_minute: Input should be greater than or equal to 1";
 let server: Server;
 let url = "";
-let stored: TenantLimits;
-const puts: { path: string; body: TenantLimits }[] = [];
+let stored: TenantLimitsBody;
+const puts: { path: string; body: TenantLimitsBody }[] = [];
 
 beforeAll(async () => {
   server = createServer((request: IncomingMessage, response: ServerResponse) => {
@@ -30,9 +30,9 @@ beforeAll(async () => {
     request.on("end", () => {
       response.setHeader("Content-Type", "application/json");
       if (request.method === "PUT") {
-        const body = JSON.parse(text) as TenantLimits;
+        const body = JSON.parse(text) as TenantLimitsBody;
         puts.push({ path: request.url ?? "", body });
-        if (body.requests_per_minute !== null && body.requests_per_minute < 1) {
+        if (body.requests_per_minute != null && body.requests_per_minute < 1) {
           response.statusCode = 400;
           return response.end(JSON.stringify({ error: { message: REFUSAL, type: "invalid_request_error",
             param: "requests_per_minute", code: null } }));
@@ -53,7 +53,8 @@ beforeEach(() => {
 });
 
 function renderPage() {
-  const me = { key_id: "k", key_name: "ops", key_prefix: "ll-op", role: "admin", tenant_id: "t", tenant: "default", operator: true } as const;
+  const me: Me = { object: "api_key.self", key_id: "k", key_name: "ops", key_prefix: "ll-op", role: "admin", tenant_id: "t", tenant: "default",
+    operator: true, limits: { tenant: { share_weight: 1 }, key: {}, remaining: { tenant: {}, key: {} } } };
   render(
     <QueryClientProvider client={new QueryClient()}>
       <SessionContext.Provider value={{ api: new Api("ll-test", url), me, signOut: () => {} }}>

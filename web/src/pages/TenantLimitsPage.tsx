@@ -4,11 +4,13 @@
 import { useMutation, useQuery, useQueryClient } from "@tanstack/react-query";
 import { type FormEvent, useEffect, useState } from "react";
 import { NavLink, useParams } from "react-router-dom";
-import type { TenantLimits } from "../api/types";
+import { ok } from "../api/client";
+import { queryKeys } from "../api/queryKeys";
+import type { TenantLimits, TenantLimitsBody } from "../api/types";
 import { ErrorBox, Loading } from "../components/States";
 import { useApi } from "../session";
 
-type CountField = Exclude<keyof TenantLimits, "share_weight">;
+type CountField = Exclude<keyof TenantLimitsBody, "share_weight">;
 
 export const LIMIT_FIELDS: { name: CountField; label: string; hint: string }[] = [
   { name: "requests_per_minute", label: "Requests per minute", hint: "per tenant, all keys together" },
@@ -20,15 +22,15 @@ export const LIMIT_FIELDS: { name: CountField; label: string; hint: string }[] =
 
 type Draft = Record<CountField | "share_weight", string>;
 
-function draftOf(limits: TenantLimits): Draft {
+function draftOf(limits: TenantLimits | TenantLimitsBody): Draft {
   const draft = { share_weight: String(limits.share_weight) } as Draft;
-  for (const { name } of LIMIT_FIELDS) draft[name] = limits[name] === null ? "" : String(limits[name]);
+  for (const { name } of LIMIT_FIELDS) draft[name] = limits[name] == null ? "" : String(limits[name]);
   return draft;
 }
 
 /** The PUT body: an empty field is null (unlimited); anything else is sent as the number typed, for the server to check. */
-export function limitsOf(draft: Draft): TenantLimits {
-  const limits = { share_weight: draft.share_weight.trim() === "" ? 1 : Number(draft.share_weight) } as TenantLimits;
+export function limitsOf(draft: Draft): TenantLimitsBody {
+  const limits: TenantLimitsBody = { share_weight: draft.share_weight.trim() === "" ? 1 : Number(draft.share_weight) };
   for (const { name } of LIMIT_FIELDS) limits[name] = draft[name].trim() === "" ? null : Number(draft[name]);
   return limits;
 }
@@ -37,15 +39,18 @@ export function TenantLimitsPage() {
   const { name = "" } = useParams();
   const api = useApi();
   const client = useQueryClient();
-  const path = `/v1/tenants/${encodeURIComponent(name)}/limits`;
-  const limits = useQuery({ queryKey: ["tenant-limits", name], queryFn: () => api.get<TenantLimits>(path) });
+  const path = { params: { path: { tenant: name } } };
+  const limits = useQuery({
+    queryKey: queryKeys.tenants.limits(name),
+    queryFn: () => ok(api.http.GET("/v1/tenants/{tenant}/limits", path)),
+  });
   const [draft, setDraft] = useState<Draft | null>(null);
   useEffect(() => {
     if (limits.data) setDraft(draftOf(limits.data));
   }, [limits.data]);
   const save = useMutation({
-    mutationFn: (body: TenantLimits) => api.put<TenantLimits>(path, body),
-    onSuccess: (saved) => client.setQueryData(["tenant-limits", name], saved),
+    mutationFn: (body: TenantLimitsBody) => ok(api.http.PUT("/v1/tenants/{tenant}/limits", { ...path, body })),
+    onSuccess: (saved) => client.setQueryData(queryKeys.tenants.limits(name), saved),
   });
   const submit = (event: FormEvent) => {
     event.preventDefault();

@@ -4,8 +4,9 @@ import { useMutation, useQuery, useQueryClient } from "@tanstack/react-query";
 import { createColumnHelper } from "@tanstack/react-table";
 import { useMemo } from "react";
 import { NavLink, useParams } from "react-router-dom";
-import { withQuery } from "../api/client";
-import type { Tenant, UsageBucket, UsageReport } from "../api/types";
+import { ok } from "../api/client";
+import { queryKeys } from "../api/queryKeys";
+import type { UsageBucket } from "../api/types";
 import { ConfirmButton } from "../components/Confirm";
 import { DataTable } from "../components/DataTable";
 import { KeysSection } from "../components/KeysSection";
@@ -33,16 +34,16 @@ export function TenantPage() {
   const api = useApi();
   const { me } = useSession();
   const client = useQueryClient();
-  const tenants = useQuery({ queryKey: ["tenants"], queryFn: () => api.get<{ data: Tenant[] }>("/v1/tenants") });
+  const tenants = useQuery({ queryKey: queryKeys.tenants.all, queryFn: () => ok(api.http.GET("/v1/tenants")) });
   const since = useMemo(() => new Date(Date.now() - 30 * 86400 * 1000).toISOString(), []);
   const usage = useQuery({
-    queryKey: ["usage", name, "adapter", since],
-    queryFn: () => api.get<UsageReport>(withQuery("/v1/usage", { tenant: name, group_by: "adapter", start: since })),
+    queryKey: queryKeys.usage.byAdapter(name, since),
+    queryFn: () => ok(api.http.GET("/v1/usage", { params: { query: { tenant: name, group_by: "adapter", start: since } } })),
   });
-  const path = `/v1/tenants/${encodeURIComponent(name)}`;
   const toggle = useMutation({
-    mutationFn: (suspend: boolean) => api.post<Tenant>(`${path}/${suspend ? "suspend" : "resume"}`),
-    onSuccess: () => client.invalidateQueries({ queryKey: ["tenants"] }),
+    mutationFn: (suspend: boolean) => ok(api.http.POST(suspend ? "/v1/tenants/{tenant}/suspend" : "/v1/tenants/{tenant}/resume",
+      { params: { path: { tenant: name } } })),
+    onSuccess: () => client.invalidateQueries({ queryKey: queryKeys.tenants.all }),
   });
   if (tenants.isPending) return <Loading what={`Loading ${name}`} />;
   if (tenants.error) return <ErrorBox error={tenants.error} />;

@@ -2,6 +2,8 @@ import { useMutation, useQuery, useQueryClient } from "@tanstack/react-query";
 import { createColumnHelper } from "@tanstack/react-table";
 import { type FormEvent, useState } from "react";
 import { NavLink } from "react-router-dom";
+import { ok } from "../api/client";
+import { queryKeys } from "../api/queryKeys";
 import type { Tenant } from "../api/types";
 import { DataTable } from "../components/DataTable";
 import { Empty, ErrorBox, Loading } from "../components/States";
@@ -29,13 +31,13 @@ const columns = [
 export function TenantsPage() {
   const api = useApi();
   const client = useQueryClient();
-  const tenants = useQuery({ queryKey: ["tenants"], queryFn: () => api.get<{ data: Tenant[] }>("/v1/tenants") });
+  const tenants = useQuery({ queryKey: queryKeys.tenants.all, queryFn: () => ok(api.http.GET("/v1/tenants")) });
   const [name, setName] = useState("");
   const create = useMutation({
-    mutationFn: () => api.post<Tenant>("/v1/tenants", { name }),
+    mutationFn: () => ok(api.http.POST("/v1/tenants", { body: { name } })),
     onSuccess: () => {
       setName("");
-      return client.invalidateQueries({ queryKey: ["tenants"] });
+      return client.invalidateQueries({ queryKey: queryKeys.tenants.all });
     },
   });
   const submit = (event: FormEvent) => {

@@ -2,9 +2,11 @@ import { useMutation, useQuery, useQueryClient } from "@tanstack/react-query";
 import { createColumnHelper } from "@tanstack/react-table";
 import { type FormEvent, useMemo, useState } from "react";
 import { Link, useNavigate } from "react-router-dom";
-import { ApiError } from "../api/client";
-import { allPages, useFileNames } from "../api/queries";
-import type { FileObject, Job, Model } from "../api/types";
+import { ApiError, ok } from "../api/client";
+import { components } from "../api/openapi.json";
+import { allPages, lastId, useFileNames } from "../api/queries";
+import { queryKeys } from "../api/queryKeys";
+import type { FileObject, Job } from "../api/types";
 import { DataTable } from "../components/DataTable";
 import { FileName } from "../components/FileName";
 import { ProgressCell } from "../components/JobProgress";
@@ -15,6 +17,8 @@ import { defaultHelp, defaultText, hyperparameterBody, hyperparameterFields } fr
 import { useApi, useSession } from "../session";
 
 const FINISHED = ["succeeded", "failed", "cancelled"];
+// The form's fields from the API's own schema of hyperparameters, as the committed OpenAPI document has it.
+const FIELDS = hyperparameterFields({ components });
 const column = createColumnHelper<Job>();
 
 function jobColumns(fileNames: Map<string, string> | undefined) {
@@ -39,8 +43,8 @@ export function TrainingPage() {
   const api = useApi();
   const { me } = useSession();
   const jobs = useQuery({
-    queryKey: ["jobs"],
-    queryFn: () => allPages<Job>(api, "/v1/fine_tuning/jobs", (page) => page.data[page.data.length - 1].id),
+    queryKey: queryKeys.jobs.all,
+    queryFn: () => allPages((after, limit) => ok(api.http.GET("/v1/fine_tuning/jobs", { params: { query: { after, limit } } })), lastId),
     // Live while any job is still going.
     refetchInterval: (query) => (query.state.data?.some((job) => !FINISHED.includes(job.status)) ? 3000 : false),
   });
@@ -89,7 +93,7 @@ function DatasetUpload() {
       return api.upload<FileObject>("/v1/files", form, setProgress);
     },
     onSettled: () => setProgress(null),
-    onSuccess: () => client.invalidateQueries({ queryKey: ["files"] }),
+    onSuccess: () => client.invalidateQueries({ queryKey: queryKeys.files.all }),
   });
   const report = upload.error instanceof ApiError
     ? ((upload.error.details as { report?: { errors: ReportLine[]; num_errors: number } } | null)?.report ?? null)
@@ -107,8 +111,8 @@ function DatasetUpload() {
       {progress !== null && <progress aria-label="Dataset upload progress" max={1} value={progress} />}
       {upload.data && (
         <p role="status" className="ok">
-          {upload.data.filename} accepted as <code>{upload.data.id}</code>: {String(upload.data.format)} format,{" "}
-          {formatNumber(upload.data.line_count as number)} examples, {formatNumber(upload.data.token_count as number)} tokens.
+          {upload.data.filename} accepted as <code>{upload.data.id}</code>: {upload.data.format} format,{" "}
+          {formatNumber(upload.data.line_count)} examples, {formatNumber(upload.data.token_count)} tokens.
         </p>
       )}
       <ErrorBox error={upload.error} title="Refused" />
@@ -138,12 +142,11 @@ function JobForm() {
   const navigate = useNavigate();
   const client = useQueryClient();
   const files = useQuery({
-    queryKey: ["files"],
-    queryFn: () => allPages<FileObject>(api, "/v1/files?purpose=fine-tune", (page) => page.data[page.data.length - 1].id),
+    queryKey: queryKeys.files.fineTune,
+    queryFn: () => allPages((after, limit) => ok(api.http.GET("/v1/files", { params: { query: { purpose: "fine-tune", after, limit } } })),
+      lastId),
   });
-  const models = useQuery({ queryKey: ["models"], queryFn: () => api.get<{ data: Model[] }>("/v1/models") });
-  const openapi = useQuery({ queryKey: ["openapi"], queryFn: () => api.get<unknown>("/openapi.json"), staleTime: Infinity });
-  const fields = openapi.data ? hyperparameterFields(openapi.data) : [];
+  const models = useQuery({ queryKey: queryKeys.models.all, queryFn: () => ok(api.http.GET("/v1/models")) });
   const [trainingFile, setTrainingFile] = useState("");
   const [validationFile, setValidationFile] = useState("");
   const [suffix, setSuffix] = useState("");
@@ -153,16 +156,16 @@ function JobForm() {
   const chosenTraining = trainingFile || files.data?.[0]?.id || "";
   const create = useMutation({
     mutationFn: () =>
-      api.post<Job>("/v1/fine_tuning/jobs", {
+      ok(api.http.POST("/v1/fine_tuning/jobs", { body: {
         model: base,
         training_file: chosenTraining,
         validation_file: validationFile || null,
         suffix,
         seed: seed ? Number(seed) : null,
-        hyperparameters: hyperparameterBody(fields, values),
-      }),
+        hyperparameters: hyperparameterBody(FIELDS, values),
+      } })),
     onSuccess: async (job) => {
-      await client.invalidateQueries({ queryKey: ["jobs"] });
+      await client.invalidateQueries({ queryKey: queryKeys.jobs.all });
       navigate(`/training/${job.id}`);
     },
   });
@@ -173,7 +176,7 @@ function JobForm() {
   return (
     <form onSubmit={submit} aria-label="Start a training job" className="card">
       <h2>New job</h2>
-      <ErrorBox error={files.error ?? models.error ?? openapi.error} />
+      <ErrorBox error={files.error ?? models.error} />
       <label>
         Training file{" "}
         <select aria-label="Training file" value={chosenTraining} onChange={(event) => setTrainingFile(event.target.value)}>
@@ -202,7 +205,7 @@ function JobForm() {
       <p className="help">Same seed, same data: same adapter.</p>
       <fieldset>
         <legend>Hyperparameters</legend>
-        {fields.map((field) => (
+        {FIELDS.map((field) => (
           <div key={field.name} className="field">
             <label>
               {field.name}{" "}

@@ -9,6 +9,7 @@ import type { AddressInfo } from "node:net";
 import { MemoryRouter } from "react-router-dom";
 import { afterAll, beforeAll, describe, expect, it } from "vitest";
 import { Api } from "../api/client";
+import type { Me } from "../api/types";
 import { SessionContext } from "../session";
 import { UploadPage } from "./UploadPage";
 
@@ -37,7 +38,8 @@ beforeAll(async () => {
 afterAll(() => new Promise<void>((resolve) => server.close(() => resolve())));
 
 function renderPage() {
-  const me = { key_id: "k", key_name: "ci", key_prefix: "ll-ci", role: "developer", tenant_id: "t", tenant: "acme", operator: false } as const;
+  const me: Me = { object: "api_key.self", key_id: "k", key_name: "ci", key_prefix: "ll-ci", role: "developer", tenant_id: "t", tenant: "acme",
+    operator: false, limits: { tenant: { share_weight: 1 }, key: {}, remaining: { tenant: {}, key: {} } } };
   render(
     <QueryClientProvider client={new QueryClient()}>
       <SessionContext.Provider value={{ api: new Api("ll-test", url), me, signOut: () => {} }}>

@@ -2,6 +2,7 @@ import { useQueryClient } from "@tanstack/react-query";
 import { type FormEvent, useState } from "react";
 import { Link } from "react-router-dom";
 import type { ApiError } from "../api/client";
+import { queryKeys } from "../api/queryKeys";
 import type { Version } from "../api/types";
 import { DropZone } from "../components/DropZone";
 import { ErrorBox } from "../components/States";
@@ -37,7 +38,7 @@ export function UploadPage() {
         setState({ step: "uploading", progress }),
       );
       setState({ step: "done", version });
-      await client.invalidateQueries({ queryKey: ["adapters"] });
+      await client.invalidateQueries({ queryKey: queryKeys.adapters.all });
     } catch (error) {
       setState({ step: "failed", error: error as Error });
     }
