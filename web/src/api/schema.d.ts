@@ -1058,7 +1058,7 @@ export interface components {
             reasoning_effort?: ("none" | "minimal" | "low" | "medium" | "high") | null;
             /**
              * Repetition Penalty
-             * @description Extension (vLLM): > 0; tokens of the prompt or the output have positive logits divided by it and negative ones multiplied by it. 1 disables it. Default: the served model's generation_config.json value (GET /v1/models shows it as generation_defaults), else 1.
+             * @description Extension (vLLM): above 0; tokens of the prompt or the output have positive logits divided by it and negative ones multiplied by it. 1 disables it. Default: the served model's generation_config.json value (GET /v1/models shows it as generation_defaults), else 1.
              */
             repetition_penalty?: number | null;
             /**
@@ -1103,7 +1103,7 @@ export interface components {
             stream_options?: components["schemas"]["StreamOptions"] | null;
             /**
              * Temperature
-             * @description Default: the served model's generation_config.json value (GET /v1/models shows it as generation_defaults), else 1.
+             * @description Between 0 (greedy) and 2. Default: the served model's generation_config.json value (GET /v1/models shows it as generation_defaults), else 1.
              */
             temperature?: number | null;
             /**
@@ -1123,12 +1123,12 @@ export interface components {
             top_k?: number | null;
             /**
              * Top Logprobs
-             * @description Alternatives per token; needs `logprobs: true`.
+             * @description Alternatives per token, at most 20; needs `logprobs: true`.
              */
             top_logprobs?: number | null;
             /**
              * Top P
-             * @description Default: the served model's generation_config.json value (GET /v1/models shows it as generation_defaults), else 1.
+             * @description Above 0, at most 1 (1 disables it). Default: the served model's generation_config.json value (GET /v1/models shows it as generation_defaults), else 1.
              */
             top_p?: number | null;
             /**
@@ -1319,7 +1319,7 @@ export interface components {
             } | null;
             /**
              * Logprobs
-             * @description Return the sampled token's logprob and this many alternatives.
+             * @description Return the sampled token's logprob and this many alternatives, at most 20.
              */
             logprobs?: number | null;
             /**
@@ -1359,7 +1359,7 @@ export interface components {
             prompt_cache_key?: string | null;
             /**
              * Repetition Penalty
-             * @description Extension (vLLM): > 0; tokens of the prompt or the output have positive logits divided by it and negative ones multiplied by it. 1 disables it. Default: the served model's generation_config.json value (GET /v1/models shows it as generation_defaults), else 1.
+             * @description Extension (vLLM): above 0; tokens of the prompt or the output have positive logits divided by it and negative ones multiplied by it. 1 disables it. Default: the served model's generation_config.json value (GET /v1/models shows it as generation_defaults), else 1.
              */
             repetition_penalty?: number | null;
             /**
@@ -1389,7 +1389,7 @@ export interface components {
             stream_options?: components["schemas"]["StreamOptions"] | null;
             /**
              * Temperature
-             * @description Default: the served model's generation_config.json value (GET /v1/models shows it as generation_defaults), else 1.
+             * @description Between 0 (greedy) and 2. Default: the served model's generation_config.json value (GET /v1/models shows it as generation_defaults), else 1.
              */
             temperature?: number | null;
             /**
@@ -1399,7 +1399,7 @@ export interface components {
             top_k?: number | null;
             /**
              * Top P
-             * @description Default: the served model's generation_config.json value (GET /v1/models shows it as generation_defaults), else 1.
+             * @description Above 0, at most 1 (1 disables it). Default: the served model's generation_config.json value (GET /v1/models shows it as generation_defaults), else 1.
              */
             top_p?: number | null;
             /**
