@@ -39,6 +39,15 @@ def test_a_value_of_the_wrong_type_names_the_file_and_key(tmp_path, key, value):
         read_generation_defaults(tmp_path)
 
 
+@pytest.mark.parametrize("key, value", [("temperature", 3.5), ("temperature", -0.1), ("top_p", 0), ("top_p", 1.5),
+                                        ("top_k", -2), ("repetition_penalty", 0), ("max_new_tokens", 0)])
+def test_a_value_out_of_a_requests_range_names_the_file_key_and_range(tmp_path, key, value):
+    """A default stands in for the request's own value, so it must be one a request could send."""
+    write_config(tmp_path, **{key: value})
+    with pytest.raises(ValueError, match=f"generation_config.json: {key} is .*; it must be .*--generation-config none"):
+        read_generation_defaults(tmp_path)
+
+
 def test_an_unknown_source_is_refused():
     with pytest.raises(ValueError, match="generation_config is 'vllm'"):
         EngineConfig(generation_config="vllm")
