@@ -13,6 +13,8 @@ it is set already): two processes of two OpenMP threads each on two cores spin i
 a step waits at every barrier for a thread that has no core (see tests/benchmarks/test_gpu_suite_cpu.py).
 Tests that need several threads set their count themselves.
 
+The runner samples each group's memory (every process of its session, summed) and prints the peak.
+
 A group's output goes to <DIR>/<group>.log (default .cache/test-logs) and is printed whole when the
 group ends, never interleaved with another's. The run fails if any group failed (pytest's exit status 5,
 "nothing collected", is not a failure: a folder can be all `slow`); the failed groups are named last.
@@ -30,6 +32,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil
+
 REPO = Path(__file__).resolve().parents[1]
 DEFAULT_LOGS = REPO / ".cache" / "test-logs"
 NOTHING_COLLECTED = 5
@@ -44,6 +48,7 @@ class Group:
     started: float = 0.0
     seconds: float = 0.0
     status: int | None = None
+    peak_bytes: int = 0
 
     @property
     def failed(self) -> bool:
@@ -97,9 +102,27 @@ def start(group: Group, env: dict[str, str]) -> None:
     group.started = time.monotonic()
 
 
+def resident_bytes(session: int) -> int:
+    """The memory every process of a session holds now: a group's pytest and whatever it started (servers,
+    workers, Chromium), which is what two groups side by side must fit in."""
+    total = 0
+    for process in psutil.process_iter(["pid"]):
+        try:
+            if os.getsid(process.pid) == session:
+                total += process.memory_info().rss
+        except (psutil.Error, ProcessLookupError, PermissionError):
+            continue  # it ended meanwhile
+    return total
+
+
+def gib(count: int) -> str:
+    return f"{count / 2**30:.1f} GiB"
+
+
 def report(group: Group) -> None:
     outcome = "FAILED" if group.failed else "passed"
-    print(f"== {group.name}: {outcome} (exit {group.status}) in {group.seconds:.0f} s", flush=True)
+    print(f"== {group.name}: {outcome} (exit {group.status}) in {group.seconds:.0f} s, "
+          f"peak {gib(group.peak_bytes)}", flush=True)
     sys.stdout.write(group.log.read_text(errors="replace"))
     sys.stdout.flush()
 
@@ -115,6 +138,8 @@ def run(jobs: int, groups: list[Group]) -> bool:
             start(group, env)
             running.append(group)
         time.sleep(0.5)
+        for group in running:
+            group.peak_bytes = max(group.peak_bytes, resident_bytes(group.process.pid))
         for group in [g for g in running if g.process.poll() is not None]:
             group.status = group.process.returncode
             group.seconds = time.monotonic() - group.started
@@ -147,7 +172,8 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     print(f"== {len(groups)} groups, {jobs} at a time, in {time.monotonic() - began:.0f} s:")
     for group in sorted(groups, key=lambda g: (g.failed, -g.seconds)):
-        print(f"   {'FAILED' if group.failed else 'passed'} {group.seconds:6.0f} s  {group.name}  ({group.log})")
+        print(f"   {'FAILED' if group.failed else 'passed'} {group.seconds:6.0f} s {gib(group.peak_bytes):>9}  "
+              f"{group.name}  ({group.log})")
     return 0 if passed else 1
 
 

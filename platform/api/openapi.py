@@ -5,8 +5,8 @@ the routes alone: no engine, database or server.
 
 FastAPI writes most of it from the routes and schemas; `install_contract` corrects what FastAPI says
 that this API does not do (a 422 for a bad request: it answers 400; bounds of 64-bit integers as floats)
-and adds the links from each create route to the routes that take what it made, which clients and
-stateful testing follow.
+adds the links from each create route to the routes that take what it made, which clients and
+stateful testing follow, and the schemas of the chunks that the generation routes stream.
 """
 from __future__ import annotations
 
@@ -15,8 +15,15 @@ import re
 from typing import Any
 
 from fastapi import FastAPI
+from pydantic import BaseModel
 
+from loraloom.platform.api.schemas.chat import ChatCompletionChunk
+from loraloom.platform.api.schemas.completions import Completion
 from loraloom.platform.db.models import MAX_INT64
+
+# What the routes stream (generation/streaming.py's sse_response_doc names each event's chunk schema).
+# FastAPI makes components only of what routes take and answer as JSON, so these are added.
+STREAMED_CHUNKS: tuple[type[BaseModel], ...] = (Completion, ChatCompletionChunk)
 
 # The create routes, and which field of what they answer names each path parameter of the routes that
 # take what they made: a link goes to every operation under the same collection whose path parameters
@@ -90,6 +97,14 @@ def _add_links(schema: dict[str, Any]) -> None:
                 response["links"] = links
 
 
+def _add_streamed_chunks(schema: dict[str, Any]) -> None:
+    components = schema.setdefault("components", {}).setdefault("schemas", {})
+    for model in STREAMED_CHUNKS:
+        chunk = model.model_json_schema(ref_template="#/components/schemas/{model}", mode="serialization")
+        for name, definition in {**chunk.pop("$defs", {}), model.__name__: chunk}.items():
+            components.setdefault(name, definition)
+
+
 def install_contract(app: FastAPI) -> None:
     """Make the app's /openapi.json the document described above (built once, on first use)."""
     generate = app.openapi
@@ -100,6 +115,7 @@ def install_contract(app: FastAPI) -> None:
             _validation_errors_as_400(schema)
             _integer_bounds(schema)
             _add_links(schema)
+            _add_streamed_chunks(schema)
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]

@@ -21,10 +21,22 @@ def sse_event(payload: BaseModel) -> str:
     return f"data: {payload.model_dump_json()}\n\n"
 
 
-def sse_response_doc(chunk_schema: str) -> dict[str, Any]:
-    """The OpenAPI entry of a 200 that is JSON, or server-sent events with `stream: true`."""
-    events = f"With stream=true: `data: <{chunk_schema} JSON>` events, then `data: [DONE]`."
-    return {"content": {"text/event-stream": {"schema": {"type": "string", "description": events}}}}
+def _json_data(schema_name: str) -> dict[str, Any]:
+    return {"type": "string", "contentMediaType": "application/json",
+            "contentSchema": {"$ref": f"#/components/schemas/{schema_name}"}}
+
+
+def sse_response_doc(chunk: type[BaseModel]) -> dict[str, Any]:
+    """The OpenAPI entry of a 200 that is JSON, or server-sent events with `stream: true`.
+
+    An event stream is documented by the schema of one event as a client parses it (its `data`,
+    `event`, `id` fields): here each `data` is a chunk's JSON, an error's JSON (a failure once the
+    200 is sent, sse.error_event) or the closing `[DONE]`. The chunk's schema is a component
+    (openapi.STREAMED_CHUNKS puts it there when no route answers it as JSON)."""
+    data = {"anyOf": [_json_data(chunk.__name__), _json_data("ErrorResponse"), {"const": "[DONE]"}]}
+    event = {"type": "object", "required": ["data"], "properties": {"data": data},
+             "description": f"With stream=true: `data: <{chunk.__name__} JSON>` events, then `data: [DONE]`."}
+    return {"content": {"text/event-stream": {"schema": event}}}
 
 
 def stream_response(opened: asyncio.Future[Any | None], events: AsyncIterator[str], keepalive_s: float) -> Response:

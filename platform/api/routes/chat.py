@@ -125,7 +125,7 @@ async def chat_event_stream(
 @router.post(
     "/v1/chat/completions",
     response_model=ChatCompletionResponse,
-    responses={200: {**sse_response_doc("ChatCompletionChunk"), "headers": RATELIMIT_HEADERS_DOC}, **ERROR_RESPONSES,
+    responses={200: {**sse_response_doc(ChatCompletionChunk), "headers": RATELIMIT_HEADERS_DOC}, **ERROR_RESPONSES,
                **rate_limited_responses()},
 )
 async def create_chat_completion(

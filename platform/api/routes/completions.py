@@ -112,7 +112,7 @@ async def completion_event_stream(
 @router.post(
     "/v1/completions",
     response_model=Completion,
-    responses={200: {**sse_response_doc("Completion"), "headers": RATELIMIT_HEADERS_DOC}, **ERROR_RESPONSES,
+    responses={200: {**sse_response_doc(Completion), "headers": RATELIMIT_HEADERS_DOC}, **ERROR_RESPONSES,
                **rate_limited_responses()},
 )
 async def create_completion(

@@ -3,10 +3,18 @@
 relies on, checked where a failure says exactly which rule broke."""
 from __future__ import annotations
 
+import json
+
+import jsonschema_rs
 import pytest
 from fastapi.testclient import TestClient
 
 from loraloom.platform.api.app import api_app
+from loraloom.platform.api.errors import APIError
+from loraloom.platform.api.generation.streaming import SSE_DONE, sse_event
+from loraloom.platform.api.schemas.chat import ChatChunkChoice, ChatCompletionChunk, ChatDelta
+from loraloom.platform.api.schemas.completions import Completion, CompletionChoice
+from loraloom.platform.api.sse import error_event
 from loraloom.platform.db.models import MAX_INT64
 
 
@@ -57,6 +65,67 @@ def test_create_routes_link_to_the_routes_that_take_what_they_made(document):
     linked = {link["operationId"]: link["parameters"] for link in created["links"].values()}
     revoke = document["paths"]["/v1/keys/{key_id}"]["delete"]["operationId"]
     assert linked[revoke] == {"key_id": "$response.body#/id"}
+
+
+def references(node):
+    if isinstance(node, dict):
+        if isinstance(node.get("$ref"), str):
+            yield node["$ref"]
+        for value in node.values():
+            yield from references(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from references(value)
+
+
+def test_every_reference_names_a_component(document):
+    components = document["components"]["schemas"]
+    for reference in references(document):
+        assert reference.startswith("#/components/schemas/") and reference.split("/")[-1] in components, reference
+
+
+def event_data_is_documented(document, event_schema, data: str) -> bool:
+    """Whether `data` is one of the forms the event schema names: a constant, or JSON of a component."""
+    for form in event_schema["properties"]["data"]["anyOf"]:
+        if "const" in form:
+            if data == form["const"]:
+                return True
+            continue
+        assert form["contentMediaType"] == "application/json"
+        try:
+            payload = json.loads(data)
+        except json.JSONDecodeError:
+            continue
+        # The whole document as the root, so the component's own references resolve.
+        schema = {**document, "$ref": form["contentSchema"]["$ref"]}
+        if jsonschema_rs.Draft202012Validator(schema).is_valid(payload):
+            return True
+    return False
+
+
+def sse_data(event: str) -> str:
+    assert event.startswith("data: ") and event.endswith("\n\n"), event
+    return event[len("data: "):-2]
+
+
+CHAT_CHUNK = ChatCompletionChunk(id="chatcmpl-1", created=1, model="bot", choices=[
+    ChatChunkChoice(index=0, delta=ChatDelta(role="assistant", content="Paris"), logprobs=None, finish_reason=None)])
+COMPLETION_CHUNK = Completion(id="cmpl-1", created=1, model="", choices=[
+    CompletionChoice(index=0, text="M", logprobs=None, finish_reason="length")])
+
+
+@pytest.mark.parametrize(("path", "chunk", "other_chunk"), [
+    ("/v1/chat/completions", CHAT_CHUNK, COMPLETION_CHUNK),
+    ("/v1/completions", COMPLETION_CHUNK, CHAT_CHUNK),
+])
+def test_a_stream_documents_each_event_it_sends(document, path, chunk, other_chunk):
+    # OpenAPI 3.1 describes an event stream by one event as a client parses it (schemathesis checks each).
+    event_schema = document["paths"][path]["post"]["responses"]["200"]["content"]["text/event-stream"]["schema"]
+    failure = error_event(APIError(400, "the adapter was deleted", param="model"))
+    for event in (sse_event(chunk), failure, SSE_DONE):
+        assert event_data_is_documented(document, event_schema, sse_data(event)), event
+    assert not event_data_is_documented(document, event_schema, sse_data(sse_event(other_chunk)))
+    assert not event_data_is_documented(document, event_schema, "[done]")
 
 
 @pytest.mark.parametrize(("method", "path", "allow"), [

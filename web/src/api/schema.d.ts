@@ -957,6 +957,34 @@ export interface components {
             /** Content */
             content: components["schemas"]["ChatTokenLogprob"][];
         };
+        /** ChatChunkChoice */
+        ChatChunkChoice: {
+            delta: components["schemas"]["ChatDelta"];
+            /** Finish Reason */
+            finish_reason: string | null;
+            /** Index */
+            index: number;
+            logprobs: components["schemas"]["ChatChoiceLogprobs"] | null;
+        };
+        /** ChatCompletionChunk */
+        ChatCompletionChunk: {
+            /** Choices */
+            choices: components["schemas"]["ChatChunkChoice"][];
+            /** Created */
+            created: number;
+            /** Id */
+            id: string;
+            /** Model */
+            model: string;
+            /**
+             * Object
+             * @default chat.completion.chunk
+             * @constant
+             */
+            object: "chat.completion.chunk";
+            /** @default null */
+            usage: components["schemas"]["Usage"] | null;
+        };
         /** ChatCompletionRequest */
         ChatCompletionRequest: {
             /**
@@ -1159,6 +1187,24 @@ export interface components {
              */
             object: "chat.completion";
             usage: components["schemas"]["Usage"];
+        };
+        /** ChatDelta */
+        ChatDelta: {
+            /**
+             * Content
+             * @default null
+             */
+            content: string | null;
+            /**
+             * Role
+             * @default null
+             */
+            role: "assistant" | null;
+            /**
+             * Tool Calls
+             * @default null
+             */
+            tool_calls: components["schemas"]["ToolCallDelta"][] | null;
         };
         /** ChatMessage */
         ChatMessage: {
@@ -1679,6 +1725,16 @@ export interface components {
             arguments: string;
             /** Name */
             name: string;
+        };
+        /** FunctionCallDelta */
+        FunctionCallDelta: {
+            /** Arguments */
+            arguments: string;
+            /**
+             * Name
+             * @default null
+             */
+            name: string | null;
         };
         /** FunctionDefinition */
         FunctionDefinition: {
@@ -2472,6 +2528,22 @@ export interface components {
              * @constant
              */
             type: "text";
+        };
+        /** ToolCallDelta */
+        ToolCallDelta: {
+            function: components["schemas"]["FunctionCallDelta"];
+            /**
+             * Id
+             * @default null
+             */
+            id: string | null;
+            /** Index */
+            index: number;
+            /**
+             * Type
+             * @default null
+             */
+            type: "function" | null;
         };
         /** ToolCallItem */
         ToolCallItem: {
@@ -4282,7 +4354,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["ChatCompletionResponse"];
-                    "text/event-stream": string;
+                    "text/event-stream": {
+                        data: string | "[DONE]";
+                    };
                 };
             };
             /** @description Bad Request */
@@ -4411,7 +4485,9 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["Completion"];
-                    "text/event-stream": string;
+                    "text/event-stream": {
+                        data: string | "[DONE]";
+                    };
                 };
             };
             /** @description Bad Request */
