@@ -2,9 +2,9 @@
 compiled, started in the engine, guarded against the key's revocation and the client leaving, and
 answered whole or as server-sent events.
 
-The route drives it, with no callback: it makes a GenerationPlan, `start_generation`s it, then
-either builds the whole answer from `Generation.collect()`, or hands `Generation.stream` the events
-it makes from `Generation.outputs()`.
+The route makes a GenerationPlan, `start_generation`s it, and hands `Generation.answer` its two ways
+of answering: the server-sent events it makes of the outputs, and the whole answer it makes of the
+collected choices.
 """
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -24,7 +24,7 @@ from loraloom.platform.api.generation.adapters import ResolvedAdapter
 from loraloom.platform.api.generation.choices import ChoiceOutput, open_generation
 from loraloom.platform.api.generation.collect import Collected, collect
 from loraloom.platform.api.generation.sampling import choice_params, compile_grammar, default_max_tokens, sampling_params
-from loraloom.platform.api.generation.streaming import cancel_on_disconnect, stream_response
+from loraloom.platform.api.generation.streaming import CLIENT_CLOSED_REQUEST, cancel_on_disconnect, stream_response
 from loraloom.platform.api.revocation import Revocation, revocable
 from loraloom.platform.api.schemas.generation import GenerationRequest
 from loraloom.platform.api.schemas.ignored_fields import IGNORED_FIELDS_HEADER, ignored_field_names
@@ -127,6 +127,18 @@ class Generation:
         keepalive_s = self._request.app.state.settings.sse_keepalive_interval_s
         self._opened = await opened_within(cancel_on_disconnect(self._request, self._open), keepalive_s)
         return stream_response(self._opened, ending_in_error_event(events), keepalive_s)
+
+    async def answer(self, events: Callable[[AsyncIterator[ChoiceOutput]], AsyncIterator[str]],
+                     whole: Callable[[list[Collected]], T], response: Response) -> T | Response:
+        """The route's answer: with stream=true, `events` over `outputs()` (stream); else `whole` of the
+        collected choices, or a bare 499 for a client that left first. Ignored fields are named on either."""
+        body = self._plan.body
+        if body.stream:
+            result: T | Response = await self.stream(events(self.outputs()))
+        else:
+            collected = await self.collect()
+            result = Response(status_code=CLIENT_CLOSED_REQUEST) if collected is None else whole(collected)
+        return name_ignored_fields(result, response, body)
 
     async def outputs(self) -> AsyncIterator[ChoiceOutput]:
         """Every choice's outputs as (choice index, output), for the events handed to `stream`: they are

@@ -13,8 +13,8 @@ from loraloom.platform.api.errors import ERROR_RESPONSES
 from loraloom.platform.api.generation.adapters import resolve_adapter
 from loraloom.platform.api.generation.choices import ChoiceOutput
 from loraloom.platform.api.generation.collect import Collected, usage
-from loraloom.platform.api.generation.respond import GenerationPlan, ResponseHead, name_ignored_fields, start_generation
-from loraloom.platform.api.generation.streaming import CLIENT_CLOSED_REQUEST, SSE_DONE, sse_event, sse_response_doc
+from loraloom.platform.api.generation.respond import GenerationPlan, ResponseHead, start_generation
+from loraloom.platform.api.generation.streaming import SSE_DONE, sse_event, sse_response_doc
 from loraloom.platform.api.rate_limits import RATELIMIT_HEADERS_DOC, rate_limited_responses
 from loraloom.platform.api.schemas.chat import (
     AssistantMessage,
@@ -152,10 +152,6 @@ async def create_chat_completion(
                           max_tokens=body.requested_max_tokens, logprobs=body.engine_logprobs,
                           tool_grammar=tools.grammar)
     generation = await start_generation(request, engine, plan, meter)
-    if body.stream:
-        events = chat_event_stream(generation.outputs(), generation.head, body.include_usage, tools=tools)
-        return name_ignored_fields(await generation.stream(events), response, body)
-    collected = await generation.collect()
-    if collected is None:
-        return Response(status_code=CLIENT_CLOSED_REQUEST)
-    return name_ignored_fields(chat_completion(collected, generation.head, tools=tools), response, body)
+    return await generation.answer(
+        lambda outputs: chat_event_stream(outputs, generation.head, body.include_usage, tools=tools),
+        lambda collected: chat_completion(collected, generation.head, tools=tools), response)

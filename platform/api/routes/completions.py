@@ -12,8 +12,8 @@ from loraloom.platform.api.errors import ERROR_RESPONSES
 from loraloom.platform.api.generation.adapters import resolve_adapter
 from loraloom.platform.api.generation.choices import ChoiceOutput
 from loraloom.platform.api.generation.collect import Collected, usage
-from loraloom.platform.api.generation.respond import GenerationPlan, ResponseHead, name_ignored_fields, start_generation
-from loraloom.platform.api.generation.streaming import CLIENT_CLOSED_REQUEST, SSE_DONE, sse_event, sse_response_doc
+from loraloom.platform.api.generation.respond import GenerationPlan, ResponseHead, start_generation
+from loraloom.platform.api.generation.streaming import SSE_DONE, sse_event, sse_response_doc
 from loraloom.platform.api.rate_limits import RATELIMIT_HEADERS_DOC, rate_limited_responses
 from loraloom.platform.api.schemas.completions import (
     Completion,
@@ -131,10 +131,6 @@ async def create_completion(
     plan = GenerationPlan(body=body, id_prefix="cmpl", prompt_token_ids=prompt_ids, adapter=adapter,
                           max_tokens=body.max_tokens, logprobs=body.logprobs)
     generation = await start_generation(request, engine, plan, meter)
-    if body.stream:
-        events = completion_event_stream(generation.outputs(), generation.head, body.include_usage, echo_text=echo_text)
-        return name_ignored_fields(await generation.stream(events), response, body)
-    collected = await generation.collect()
-    if collected is None:
-        return Response(status_code=CLIENT_CLOSED_REQUEST)
-    return name_ignored_fields(completion(collected, generation.head, echo_text=echo_text), response, body)
+    return await generation.answer(
+        lambda outputs: completion_event_stream(outputs, generation.head, body.include_usage, echo_text=echo_text),
+        lambda collected: completion(collected, generation.head, echo_text=echo_text), response)
