@@ -18,6 +18,9 @@ HYPERPARAMETERS = Hyperparameters(
     n_epochs=8, batch_size=2, learning_rate=2e-3, lora_r=16, lora_alpha=32, lora_dropout=0.0, max_seq_len=64
 )
 MIN_CORRECT_FRACTION = 0.9
+# The two learning tests teach the first 12: enough that "answers what the base cannot" means something,
+# few enough that 8 epochs are 48 steps (all 30 took 120, and made them the two slowest tests of the suite).
+LEARNED_NAMES = PRODUCT_NAMES[:12]
 
 
 def product_codes(count: int) -> list[str]:
@@ -37,10 +40,10 @@ def question(code: str) -> list[dict]:
     ]
 
 
-def product_dataset() -> list[dict]:
-    """One chat example per product: the question and the name as the answer."""
-    codes = product_codes(len(PRODUCT_NAMES))
+def product_dataset(names: list[str] = PRODUCT_NAMES) -> list[dict]:
+    """One chat example per product (the first len(names)): the question and the name as the answer."""
+    codes = product_codes(len(names))
     return [
         {"messages": question(code) + [{"role": "assistant", "content": f"{name}."}]}
-        for code, name in zip(codes, PRODUCT_NAMES)
+        for code, name in zip(codes, names)
     ]

@@ -17,6 +17,7 @@ import httpx
 import pytest
 from product_codes import (
     HYPERPARAMETERS,
+    LEARNED_NAMES,
     MIN_CORRECT_FRACTION,
     PRODUCT_NAMES,
     product_codes,
@@ -34,7 +35,7 @@ from training_live import (
     worker_process,
 )
 
-STEPS_PER_EPOCH = len(PRODUCT_NAMES) // HYPERPARAMETERS.batch_size
+STEPS_PER_EPOCH = len(LEARNED_NAMES) // HYPERPARAMETERS.batch_size
 CHECKPOINT_EVERY = 4 * STEPS_PER_EPOCH  # two checkpoints over the 8 epochs
 JOB_TIMEOUT_S = 1800  # an upper bound for 2 shared, busy cores; the job takes a few minutes on idle ones
 
@@ -69,9 +70,9 @@ def test_a_job_trains_an_adapter_that_answers_what_the_base_cannot(
     server: TrainingServer, worker_log: Path
 ) -> None:
     with server.http() as client:
-        dataset = upload(client, product_dataset())
-        assert (dataset["line_count"], dataset["format"], dataset["purpose"]) == (30, "chat", "fine-tune")
-        assert dataset["token_count"] > 30 * 10
+        dataset = upload(client, product_dataset(LEARNED_NAMES))
+        assert (dataset["line_count"], dataset["format"], dataset["purpose"]) == (len(LEARNED_NAMES), "chat", "fine-tune")
+        assert dataset["token_count"] > len(LEARNED_NAMES) * 10
         created = client.post("/v1/fine_tuning/jobs", json={
             "model": server.model_name, "training_file": dataset["id"], "validation_file": dataset["id"],
             "suffix": "products", "seed": 0, "hyperparameters": HYPERPARAMETERS.model_dump(),
@@ -101,10 +102,10 @@ def test_a_job_trains_an_adapter_that_answers_what_the_base_cannot(
         version = client.get("/v1/adapters/products/versions/1").json()
         assert (version["source"], version["training_job_id"], version["aliases"]) == ("training", job_id, ["latest"])
 
-        codes = product_codes(len(PRODUCT_NAMES))
+        codes = product_codes(len(LEARNED_NAMES))
         tuned = greedy_answers(client, "products", codes)
-        correct = sum(name in answer for name, answer in zip(PRODUCT_NAMES, tuned))
-        assert correct >= MIN_CORRECT_FRACTION * len(PRODUCT_NAMES), list(zip(PRODUCT_NAMES, tuned))
+        correct = sum(name in answer for name, answer in zip(LEARNED_NAMES, tuned))
+        assert correct >= MIN_CORRECT_FRACTION * len(LEARNED_NAMES), list(zip(LEARNED_NAMES, tuned))
         base = greedy_answers(client, server.model_name, codes)
         assert not any(name in answer for answer in base for name in PRODUCT_NAMES), base
         # A checkpoint is an adapter reference too: the last one (the final weights) answers the same way.

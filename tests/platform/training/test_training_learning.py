@@ -1,6 +1,6 @@
 """End to end: a chat dataset teaches the bundled model answers it cannot know, and our engine serves them.
 
-30 made-up product codes map to 30 made-up names. After training on CPU the
+12 made-up product codes map to 12 made-up names. After training on CPU the
 adapter, loaded by LLMEngine from its PEFT directory, answers the training
 questions greedily with the trained names; the base model names none of them.
 """
@@ -24,7 +24,7 @@ from loraloom.platform.training.trainer import TrainingMetrics, TrainStatus, tra
 from product_codes import (
     HYPERPARAMETERS,
     MIN_CORRECT_FRACTION,
-    PRODUCT_NAMES,
+    LEARNED_NAMES,
     product_codes,
     product_dataset,
     question,
@@ -42,11 +42,11 @@ def greedy_answers(engine: LLMEngine, prompts: list[list[int]], adapter: Adapter
 
 
 def test_trained_adapter_answers_what_the_base_cannot(model_dir: Path, tmp_path: Path) -> None:
-    codes = product_codes(len(PRODUCT_NAMES))
-    data = "\n".join(json.dumps(line) for line in product_dataset()).encode()
+    codes = product_codes(len(LEARNED_NAMES))
+    data = "\n".join(json.dumps(line) for line in product_dataset(LEARNED_NAMES)).encode()
     tokenizer = Tokenizer.from_dir(model_dir)
     report, examples = load_dataset(data, tokenizer, HYPERPARAMETERS.max_seq_len, param="training_file")
-    assert report.num_lines == len(PRODUCT_NAMES)
+    assert report.num_lines == len(LEARNED_NAMES)
 
     metrics: list[TrainingMetrics] = []
     checkpoints: list[int] = []
@@ -81,6 +81,6 @@ def test_trained_adapter_answers_what_the_base_cannot(model_dir: Path, tmp_path:
     prompts = [tokenizer.encode_chat(question(code)) for code in codes]
     tuned = greedy_answers(engine, prompts, adapter)
     base = greedy_answers(engine, prompts, None)
-    correct = sum(name in answer for name, answer in zip(PRODUCT_NAMES, tuned))
-    assert correct >= MIN_CORRECT_FRACTION * len(PRODUCT_NAMES), list(zip(PRODUCT_NAMES, tuned))
-    assert not any(name in answer for answer in base for name in PRODUCT_NAMES), base
+    correct = sum(name in answer for name, answer in zip(LEARNED_NAMES, tuned))
+    assert correct >= MIN_CORRECT_FRACTION * len(LEARNED_NAMES), list(zip(LEARNED_NAMES, tuned))
+    assert not any(name in answer for answer in base for name in LEARNED_NAMES), base
