@@ -13,7 +13,8 @@ it is set already): two processes of two OpenMP threads each on two cores spin i
 a step waits at every barrier for a thread that has no core (see tests/benchmarks/test_gpu_suite_cpu.py).
 Tests that need several threads set their count themselves.
 
-The runner samples each group's memory (every process of its session, summed) and prints the peak.
+The runner prints each group's wall time, CPU time (its processes' and those they waited for) and peak
+memory (every process of its session, summed, sampled twice a second).
 
 A group's output goes to <DIR>/<group>.log (default .cache/test-logs) and is printed whole when the
 group ends, never interleaved with another's. The run fails if any group failed (pytest's exit status 5,
@@ -49,6 +50,20 @@ class Group:
     seconds: float = 0.0
     status: int | None = None
     peak_bytes: int = 0
+    cpu_seconds: float = 0.0
+
+    def ended(self) -> bool:
+        """Reap the group's process if it ended, keeping its exit status and the CPU time it and every
+        process it waited for used (wait4's rusage): a group whose CPU time is near its wall time keeps
+        a core busy; one far below it mostly waits, and can share the machine."""
+        if self.status is not None:
+            return True
+        pid, wait_status, usage = os.wait4(self.process.pid, os.WNOHANG)
+        if pid == 0:
+            return False
+        self.status = self.process.returncode = os.waitstatus_to_exitcode(wait_status)
+        self.cpu_seconds = usage.ru_utime + usage.ru_stime
+        return True
 
     @property
     def failed(self) -> bool:
@@ -122,7 +137,7 @@ def gib(count: int) -> str:
 def report(group: Group) -> None:
     outcome = "FAILED" if group.failed else "passed"
     print(f"== {group.name}: {outcome} (exit {group.status}) in {group.seconds:.0f} s, "
-          f"peak {gib(group.peak_bytes)}", flush=True)
+          f"{group.cpu_seconds:.0f} s of CPU, peak {gib(group.peak_bytes)}", flush=True)
     sys.stdout.write(group.log.read_text(errors="replace"))
     sys.stdout.flush()
 
@@ -140,8 +155,7 @@ def run(jobs: int, groups: list[Group]) -> bool:
         time.sleep(0.5)
         for group in running:
             group.peak_bytes = max(group.peak_bytes, resident_bytes(group.process.pid))
-        for group in [g for g in running if g.process.poll() is not None]:
-            group.status = group.process.returncode
+        for group in [g for g in running if g.ended()]:
             group.seconds = time.monotonic() - group.started
             running.remove(group)
             report(group)
@@ -172,8 +186,8 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     print(f"== {len(groups)} groups, {jobs} at a time, in {time.monotonic() - began:.0f} s:")
     for group in sorted(groups, key=lambda g: (g.failed, -g.seconds)):
-        print(f"   {'FAILED' if group.failed else 'passed'} {group.seconds:6.0f} s {gib(group.peak_bytes):>9}  "
-              f"{group.name}  ({group.log})")
+        print(f"   {'FAILED' if group.failed else 'passed'} {group.seconds:6.0f} s {group.cpu_seconds:6.0f} cpu "
+              f"{gib(group.peak_bytes):>9}  {group.name}  ({group.log})")
     return 0 if passed else 1
 
 

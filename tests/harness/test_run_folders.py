@@ -32,7 +32,7 @@ def test_a_failing_group_fails_the_run_and_is_listed_last_with_its_output(tmp_pa
     assert "bad on purpose" in result.stdout and "good output" in result.stdout
     summary = result.stdout.split("groups, 2 at a time")[1].splitlines()[1:]
     assert [line.split()[0] for line in summary] == ["passed", "passed", "FAILED"]
-    assert summary[-1].split()[5].endswith("test_bad.py")
+    assert summary[-1].split()[7].endswith("test_bad.py")
 
 
 def test_targets_separated_by_spaces_are_one_group(tmp_path):
@@ -86,9 +86,18 @@ def test_a_group_s_peak_memory_counts_the_processes_it_started(tmp_path):
     hold = f"{sys.executable} -c \"import time; block = b'x' * (400 * 2**20); time.sleep(3)\""
     result = run(tmp_path, "--command", f"holder={hold} & wait", "--command", "idle=sleep 3")
     assert result.returncode == 0, result.stdout + result.stderr
-    peaks = {line.split()[5]: float(line.split()[3]) for line in result.stdout.splitlines()
+    peaks = {line.split()[7]: float(line.split()[5]) for line in result.stdout.splitlines()
              if line.startswith("   passed")}
     assert peaks["holder"] >= 0.35 and peaks["idle"] < 0.1, result.stdout
+
+
+def test_a_group_s_cpu_time_counts_its_children_and_not_its_waiting(tmp_path):
+    spin = f"{sys.executable} -c \"import time; end = time.process_time() + 1.5\nwhile time.process_time() < end: pass\""
+    result = run(tmp_path, "--command", f"spinner={spin}", "--command", "sleeper=sleep 2")
+    assert result.returncode == 0, result.stdout + result.stderr
+    cpu = {line.split()[7]: float(line.split()[3]) for line in result.stdout.splitlines()
+           if line.startswith("   passed")}
+    assert cpu["spinner"] >= 1 and cpu["sleeper"] < 0.5, result.stdout
 
 
 def test_a_terminated_run_ends_what_its_groups_started(tmp_path):
