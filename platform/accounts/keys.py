@@ -13,6 +13,7 @@ from datetime import datetime
 from sqlalchemy import exists, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
+from loraloom.engine import RequestFieldError
 from loraloom.platform.accounts.tenants import DEFAULT_TENANT, get_or_create_tenant
 from loraloom.platform.db.api_keys import create_api_key
 from loraloom.platform.db.models import ApiKey, ApiKeyRole, Tenant, utcnow
@@ -56,7 +57,7 @@ def issue_key(
 ) -> tuple[ApiKey, str]:
     """A new key for `tenant`: the row and the plaintext, which exists nowhere else after this returns."""
     if expires_at is not None and expires_at <= utcnow():
-        raise ValueError(f"expires_at: {expires_at.isoformat()} is in the past; give a future time or none")
+        raise RequestFieldError("expires_at", f"{expires_at.isoformat()} is in the past; give a future time or none")
     key, plaintext = create_api_key(session, tenant_id=tenant.id, name=name, role=role, expires_at=expires_at)
     session.flush()
     return key, plaintext

@@ -9,6 +9,7 @@ import re
 from sqlalchemy import exists, select
 from sqlalchemy.orm import Session
 
+from loraloom.engine import RequestFieldError
 from loraloom.platform.db.models import Tenant, utcnow
 
 DEFAULT_TENANT = "default"
@@ -32,8 +33,8 @@ class TenantNotFoundError(LookupError):
 
 def check_tenant_name(name: str) -> str:
     if TENANT_NAME.fullmatch(name) is None:
-        raise ValueError(
-            f"name: {name!r} is not a valid tenant name; use 1-64 lowercase letters, digits, '-' or '_', "
+        raise RequestFieldError(
+            "name", f"{name!r} is not a valid tenant name; use 1-64 lowercase letters, digits, '-' or '_', "
             "starting with a letter or digit"
         )
     return name

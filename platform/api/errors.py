@@ -2,21 +2,19 @@
 
 The services raise their own exceptions (registry/errors.py, training/errors.py, accounts/);
 DOMAIN_ERRORS maps each to its status and code, once for every route. The engine reports a request
-field it cannot serve as a RequestFieldError carrying the field: `field_error` is its one mapping, a
-400 whose `param` is the field as the client spelled it. Some services still report a bad request field
-as a plain ValueError("field: ..."); the routers over them take `FieldErrorRoute`, which reads the
-field off the message.
+field it cannot serve as a RequestFieldError carrying the field, and so do the platform's services
+(a tenant or alias name, a key's expiry, a limit): `field_error` is its one mapping, a 400 whose
+`param` is the field as the client spelled it. Nothing reads a field back out of a message.
 """
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import Message, Receive, Scope, Send
 
@@ -78,15 +76,6 @@ def field_error(error: RequestFieldError, spelled: Callable[[str], str] | None =
     chat's "prompt" is its "messages": GenerationRequest.request_field); without it they are the same."""
     param = error.field if spelled is None else spelled(error.field)
     return APIError(400, f"{param}: {error.problem}", param=param)
-
-
-def _service_field_error(error: ValueError) -> APIError:
-    """A 400 from a service's ValueError whose message starts with "field: ..." (FieldErrorRoute)."""
-    message = str(error)
-    field, separator, detail = message.partition(": ")
-    if not separator or " " in field:
-        return APIError(400, message)
-    return APIError(400, message, param=field)
 
 
 # Where FastAPI found a request field: not part of the field's name, which is what `param` carries.
@@ -162,26 +151,6 @@ DOMAIN_ERRORS: dict[type[Exception], Callable[[Any], APIError]] = {
         headers={"Retry-After": str(error.retry_after_s)},
     ),
 }
-_DOMAIN_ERROR_TYPES = tuple(DOMAIN_ERRORS)
-
-
-class FieldErrorRoute(APIRoute):
-    """For routers over services that report a bad request field as a plain ValueError("field: ..."):
-    such an error is a 400 naming the field. Domain errors (some are ValueErrors) pass on to
-    their DOMAIN_ERRORS handler; on other routes a stray ValueError stays a 500."""
-
-    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
-        handler = super().get_route_handler()
-
-        async def handle(request: Request) -> Response:
-            try:
-                return await handler(request)
-            except ValueError as error:
-                if isinstance(error, _DOMAIN_ERROR_TYPES):
-                    raise
-                raise _service_field_error(error) from None
-
-        return handle
 
 
 async def _api_error_handler(request: Request, error: APIError) -> JSONResponse:

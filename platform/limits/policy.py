@@ -12,6 +12,7 @@ from dataclasses import dataclass, fields
 
 from sqlalchemy.orm import Session
 
+from loraloom.engine import RequestFieldError
 from loraloom.platform.db.models import MAX_INT64, PER_MINUTE_AND_CONCURRENT, ApiKey, ApiKeyLimits, TenantLimits
 
 DEFAULT_SHARE_WEIGHT = 1.0
@@ -61,15 +62,15 @@ def caller_limits(key: ApiKey) -> CallerLimits:
 
 def check_limit(name: str, value: int | None) -> int | None:
     if value is not None and not 1 <= value <= MAX_INT64:
-        raise ValueError(f"{name}: {value} is not a valid limit; give a whole number from 1 to {MAX_INT64}, "
-                         "or null for no limit")
+        raise RequestFieldError(name, f"{value} is not a valid limit; give a whole number from 1 to {MAX_INT64}, "
+                                      "or null for no limit")
     return value
 
 
 def check_share_weight(value: float) -> float:
     if not math.isfinite(value) or value <= 0:
-        raise ValueError(f"share_weight: {value} is not a valid weight; give a number above 0 (1 is the default "
-                         "share, 2 twice that)")
+        raise RequestFieldError("share_weight", f"{value} is not a valid weight; give a number above 0 "
+                                "(1 is the default share, 2 twice that)")
     return value
 
 
@@ -96,10 +97,10 @@ def set_tenant_limits(session: Session, *, tenant_id: uuid.UUID, limits: Limits)
 
 
 def set_key_limits(session: Session, *, key_id: uuid.UUID, limits: Limits) -> Limits:
-    """Replace the key's limits with `limits`; a tenant-only field set there is a ValueError naming it."""
+    """Replace the key's limits with `limits`; a tenant-only field set there is a RequestFieldError naming it."""
     for name in ("max_training_jobs", "monthly_tokens", "share_weight"):
         if getattr(limits, name) is not None:
-            raise ValueError(f"{name}: applies to a whole tenant, not to one key; set it on the tenant's limits")
+            raise RequestFieldError(name, "applies to a whole tenant, not to one key; set it on the tenant's limits")
     for name in KEY_LIMIT_FIELDS:
         check_limit(name, getattr(limits, name))
     row = session.get(ApiKeyLimits, key_id) or ApiKeyLimits(api_key_id=key_id)

@@ -12,6 +12,7 @@ from datetime import datetime
 from sqlalchemy import select
 from sqlalchemy.orm import Session, aliased
 
+from loraloom.engine import RequestFieldError
 from loraloom.platform.db.aliases import delete_alias, set_alias
 from loraloom.platform.db.changes import announce_adapter_change
 from loraloom.platform.db.models import Adapter, AdapterVersion, Alias, AliasHistory, utcnow
@@ -100,7 +101,7 @@ def _find_alias(session: Session, *, adapter: Adapter, alias: str) -> Alias:
 def _check_movable(alias: str) -> None:
     check_alias_name(alias)
     if alias == LATEST_ALIAS:
-        raise ValueError(
-            f"alias: {LATEST_ALIAS!r} always names the newest version and moves by itself; "
+        raise RequestFieldError(
+            "alias", f"{LATEST_ALIAS!r} always names the newest version and moves by itself; "
             "use another alias (e.g. prod) to pin a version"
         )

@@ -9,6 +9,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from loraloom.engine import RequestFieldError
+
 LATEST_ALIAS = "latest"
 # Names that always mean "no adapter" (besides the served base's own name); "" is an omitted model.
 ALWAYS_BASE_NAMES = frozenset({"base", ""})
@@ -51,19 +53,19 @@ def parse_reference(text: str) -> AdapterReference | None:
 
 
 def check_adapter_name(name: str, *, reserved: frozenset[str]) -> None:
-    """Raise ValueError naming the rule an adapter name breaks."""
+    """Raise RequestFieldError naming the rule an adapter name breaks."""
     if ADAPTER_NAME_PATTERN.fullmatch(name) is None:
-        raise ValueError(
-            f"name: {name!r} is not a valid adapter name; use 1-128 letters, digits, '.', '_' or '-', "
+        raise RequestFieldError(
+            "name", f"{name!r} is not a valid adapter name; use 1-128 letters, digits, '.', '_' or '-', "
             "starting with a letter or digit (':' and '@' are reserved for aliases and versions)"
         )
     if name in reserved:
-        raise ValueError(f"name: {name!r} is reserved for the base model; pick another adapter name")
+        raise RequestFieldError("name", f"{name!r} is reserved for the base model; pick another adapter name")
 
 
 def check_alias_name(alias: str) -> None:
     if ALIAS_NAME_PATTERN.fullmatch(alias) is None:
-        raise ValueError(
-            f"alias: {alias!r} is not a valid alias name; use 1-64 letters, digits, '.', '_' or '-', "
+        raise RequestFieldError(
+            "alias", f"{alias!r} is not a valid alias name; use 1-64 letters, digits, '.', '_' or '-', "
             "starting with a letter"
         )

@@ -22,6 +22,7 @@ from boto3.s3.transfer import TransferConfig
 from botocore.config import Config as BotoConfig
 from botocore.exceptions import ClientError
 
+from loraloom.engine import RequestFieldError
 from loraloom.platform.storage.base import (
     COPY_CHUNK_BYTES,
     BlobNotFoundError,
@@ -85,7 +86,7 @@ class S3BlobStore(BlobStore):
 
     def _upload_object(self, upload_key: str) -> str:
         if _UPLOAD_KEY.fullmatch(upload_key) is None:
-            raise ValueError(f"upload_key: {upload_key!r} is not an upload key issued by presigned_put")
+            raise RequestFieldError("upload_key", f"{upload_key!r} is not an upload key issued by presigned_put")
         return self._object_key(upload_key)
 
     def _new_upload_key(self) -> str:
@@ -152,7 +153,8 @@ class S3BlobStore(BlobStore):
 
     def presigned_put(self, *, size: int, expires_s: int) -> PresignedPut | None:
         if not 0 <= size <= S3_MAX_SINGLE_PUT_BYTES:
-            raise ValueError(f"size: {size} bytes is outside 0..{S3_MAX_SINGLE_PUT_BYTES}, the range of one S3 PUT")
+            raise RequestFieldError(
+                "size", f"{size} bytes is outside 0..{S3_MAX_SINGLE_PUT_BYTES}, the range of one S3 PUT")
         expires_at = _expiry(expires_s)
         upload_key = self._new_upload_key()
         # Content-Length is part of the signature, so S3 refuses a PUT of any other size.
@@ -221,5 +223,5 @@ class S3BlobStore(BlobStore):
 def _expiry(expires_s: int) -> datetime:
     """When a URL presigned now for `expires_s` seconds expires; refuses what SigV4 cannot sign."""
     if not 1 <= expires_s <= S3_MAX_PRESIGN_EXPIRES_S:
-        raise ValueError(f"expires_s: {expires_s} is outside 1..{S3_MAX_PRESIGN_EXPIRES_S} seconds")
+        raise RequestFieldError("expires_s", f"{expires_s} is outside 1..{S3_MAX_PRESIGN_EXPIRES_S} seconds")
     return datetime.now(timezone.utc) + timedelta(seconds=expires_s)

@@ -15,7 +15,6 @@ from fastapi.responses import StreamingResponse
 
 from loraloom.engine import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE
 from loraloom.platform.api.deps import DeveloperDep, EngineDep, RegistryDep, SessionDep
-from loraloom.platform.api.errors import FieldErrorRoute
 from loraloom.platform.api.schemas.adapter_downloads import DownloadFileObject, DownloadObject
 from loraloom.platform.api.schemas.adapters import AdapterNamePath, VersionNumber
 from loraloom.platform.api.schemas.common import ErrorResponse
@@ -25,7 +24,6 @@ from loraloom.platform.storage import BlobStore, read_chunks
 
 router = APIRouter(
     tags=["adapters"],
-    route_class=FieldErrorRoute,
     responses={status: {"model": ErrorResponse} for status in (400, 403, 404, 409, 500)},
 )
 

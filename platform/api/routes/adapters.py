@@ -17,7 +17,6 @@ from sqlalchemy.orm import Session
 
 from loraloom.engine import AdapterHandle, AdapterLoadError, EngineClient
 from loraloom.platform.api.deps import DeveloperDep, EngineDep, RegistryDep, SessionDep
-from loraloom.platform.api.errors import FieldErrorRoute
 from loraloom.platform.api.schemas.adapters import (
     ALLOW_BASE_MISMATCH_IGNORED,
     AdapterList,
@@ -57,7 +56,6 @@ logger = logging.getLogger(__name__)
 
 router = APIRouter(
     tags=["adapters"],
-    route_class=FieldErrorRoute,
     responses={status: {"model": ErrorResponse} for status in (400, 404, 409, 413, 500)},
 )
 

@@ -17,7 +17,7 @@ from loraloom.platform.accounts.keys import issue_key, list_keys, revoke_key
 from loraloom.platform.accounts.tenants import create_tenant, list_tenants, set_suspended
 from loraloom.platform.api.auth import tenant_in_scope
 from loraloom.platform.api.deps import AdminDep, DeveloperDep, OperatorDep, SessionDep
-from loraloom.platform.api.errors import ERROR_RESPONSES, APIError, FieldErrorRoute
+from loraloom.platform.api.errors import ERROR_RESPONSES, APIError
 from loraloom.platform.api.schemas.admin import (
     CreatedKey,
     KeyCreate,
@@ -30,8 +30,7 @@ from loraloom.platform.api.schemas.admin import (
 )
 from loraloom.platform.api.schemas.common import ErrorResponse, TenantQuery
 
-# A bad name or expiry is a ValueError("field: ...") from the services: FieldErrorRoute makes it a 400.
-router = APIRouter(tags=["admin"], route_class=FieldErrorRoute, responses=ERROR_RESPONSES)
+router = APIRouter(tags=["admin"], responses=ERROR_RESPONSES)
 CONFLICT = {409: {"model": ErrorResponse}}
 
 

@@ -11,7 +11,6 @@ from fastapi.responses import StreamingResponse
 from starlette.concurrency import iterate_in_threadpool
 
 from loraloom.platform.api.deps import DeveloperDep, EngineDep, RegistryDep, SessionDep, SettingsDep
-from loraloom.platform.api.errors import FieldErrorRoute
 from loraloom.platform.api.schemas.common import DEFAULT_PAGE_SIZE, ErrorResponse, PageLimit
 from loraloom.platform.api.schemas.files import FileDeleted, FileList, FileObject
 from loraloom.platform.storage import read_chunks
@@ -19,7 +18,6 @@ from loraloom.platform.training.files import create_file, delete_file, find_file
 
 router = APIRouter(
     tags=["files"],
-    route_class=FieldErrorRoute,
     responses={status: {"model": ErrorResponse} for status in (400, 404, 409, 413, 500)},
 )
 

@@ -13,7 +13,6 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Query
 
 from loraloom.platform.api.deps import DeveloperDep, EngineDep, JobSenderDep, SessionDep, SettingsDep
-from loraloom.platform.api.errors import FieldErrorRoute
 from loraloom.platform.api.schemas.common import DEFAULT_PAGE_SIZE, ErrorResponse, PageLimit, documented_pattern
 from loraloom.platform.api.schemas.fine_tuning import (
     CheckpointList,
@@ -39,7 +38,6 @@ from loraloom.platform.training.jobs import (
 
 router = APIRouter(
     tags=["fine-tuning"],
-    route_class=FieldErrorRoute,
     responses={status: {"model": ErrorResponse} for status in (400, 404, 409, 500)},
 )
 

@@ -10,13 +10,13 @@ from fastapi import APIRouter
 
 from loraloom.platform.accounts.tenants import find_tenant
 from loraloom.platform.api.deps import OperatorDep, SessionDep
-from loraloom.platform.api.errors import ERROR_RESPONSES, APIError, FieldErrorRoute
+from loraloom.platform.api.errors import ERROR_RESPONSES, APIError
 from loraloom.platform.api.schemas.admin import TenantPath
 from loraloom.platform.api.schemas.limits import KeyLimitsBody, KeyLimitsObject, TenantLimitsBody, TenantLimitsObject
 from loraloom.platform.db.models import ApiKey
 from loraloom.platform.limits.policy import key_limits, set_key_limits, set_tenant_limits, tenant_limits
 
-router = APIRouter(tags=["admin"], route_class=FieldErrorRoute, responses=ERROR_RESPONSES)
+router = APIRouter(tags=["admin"], responses=ERROR_RESPONSES)
 
 
 def _key(session: SessionDep, key_id: uuid.UUID) -> ApiKey:

@@ -6,7 +6,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationInfo, field_validator
 
 from loraloom.engine import MAX_TOP_LOGPROBS
-from loraloom.platform.api.schemas.common import StrictBody, one_error_for_union
+from loraloom.platform.api.schemas.common import StrictBody, documented_bounds, one_error_for_union
 from loraloom.platform.api.schemas.generation import (
     GenerationRequest,
     TopLogprob,
@@ -15,7 +15,7 @@ from loraloom.platform.api.schemas.generation import (
     refuse_unsupported,
 )
 from loraloom.platform.api.schemas.ignored_fields import IgnoredChatFields, MetadataField
-from loraloom.platform.api.tools.request import ToolChoice, ToolDefinition, check_tools
+from loraloom.platform.api.tools.request import MAX_TOOLS, ToolChoice, ToolDefinition, check_tools
 from loraloom.platform.api.tools.shapes import ToolCallDelta, ToolCallItem
 
 
@@ -49,7 +49,9 @@ class ChatCompletionRequest(GenerationRequest, IgnoredChatFields, MetadataField)
         default=None, ge=0, le=MAX_TOP_LOGPROBS,
         description=f"Alternatives per token, at most {MAX_TOP_LOGPROBS}; needs `logprobs: true`.",
     )
-    tools: list[ToolDefinition] | None = Field(default=None, description="Functions the model may call.")
+    tools: list[ToolDefinition] | None = Field(
+        default=None, description="Functions the model may call.",
+        json_schema_extra=documented_bounds(array={"minItems": 1, "maxItems": MAX_TOOLS}))
     tool_choice: ToolChoice | None = Field(
         default=None, description="none: never call; auto (the default with tools): the model decides, and its calls "
         "are parsed; required: at least one call; {\"type\": \"function\", \"function\": {\"name\": ...}}: that "

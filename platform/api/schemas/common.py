@@ -41,6 +41,20 @@ def documented_pattern(rule: re.Pattern[str]) -> dict[str, str]:
     return {"pattern": f"^(?:{rule.pattern})$"}
 
 
+def documented_bounds(**by_type: dict[str, Any]) -> Callable[[dict[str, Any]], None]:
+    """`json_schema_extra` stating bounds that a validator checks (and words itself, naming the field as a
+    whole): each JSON type's keywords, e.g. `array={"maxItems": 16}`, go on the schema or the union
+    branch of that type; `items` keywords go on the array's items."""
+    def add(schema: dict[str, Any]) -> None:
+        for branch in schema.get("anyOf", [schema]):
+            bounds = dict(by_type.get(branch.get("type"), {}))
+            items = bounds.pop("items", None)
+            branch.update(bounds)
+            if items:
+                branch.setdefault("items", {}).update(items)
+    return add
+
+
 def _not_a_number(value: Any) -> Any:
     # pydantic reads a number as Unix seconds; the document promises ISO 8601 (format date-time).
     if isinstance(value, str) and re.fullmatch(r"\s*[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?\s*", value):

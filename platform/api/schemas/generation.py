@@ -17,7 +17,7 @@ from pydantic import BaseModel, Field, StrictBool, StrictFloat, StrictInt, Valid
 from pydantic.json_schema import SkipJsonSchema
 
 from loraloom.engine import MAX_LOGIT_BIAS, MAX_LOGIT_BIAS_TOKENS, MAX_PENALTY, MAX_TEMPERATURE
-from loraloom.platform.api.schemas.common import StrictBody, one_error_for_union
+from loraloom.platform.api.schemas.common import StrictBody, documented_bounds, one_error_for_union
 
 # Generated tokens when the client sets no limit: the context left after the prompt, capped here
 # so a forgotten max_tokens does not hold a slot for thousands of tokens.
@@ -146,6 +146,8 @@ class GenerationRequest(StrictBody):
     stop: Annotated[str | list[str] | None, one_error_for_union("a string or a list of strings")] = Field(
         default=None,
         description=f"At most {MAX_STOP_STRINGS} strings of at most {MAX_STOP_STRING_CHARS} characters each.",
+        json_schema_extra=documented_bounds(string={"maxLength": MAX_STOP_STRING_CHARS}, array={
+            "maxItems": MAX_STOP_STRINGS, "items": {"maxLength": MAX_STOP_STRING_CHARS}}),
     )
     stop_token_ids: list[StrictInt] = Field(
         default_factory=list, description="Extension: token ids that end generation, in the vocabulary."
@@ -168,6 +170,9 @@ class GenerationRequest(StrictBody):
         default=None, description=f"Token id (as a string) -> bias between -{MAX_LOGIT_BIAS:g} and "
         f"{MAX_LOGIT_BIAS:g} added to its logit; at most {MAX_LOGIT_BIAS_TOKENS} tokens. -{MAX_LOGIT_BIAS:g} forbids "
         f"a token, {MAX_LOGIT_BIAS:g} all but forces it.",
+        json_schema_extra=documented_bounds(object={
+            "maxProperties": MAX_LOGIT_BIAS_TOKENS,
+            "additionalProperties": {"type": "number", "minimum": -MAX_LOGIT_BIAS, "maximum": MAX_LOGIT_BIAS}}),
     )
     min_tokens: StrictInt = Field(
         default=0, ge=0, description="Extension (vLLM): end-of-sequence and stop_token_ids are held back until this "
@@ -175,14 +180,17 @@ class GenerationRequest(StrictBody):
     )
     response_format: dict[str, Any] | None = Field(default=None, description=RESPONSE_FORMAT_DESCRIPTION)
     n: StrictInt = Field(default=1, description=f"How many choices to generate, at most {MAX_CHOICES}. They share the "
-                   "prompt's computation; with a seed, choice i samples with seed + i.")
+                   "prompt's computation; with a seed, choice i samples with seed + i.",
+                   json_schema_extra=documented_bounds(integer={"minimum": 1, "maximum": MAX_CHOICES}))
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
     user: str | None = Field(default=None, description="Accepted and ignored (OpenAI's older end-user id).")
     cache_salt: str | None = Field(default=None, description="Extension (vLLM): isolates this request's prefix "
-                                   "cache within the tenant. " + CACHE_KEY_DESCRIPTION)
+                                   "cache within the tenant. " + CACHE_KEY_DESCRIPTION,
+                                   json_schema_extra=documented_bounds(string={"maxLength": MAX_CACHE_KEY_CHARS}))
     prompt_cache_key: str | None = Field(default=None, description="OpenAI's cache key: isolates this request's "
-                                         "prefix cache within the tenant, as cache_salt does. " + CACHE_KEY_DESCRIPTION)
+                                         "prefix cache within the tenant, as cache_salt does. " + CACHE_KEY_DESCRIPTION,
+                                         json_schema_extra=documented_bounds(string={"maxLength": MAX_CACHE_KEY_CHARS}))
 
     @field_validator("cache_salt", "prompt_cache_key")
     @classmethod

@@ -1,16 +1,17 @@
 """Error plumbing that needs no engine: OpenAI error shape for unexpected errors, the engine's
-RequestFieldError as the client's field, domain errors and the routes that read ValueErrors as field
-errors, and the body size cap (on a small app with real routes)."""
+RequestFieldError as the client's field (raised by the engine and by the services alike), domain errors,
+and the body size cap (on a small app with real routes)."""
 from __future__ import annotations
 
 import httpx
 import pytest
-from fastapi import APIRouter, FastAPI, Request
+from fastapi import FastAPI, Request
 from fastapi.testclient import TestClient
 from live_api import serve_in_thread
 
 from loraloom.engine import ChatTemplateError, RequestFieldError
-from loraloom.platform.api.errors import FieldErrorRoute, field_error, install_error_handlers
+from loraloom.platform.api.errors import field_error, install_error_handlers
+from loraloom.platform.registry.references import check_adapter_name
 from loraloom.platform.registry.errors import RegistryNotFoundError, UploadRejectedError
 from loraloom.platform.training.errors import TrainingInputError
 from loraloom.platform.api.middleware import BodySizeLimit
@@ -46,25 +47,17 @@ def client() -> TestClient:
     async def registry_missing() -> None:
         raise RegistryNotFoundError("adapter 'bot' does not exist")
 
-    service = APIRouter(route_class=FieldErrorRoute)
+    @app.get("/service/field-error")
+    async def service_field_error() -> None:
+        check_adapter_name("a b", reserved=frozenset())
 
-    @service.get("/service/value-error")
-    async def service_value_error() -> None:
-        raise ValueError("name: 'a b' is not a valid adapter name")
-
-    @service.get("/service/unnamed-value-error")
-    async def service_unnamed_value_error() -> None:
-        raise ValueError("something went wrong: details")
-
-    @service.get("/service/upload-rejected")
+    @app.get("/service/upload-rejected")
     async def service_upload_rejected() -> None:
         raise UploadRejectedError("adapter_model.safetensors is missing")
 
-    @service.get("/service/training-input")
+    @app.get("/service/training-input")
     async def service_training_input() -> None:
         raise TrainingInputError(code="invalid_hyperparameters", message="n_epochs: must be >= 1", param="n_epochs")
-
-    app.include_router(service)
 
     # Starlette re-raises after answering (for the server's log); the client must still get the 500.
     return TestClient(app, raise_server_exceptions=False)
@@ -131,17 +124,16 @@ def test_domain_errors_get_their_status_and_code_on_any_route(client):
     assert missing.status_code == 404 and missing.json()["error"]["code"] == "not_found"
 
 
-def test_field_error_routes_read_a_plain_value_error_as_a_400_naming_the_field(client):
-    response = client.get("/service/value-error")
+def test_a_service_s_field_error_is_a_400_naming_the_field_and_a_stray_value_error_a_bare_500(client):
+    response = client.get("/service/field-error")
     assert response.status_code == 400 and response.json()["error"]["param"] == "name"
-    unnamed = client.get("/service/unnamed-value-error").json()["error"]
-    assert unnamed["param"] is None and unnamed["message"] == "something went wrong: details"
-    # Elsewhere a stray ValueError is a bug: a 500 that says nothing of it.
+    assert "'a b' is not a valid adapter name" in response.json()["error"]["message"]
+    # A plain ValueError is a bug, whatever its message looks like: a 500 that says nothing of it.
     stray = client.get("/stray-value-error")
     assert stray.status_code == 500 and "name" not in stray.text
 
 
-def test_field_error_routes_leave_value_error_domain_errors_to_their_own_mapping(client):
+def test_value_error_domain_errors_keep_their_own_mapping(client):
     rejected = client.get("/service/upload-rejected").json()["error"]
     assert (rejected["param"], rejected["code"]) == ("files", "invalid_adapter")
     training = client.get("/service/training-input").json()["error"]

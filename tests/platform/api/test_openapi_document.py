@@ -67,6 +67,21 @@ def test_create_routes_link_to_the_routes_that_take_what_they_made(document):
     assert linked[revoke] == {"key_id": "$response.body#/id"}
 
 
+def test_generation_fields_state_the_bounds_their_validators_check(document):
+    from loraloom.engine import MAX_LOGIT_BIAS_TOKENS
+    from loraloom.platform.api.schemas.generation import MAX_CHOICES, MAX_STOP_STRINGS
+    from loraloom.platform.api.tools.request import MAX_TOOLS
+
+    chat = document["components"]["schemas"]["ChatCompletionRequest"]["properties"]
+    assert (chat["n"]["minimum"], chat["n"]["maximum"]) == (1, MAX_CHOICES)
+    stop_list = next(branch for branch in chat["stop"]["anyOf"] if branch.get("type") == "array")
+    assert stop_list["maxItems"] == MAX_STOP_STRINGS
+    bias = next(branch for branch in chat["logit_bias"]["anyOf"] if branch.get("type") == "object")
+    assert bias["maxProperties"] == MAX_LOGIT_BIAS_TOKENS
+    tools = next(branch for branch in chat["tools"]["anyOf"] if branch.get("type") == "array")
+    assert (tools["minItems"], tools["maxItems"]) == (1, MAX_TOOLS)
+
+
 def references(node):
     if isinstance(node, dict):
         if isinstance(node.get("$ref"), str):
