@@ -204,7 +204,8 @@ class PlannedFileBody(StrictBody):
 
 class UploadRequestBody(StrictBody):
     files: list[PlannedFileBody] = Field(description="adapter_config.json and adapter_model.safetensors, with sizes "
-                                         "(and chat_template.jinja for an adapter with its own chat template).")
+                                         "(and, for an adapter with its own chat template, chat_template.jinja or "
+                                         "tokenizer_config.json with a chat_template, as a direct upload takes them).")
 
 
 class PresignedFileObject(BaseModel):
