@@ -1,5 +1,5 @@
-"""Which chat template a chat request renders with: its adapter's own (uploaded with it, checked
-then: platform/registry/chat_templates.py), else the served model's."""
+"""Which chat template a chat request renders with: its adapter's own (uploaded with it, or in a
+server-local adapter's directory; checked by platform/registry/chat_templates.py), else the served model's."""
 from __future__ import annotations
 
 import functools
@@ -15,7 +15,7 @@ def chat_tokenizer(tokenizer: Tokenizer, adapter: ResolvedAdapter) -> Tokenizer:
         return tokenizer
     try:
         return _with_template(tokenizer, named.chat_template)
-    except ValueError as error:  # checked at upload, so only a sandbox stricter since then gets here
+    except ValueError as error:  # checked when read, so only a sandbox stricter since then gets here
         raise ChatTemplateError(adapter.field, f"the adapter's own chat template no longer compiles ({error}); "
                                 "upload a version with a template that does") from None
 
