@@ -1,5 +1,6 @@
 """Which chat template a chat request renders with: its adapter's own (uploaded with it, or in a
-server-local adapter's directory; checked by platform/registry/chat_templates.py), else the served model's."""
+server-local adapter's directory; checked by platform/registry/chat_templates.py), else the served model's;
+and which tool parser it uses."""
 from __future__ import annotations
 
 import functools
@@ -27,8 +28,11 @@ def _with_template(tokenizer: Tokenizer, template: str) -> Tokenizer:
 
 
 def tool_parser(configured: str, adapter: NamedAdapter | None) -> str:
-    """An adapter with its own template takes the tool format that template's family writes
-    (formats.format_for_template); others take the server's --tool-parser."""
+    """The tool parser of a request: the one its adapter names (adapter_config.json's tool_parser, checked when
+    the adapter was read: registry/tool_parsers.py), else, for an adapter with its own template, the format
+    that template's family writes ("auto": formats.format_for_template), else the server's --tool-parser."""
+    if adapter is not None and adapter.tool_parser is not None:
+        return adapter.tool_parser
     if adapter is not None and adapter.chat_template is not None:
         return "auto"
     return configured

@@ -9,11 +9,13 @@ once per (path, inode, mtime, size) of each file: the inode catches a same-size
 file swapped in by rename within one timestamp tick.
 
 A directory may hold the adapter's own chat template, as an upload may
-(chat_template.jinja, or tokenizer_config.json's): it is read and checked by the
-registry's own code (chat_templates.find_chat_template) once per version of those
-files, and chats to the adapter render with it. One that does not compile or render
-makes the adapter unservable, named with the template's line: left out of the
-listing, which `serve` logs at start, and a 400 for requests naming it.
+(chat_template.jinja, or tokenizer_config.json's), and name its tool parser
+(adapter_config.json's `tool_parser`): both are read and checked by the registry's
+own code (chat_templates.find_chat_template, tool_parsers.declared_tool_parser) once
+per version of those files, and chats to the adapter use them. A template that does
+not compile or render, or a tool parser that is not one, makes the adapter
+unservable, named with what is wrong (the template's line): left out of the listing,
+which `serve` logs at start, and a 400 for requests naming it.
 """
 from __future__ import annotations
 
@@ -29,10 +31,13 @@ from loraloom.platform.registry.chat_templates import CHAT_TEMPLATE_FILE, TOKENI
 from loraloom.platform.registry.errors import AdapterNotFoundError, InvalidAdapterError, UploadRejectedError
 from loraloom.platform.registry.named import NamedAdapter
 from loraloom.platform.registry.references import ALWAYS_BASE_NAMES
+from loraloom.platform.registry.tool_parsers import declared_tool_parser
 
 logger = logging.getLogger(__name__)
 
 FileVersion = tuple[int, int, int]  # (inode, mtime_ns, size): a file's content changed when this did
+# The files the chat template and the tool parser are read from.
+SERVING_FILES = (CHAT_TEMPLATE_FILE, TOKENIZER_CONFIG_FILE, ADAPTER_CONFIG_FILE)
 
 
 class LocalAdapterLookup:
@@ -54,8 +59,9 @@ class LocalAdapterLookup:
         self._cache_lock = threading.Lock()
         # file path -> ((inode, mtime_ns, size), sha256); one entry per path, replaced when the file changes
         self._hashes: dict[Path, tuple[FileVersion, str]] = {}
-        # directory -> (versions of its template files, (template or None, why it is refused or None))
-        self._templates: dict[Path, tuple[tuple[FileVersion | None, ...], tuple[str | None, str | None]]] = {}
+        # directory -> (versions of SERVING_FILES, (chat template, tool parser), why they are refused or None)
+        self._serving_facts: dict[Path, tuple[tuple[FileVersion | None, ...], tuple[str | None, str | None],
+                                              str | None]] = {}
 
     def resolve(self, model: str, tenant_id: uuid.UUID | None = None) -> AdapterHandle | None:
         named = self.resolve_named(model, tenant_id)
@@ -107,24 +113,27 @@ class LocalAdapterLookup:
 
     def _named(self, name: str, directory: Path) -> NamedAdapter:
         directory = directory.resolve()
-        return NamedAdapter(self._handle(name, directory), name=name, chat_template=self._template(name, directory))
+        handle = self._handle(name, directory)
+        template, tool_parser = self._serving(name, directory)
+        return NamedAdapter(handle, name=name, chat_template=template, tool_parser=tool_parser)
 
-    def _template(self, name: str, directory: Path) -> str | None:
-        """The directory's own chat template, checked as an upload's is; read again only when its files change."""
-        versions = tuple(_file_version(directory / filename) for filename in (CHAT_TEMPLATE_FILE, TOKENIZER_CONFIG_FILE))
+    def _serving(self, name: str, directory: Path) -> tuple[str | None, str | None]:
+        """The directory's own chat template and tool parser, checked as an upload's are; read again only
+        when their files change."""
+        versions = tuple(_file_version(directory / filename) for filename in SERVING_FILES)
         with self._cache_lock:
-            cached = self._templates.get(directory)
+            cached = self._serving_facts.get(directory)
         if cached is None or cached[0] != versions:
             try:
-                cached = (versions, (find_chat_template(directory), None))
+                cached = (versions, (find_chat_template(directory), declared_tool_parser(directory)), None)
             except UploadRejectedError as error:
-                cached = (versions, (None, str(error)))
+                cached = (versions, (None, None), str(error))
             with self._cache_lock:
-                self._templates[directory] = cached
-        template, refusal = cached[1]
+                self._serving_facts[directory] = cached
+        _, facts, refusal = cached
         if refusal is not None:
             raise InvalidAdapterError(f"adapter {name!r}: {refusal}")
-        return template
+        return facts
 
     def _handle(self, name: str, directory: Path) -> AdapterHandle:
         weights_sha256 = self._sha256(name, directory / ADAPTER_WEIGHTS_FILE)

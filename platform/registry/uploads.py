@@ -34,6 +34,7 @@ from loraloom.platform.registry.staging import (
     UploadLimits,
     stage_adapter_files,
 )
+from loraloom.platform.registry.tool_parsers import declared_tool_parser
 from loraloom.platform.registry.validation import ServedBase, validate_adapter_dir
 from loraloom.platform.storage import BlobNotFoundError, BlobRef, BlobStore, BlobVerificationError, content_key
 
@@ -158,7 +159,8 @@ def complete_presigned_upload(session: Session, target: UploadTarget, files: Seq
                 store.get_to_path(uploaded[file.filename].key, directory / file.filename)
             summary = validate_adapter_dir(directory, base=target.base)
             gather_chat_template(directory)
-            published = _register_staged(session, target, directory, uploaded, summary)
+            tool_parser = declared_tool_parser(directory)
+            published = _register_staged(session, target, directory, uploaded, summary, tool_parser)
     except (BlobNotFoundError, BlobVerificationError) as error:
         raise UploadRejectedError(f"files: {error}") from error
     finally:
@@ -172,7 +174,8 @@ def complete_presigned_upload(session: Session, target: UploadTarget, files: Seq
 
 
 def _register_staged(
-    session: Session, target: UploadTarget, directory: Path, uploaded: dict[str, BlobRef], summary: AdapterSummary
+    session: Session, target: UploadTarget, directory: Path, uploaded: dict[str, BlobRef], summary: AdapterSummary,
+    tool_parser: str | None,
 ) -> Published:
     """Register the version's files in `directory`: those uploaded as they are stored already, a file made
     here (the template taken out of tokenizer_config.json) stored now, under a claim of its own."""
@@ -191,6 +194,7 @@ def _register_staged(
             source=AdapterVersionSource.upload,
             training_job_id=None,
             actor_key_id=target.actor_key_id,
+            tool_parser=tool_parser,
         )
 
 

@@ -9,7 +9,16 @@ import pytest
 
 from loraloom.engine.structured_output import GrammarCompiler
 from loraloom.engine.tokenizer import Tokenizer
-from loraloom.platform.api.tools.formats import MAX_PARALLEL_CALLS, TOOL_FORMATS, Function, ToolCall, choose_format, format_for_template
+from loraloom.platform.api.tools.formats import (
+    AUTO,
+    MAX_PARALLEL_CALLS,
+    TOOL_FORMATS,
+    TOOL_PARSER_CHOICES,
+    Function,
+    ToolCall,
+    choose_format,
+    format_for_template,
+)
 from loraloom.platform.api.tools.prompt import template_input
 from loraloom.platform.api.tools.request import ToolRequest
 from loraloom.platform.api.tools.results import ToolStream, tool_answer
@@ -140,6 +149,11 @@ def test_grammars_accept_the_family_format_and_nothing_else(compiler, tokenizer,
     wrong_format = TOOL_FORMATS["hermes" if name != "hermes" else "smollm2"].write([WEATHER])
     for text in (bad_enum, unknown, wrong_format):
         assert not accepts(compiler, tokenizer, parallel, text), text
+
+
+def test_every_parser_name_the_settings_declare_has_a_format():
+    """settings.py declares the names (the registry checks adapters against them); each is a format here."""
+    assert TOOL_PARSER_CHOICES == (AUTO, *TOOL_FORMATS)
 
 
 def test_formats_follow_the_template_or_the_choice():

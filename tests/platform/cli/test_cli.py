@@ -18,7 +18,14 @@ from lora_factory import make_peft_adapter
 from loraloom.engine.model.bundled import bundled_model_dir
 from loraloom.engine.config import EngineConfig
 from loraloom.platform.cli.main import build_parser, main
-from loraloom.platform.cli.serve import engine_config, fast_server_options, use_settings_defaults, worker_command
+from loraloom.platform.cli.serve import (
+    TOOL_PARSER_CHOICES,
+    engine_config,
+    fast_server_options,
+    use_settings_defaults,
+    worker_command,
+)
+from loraloom.platform.settings import TOOL_PARSER_CHOICES as SETTINGS_TOOL_PARSER_CHOICES
 from loraloom.platform.settings import Settings
 
 LORALOOM = Path(sys.executable).parent / "loraloom"  # the installed console script
@@ -31,6 +38,10 @@ def test_bad_adapter_syntax_is_an_argparse_error_naming_the_flag_and_form(capsys
     assert exited.value.code == 2
     error = capsys.readouterr().err
     assert "--adapter" in error and "NAME=PATH" in error
+
+
+def test_serve_offers_the_tool_parsers_the_settings_declare():
+    assert TOOL_PARSER_CHOICES == SETTINGS_TOOL_PARSER_CHOICES
 
 
 def test_same_adapter_name_twice_is_refused(capsys):

@@ -184,3 +184,22 @@ def test_chat_template_jinja_wins_over_a_tokenizer_config(
     template = next(f for f in version.files if f.filename == "chat_template.jinja")
     assert template.sha256 == hashlib.sha256(b"{{ messages[0].content }}").hexdigest()
     assert len(version.files) == 3 and len(stored_objects(s3_store)) == 3
+
+
+@pytest.mark.parametrize("parser", ["hermes", "xml"])
+def test_the_tool_parser_the_config_names_is_checked_and_kept(
+    sqlite_session_factory, s3_store, served, make_tenant, peft_adapter, tmp_path, parser
+):
+    directory = Path(shutil.copytree(peft_adapter, tmp_path / "adapter"))
+    config = json.loads((directory / "adapter_config.json").read_text())
+    (directory / "adapter_config.json").write_text(json.dumps({**config, "tool_parser": parser}))
+    tenant = make_tenant(sqlite_session_factory, "acme")
+    presigned = presign(s3_store, served, directory)
+    put_all(presigned, directory)
+    if parser == "hermes":
+        assert complete(sqlite_session_factory, s3_store, served, tenant, presigned, directory).tool_parser == "hermes"
+        return
+    with pytest.raises(UploadRejectedError, match="'xml', which is not one of auto, smollm2, hermes") as refusal:
+        complete(sqlite_session_factory, s3_store, served, tenant, presigned, directory)
+    assert refusal.value.param == "tool_parser"
+    assert registry_row_counts(sqlite_session_factory)["adapter_versions"] == 0 and stored_objects(s3_store) == []
