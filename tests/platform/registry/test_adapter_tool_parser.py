@@ -106,11 +106,11 @@ def test_an_uploaded_adapter_keeps_its_tool_parser_and_its_chats_use_it(live, pe
 def test_a_named_parser_comes_before_the_format_of_the_adapters_own_template(live, peft_adapter, tmp_path):
     own = {"chat_template.jinja": OWN_TEMPLATE.encode()}
     inferred = live.push("templated", peft_adapter, own)
-    named = live.push("templated", with_parser(peft_adapter, tmp_path / "hermes", "hermes"), own)
+    named = live.push("templated", with_parser(peft_adapter, tmp_path / "llama", "llama3_json"), own)
     assert (inferred.status_code, named.status_code) == (201, 201), named.text
     assert live.prompt_tokens("templated@1") == live.expected_tokens("smollm2", OWN_TEMPLATE)
-    assert live.prompt_tokens("templated@2") == live.expected_tokens("hermes", OWN_TEMPLATE) != live.expected_tokens(
-        "smollm2", OWN_TEMPLATE)
+    assert live.prompt_tokens("templated@2") == live.expected_tokens("llama3_json", OWN_TEMPLATE) != (
+        live.expected_tokens("smollm2", OWN_TEMPLATE))
 
 
 @pytest.mark.parametrize("value", ["xml", 3, ""])
