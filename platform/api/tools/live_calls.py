@@ -85,7 +85,8 @@ class LiveCalls:
         """A constrained head always does; a free one must name an offered function where a call stands."""
         if self._offered is None:
             return True
-        return head.group(1) in self._offered and _BETWEEN_CALLS.fullmatch(text, self._scan_from, head.start()) is not None
+        between = _BETWEEN_CALLS.fullmatch(text, self._scan_from, head.start())
+        return head.group(1) in self._offered and between is not None
 
 
 def _json_extent(text: str, start: int) -> tuple[int, bool]:
