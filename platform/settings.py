@@ -7,7 +7,7 @@ PostgreSQL and `storage_url` at `s3://bucket/prefix`.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import Literal, get_args
 
 from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -16,6 +16,11 @@ MIB = 1024 * 1024
 DEFAULT_MULTIPART_THRESHOLD_BYTES = 64 * MIB
 DEFAULT_MULTIPART_CHUNK_BYTES = 16 * MIB
 DEFAULT_MAX_REQUEST_BODY_BYTES = 8 * MIB
+# The tool-call formats a server (`tool_parser`) or an adapter (adapter_config.json's `tool_parser`) may name:
+# auto (read the family from the chat template) and one per format of platform/api/tools/formats.py, which
+# registers exactly these. Declared here, the lowest layer, because the registry checks adapters against them.
+ToolParserName = Literal["auto", "smollm2", "hermes", "llama3_json"]
+TOOL_PARSER_CHOICES: tuple[str, ...] = get_args(ToolParserName)
 
 
 def default_data_dir() -> Path:
@@ -79,8 +84,8 @@ class Settings(BaseSettings):
     training_checkpoint_every: int = Field(default=100, ge=1)  # optimizer steps between checkpoints
     training_work_dir: Path | None = None  # None = <data_dir>/training; scratch space of running jobs
     # How tool calls are written and parsed (platform/api/tools/formats.py): auto reads the family from the
-    # chat template; an adapter with its own template may name its own.
-    tool_parser: Literal["auto", "smollm2", "hermes", "llama3_json"] = "auto"
+    # chat template. An adapter's own (adapter_config.json's tool_parser, else its own template's) comes first.
+    tool_parser: ToolParserName = "auto"
     # Rate limits (platform/limits/; the limits themselves are set per tenant and key through the API).
     # The counters live in this process's memory, or with rate_limit_redis_url (redis://...) in Redis,
     # shared by every gateway, under keys starting with rate_limit_redis_prefix. A per-minute limit

@@ -1,5 +1,6 @@
-"""Which chat template a chat request renders with: its adapter's own (uploaded with it, checked
-then: platform/registry/chat_templates.py), else the served model's."""
+"""Which chat template a chat request renders with: its adapter's own (uploaded with it, or in a
+server-local adapter's directory; checked by platform/registry/chat_templates.py), else the served model's;
+and which tool parser it uses."""
 from __future__ import annotations
 
 import functools
@@ -15,7 +16,7 @@ def chat_tokenizer(tokenizer: Tokenizer, adapter: ResolvedAdapter) -> Tokenizer:
         return tokenizer
     try:
         return _with_template(tokenizer, named.chat_template)
-    except ValueError as error:  # checked at upload, so only a sandbox stricter since then gets here
+    except ValueError as error:  # checked when read, so only a sandbox stricter since then gets here
         raise ChatTemplateError(adapter.field, f"the adapter's own chat template no longer compiles ({error}); "
                                 "upload a version with a template that does") from None
 
@@ -27,8 +28,11 @@ def _with_template(tokenizer: Tokenizer, template: str) -> Tokenizer:
 
 
 def tool_parser(configured: str, adapter: NamedAdapter | None) -> str:
-    """An adapter with its own template takes the tool format that template's family writes
-    (formats.format_for_template); others take the server's --tool-parser."""
+    """The tool parser of a request: the one its adapter names (adapter_config.json's tool_parser, checked when
+    the adapter was read: registry/tool_parsers.py), else, for an adapter with its own template, the format
+    that template's family writes ("auto": formats.format_for_template), else the server's --tool-parser."""
+    if adapter is not None and adapter.tool_parser is not None:
+        return adapter.tool_parser
     if adapter is not None and adapter.chat_template is not None:
         return "auto"
     return configured

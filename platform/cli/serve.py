@@ -23,6 +23,8 @@ if TYPE_CHECKING:
     from loraloom.platform.api.metrics_server import MetricsServer
 
 DEFAULT_HOST = "127.0.0.1"
+# settings.TOOL_PARSER_CHOICES, without importing pydantic-settings for `--help` (tests/platform/cli checks they agree)
+TOOL_PARSER_CHOICES = ("auto", "smollm2", "hermes", "llama3_json")
 DEFAULT_PORT = 8000
 
 
@@ -83,10 +85,11 @@ def add_serve_command(commands: argparse._SubParsersAction) -> None:
         f"counters; later ones count as model=\"other\" (default: LORALOOM_METRICS_MAX_ADAPTERS, else "
         f"{defaults.metrics_max_adapters})",
     )
-    serve.add_argument("--tool-parser", choices=("auto", "smollm2", "hermes", "llama3_json"), default=None,
+    serve.add_argument("--tool-parser", choices=TOOL_PARSER_CHOICES, default=None,
                        help="the format tool calls are constrained to and parsed in: auto reads the model family "
-                       "from the chat template (default: LORALOOM_TOOL_PARSER, else auto); an adapter with its own "
-                       "chat template gets the format that template shows")
+                       "from the chat template (default: LORALOOM_TOOL_PARSER, else auto); an adapter that names "
+                       "its own (adapter_config.json's tool_parser) gets that one, and one with its own chat "
+                       "template the format that template shows")
     serve.add_argument("--enforce-eager", action="store_true",
                        help="run every step eagerly instead of replaying decode steps from CUDA graphs")
     serve.add_argument(

@@ -1,4 +1,5 @@
-"""An adapter's own chat template: taken from an upload, checked, stored beside the weights.
+"""An adapter's own chat template: taken from an upload (or a server-local adapter's directory),
+checked, stored beside the weights.
 
 PEFT saves a fine-tune's tokenizer files beside the adapter; the chat template is the one that
 matters to serving (the tokens themselves must be the base's). An upload may carry it as
@@ -7,7 +8,9 @@ kept as `chat_template.jinja`, one more content-addressed file of the version, a
 version render their conversation with it.
 
 It is checked at upload by compiling it and rendering a short conversation in the same sandbox
-requests use, so a template that cannot serve is a 400 naming its line, and nothing is stored.
+requests use, so a template that cannot serve is a 400 naming its line, and nothing is stored. A
+server-local adapter's (`serve --adapter`, `--adapter-dir`: registry/local.py) is read and checked the
+same way, by find_chat_template, when the server lists or resolves it.
 """
 from __future__ import annotations
 
@@ -34,25 +37,32 @@ TEST_CONVERSATION = [
 PARAM = "chat_template"
 
 
-def gather_chat_template(directory: Path) -> None:
-    """Leave the staged upload in `directory` with its template as chat_template.jinja (if it has one)
-    and no tokenizer_config.json. chat_template.jinja wins over tokenizer_config.json, as in transformers."""
-    config_path = directory / TOKENIZER_CONFIG_FILE
+def find_chat_template(directory: Path) -> str | None:
+    """The chat template a directory of adapter files holds, checked: chat_template.jinja, else
+    tokenizer_config.json's `chat_template` (chat_template.jinja wins, as in transformers); None if
+    neither has one. The one answer to "which file holds the template", for every upload route and for
+    server-local adapters alike."""
     template_path = directory / CHAT_TEMPLATE_FILE
-    if config_path.is_file():
-        template = None if template_path.is_file() else _template_in_config(config_path)
-        config_path.unlink()
-        if template is not None:
-            template_path.write_text(template, encoding="utf-8")
+    config_path = directory / TOKENIZER_CONFIG_FILE
     if template_path.is_file():
-        check_chat_template(_read_template(template_path))
+        template = _read_template(template_path)
+    elif config_path.is_file():
+        template = _template_in_config(config_path)
+    else:
+        return None
+    if template is not None:
+        check_chat_template(template)
+    return template
 
 
-def check_uploaded_template(directory: Path) -> None:
-    """Check the chat_template.jinja of a presigned upload, which arrives as the file itself."""
-    path = directory / CHAT_TEMPLATE_FILE
-    if path.is_file():
-        check_chat_template(_read_template(path))
+def gather_chat_template(directory: Path) -> None:
+    """Leave the staged upload in `directory` with its template (find_chat_template's) as
+    chat_template.jinja, if it has one, and no tokenizer_config.json, whose other fields are not kept."""
+    template = find_chat_template(directory)
+    (directory / TOKENIZER_CONFIG_FILE).unlink(missing_ok=True)
+    template_path = directory / CHAT_TEMPLATE_FILE
+    if template is not None and not template_path.is_file():  # an uploaded one stays byte for byte
+        template_path.write_bytes(template.encode("utf-8"))
 
 
 def _template_in_config(path: Path) -> str | None:
@@ -76,18 +86,23 @@ def _template_in_config(path: Path) -> str | None:
 
 
 def _read_template(path: Path) -> str:
-    data = path.read_bytes()
-    if len(data) > MAX_CHAT_TEMPLATE_BYTES:
-        raise UploadRejectedError(f"chat_template: {len(data)} bytes; at most {MAX_CHAT_TEMPLATE_BYTES} are accepted",
-                                  param=PARAM)
+    if path.stat().st_size > MAX_CHAT_TEMPLATE_BYTES:  # before reading: it may be a whole tokenizer
+        raise _too_large(path.stat().st_size)
     try:
-        return data.decode("utf-8")
+        return path.read_bytes().decode("utf-8")
     except UnicodeDecodeError:
         raise UploadRejectedError("chat_template: not UTF-8 text", param=PARAM) from None
 
 
+def _too_large(size: int) -> UploadRejectedError:
+    return UploadRejectedError(f"chat_template: {size} bytes; at most {MAX_CHAT_TEMPLATE_BYTES} are accepted",
+                               param=PARAM)
+
+
 def check_chat_template(source: str) -> None:
     """Compile `source` and render the test conversation; a fault is refused naming its line."""
+    if len(source.encode("utf-8")) > MAX_CHAT_TEMPLATE_BYTES:
+        raise _too_large(len(source.encode("utf-8")))
     try:
         template = compile_chat_template(source)
     except ValueError as error:

@@ -100,6 +100,7 @@ class RegistryAdapterLookup:
                 return NamedAdapter(
                     resolved.handle(self.store), name=resolved.adapter_name, version=resolved.number,
                     alias=reference.target_alias, version_id=resolved.version_id, chat_template=template,
+                    tool_parser=resolved.tool_parser,
                 )
         if reference is not None and not reference.is_bare_name:
             raise AdapterNotFoundError(model)  # aliases and versions exist only in the registry

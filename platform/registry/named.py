@@ -22,3 +22,5 @@ class NamedAdapter:
     version_id: uuid.UUID | None = None  # the registry version's row
     # The version's own chat template (an upload's chat_template.jinja): its requests render with it.
     chat_template: str | None = None
+    # The tool-call format the adapter names (adapter_config.json's tool_parser): its chats use it.
+    tool_parser: str | None = None

@@ -36,6 +36,7 @@ from loraloom.platform.registry.chat_templates import CHAT_TEMPLATE_FILE
 from loraloom.platform.registry.errors import RegistryConflictError
 from loraloom.platform.registry.references import LATEST_ALIAS, check_adapter_name
 from loraloom.platform.registry.staging import ADAPTER_FILES
+from loraloom.platform.registry.tool_parsers import declared_tool_parser
 from loraloom.platform.registry.validation import ServedBase, validate_adapter_dir
 from loraloom.platform.storage import BlobRef, BlobStore
 
@@ -82,6 +83,7 @@ def publish_adapter_dir(
     (what an upload and a finished training job both end with), unless a version holds them already."""
     check_adapter_name(adapter_name, reserved=base.reserved_names)
     summary = validate_adapter_dir(directory, base=base)
+    tool_parser = declared_tool_parser(directory)
     # Checked before storing too, so that a repeated push uploads no blob at all.
     digests = {filename: file_sha256(directory / filename) for filename in version_filenames(directory)}
     existing = same_content_version(session, tenant_id=tenant_id, adapter_name=adapter_name, digests=digests)
@@ -99,6 +101,7 @@ def publish_adapter_dir(
             source=source,
             training_job_id=training_job_id,
             actor_key_id=actor_key_id,
+            tool_parser=tool_parser,
         )
 
 
@@ -113,10 +116,12 @@ def register_version(
     source: AdapterVersionSource,
     training_job_id: str | None,
     actor_key_id: uuid.UUID | None,
+    tool_parser: str | None,
 ) -> Published:
     """Add version N+1 of the adapter (creating the adapter on its first version) and point `latest`
     at it, in one transaction; or return the version that holds the same files already, changing
-    nothing (`latest` stays). The files must already be in storage."""
+    nothing (`latest` stays). The files must already be in storage. `tool_parser`: what the adapter_config.json
+    among them names (tool_parsers.declared_tool_parser), already checked."""
     attempt = 1
     while True:
         try:
@@ -151,6 +156,7 @@ def register_version(
                 alpha=summary.alpha,
                 target_modules=list(summary.target_modules),
                 dtype=summary.dtype,
+                tool_parser=tool_parser,
                 source=source,
                 training_job_id=training_job_id,
                 created_by_key_id=actor_key_id,

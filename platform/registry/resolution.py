@@ -39,6 +39,7 @@ class ResolvedVersion:
     weights_sha256: str
     config_sha256: str
     template_sha256: str | None = None  # the version's own chat template (chat_template.jinja), if it has one
+    tool_parser: str | None = None  # the tool-call format its adapter_config.json names, if it names one
 
     @classmethod
     def of(cls, version: AdapterVersion, adapter: Adapter) -> "ResolvedVersion":
@@ -51,6 +52,7 @@ class ResolvedVersion:
             weights_sha256=digests[ADAPTER_WEIGHTS_FILE],
             config_sha256=digests[ADAPTER_CONFIG_FILE],
             template_sha256=digests.get(CHAT_TEMPLATE_FILE),
+            tool_parser=version.tool_parser,
         )
 
     @property

@@ -13,15 +13,30 @@ from pathlib import Path
 
 from sqlalchemy.orm import Session
 
+from loraloom.engine import AdapterSummary, file_sha256
+
 from loraloom.platform.db.models import AdapterVersionSource
 from loraloom.platform.registry.errors import UploadRejectedError
-from loraloom.platform.registry.blobs import claimed_blobs
-from loraloom.platform.registry.chat_templates import CHAT_TEMPLATE_FILE, check_uploaded_template
-from loraloom.platform.registry.publish import Published, StoredFile, publish_adapter_dir, register_version
+from loraloom.platform.registry.blobs import claimed_blobs, collect_blob
+from loraloom.platform.registry.chat_templates import gather_chat_template
+from loraloom.platform.registry.publish import (
+    Published,
+    StoredFile,
+    publish_adapter_dir,
+    register_version,
+    version_filenames,
+)
 from loraloom.platform.registry.references import check_adapter_name
-from loraloom.platform.registry.staging import ADAPTER_FILES, UploadedPart, UploadLimits, stage_adapter_files
+from loraloom.platform.registry.staging import (
+    ADAPTER_FILES,
+    TEMPLATE_FILES,
+    UploadedPart,
+    UploadLimits,
+    stage_adapter_files,
+)
+from loraloom.platform.registry.tool_parsers import declared_tool_parser
 from loraloom.platform.registry.validation import ServedBase, validate_adapter_dir
-from loraloom.platform.storage import BlobNotFoundError, BlobStore, BlobVerificationError, content_key
+from loraloom.platform.storage import BlobNotFoundError, BlobRef, BlobStore, BlobVerificationError, content_key
 
 logger = logging.getLogger(__name__)
 
@@ -97,7 +112,8 @@ def request_presigned_uploads(
     base: ServedBase,
     expires_s: int,
 ) -> list[PresignedFile]:
-    """One presigned PUT per PEFT file; the client uploads, then calls complete_presigned_upload."""
+    """One presigned PUT per file (the two PEFT files and the chat template's, as _check_files takes them); the
+    client uploads, then calls complete_presigned_upload."""
     check_adapter_name(adapter_name, reserved=base.reserved_names)
     _check_files(files, limits)
     presigned = []
@@ -119,7 +135,11 @@ def request_presigned_uploads(
 
 def complete_presigned_upload(session: Session, target: UploadTarget, files: Sequence[UploadedFile]) -> Published:
     """Verify each uploaded file's size and sha256, validate the adapter, then register it.
-    A failure at any point deletes the uploads and leaves no row and no new blob."""
+    A failure at any point deletes the uploads and leaves no row and no new blob.
+
+    The template is gathered as a direct upload's is (chat_templates.gather_chat_template): kept as
+    chat_template.jinja, which is stored from the staging folder when it came inside tokenizer_config.json;
+    the uploaded tokenizer_config.json is no file of the version, and its blob goes once the version is in."""
     store = target.store
     check_adapter_name(target.adapter_name, reserved=target.base.reserved_names)
     _check_files(files, target.limits)
@@ -130,30 +150,52 @@ def complete_presigned_upload(session: Session, target: UploadTarget, files: Seq
         with claimed_blobs(session, store, (file.sha256 for file in files)), tempfile.TemporaryDirectory(
             prefix=UPLOAD_DIR_PREFIX, dir=target.staging_dir
         ) as workdir:
-            stored = []
+            directory = Path(workdir)
+            uploaded = {}
             for file in files:
                 pending.discard(file.upload_key)  # complete_upload consumes it, verified or not
-                ref = store.complete_upload(file.upload_key, sha256=file.sha256, size=file.size_bytes)
-                store.get_to_path(ref.key, Path(workdir) / file.filename)
-                stored.append(StoredFile(filename=file.filename, ref=ref))
-            summary = validate_adapter_dir(Path(workdir), base=target.base)
-            check_uploaded_template(Path(workdir))
-            return register_version(
-                session,
-                tenant_id=target.tenant_id,
-                adapter_name=target.adapter_name,
-                summary=summary,
-                files=stored,
-                base_model=target.base.name,
-                source=AdapterVersionSource.upload,
-                training_job_id=None,
-                actor_key_id=target.actor_key_id,
-            )
+                uploaded[file.filename] = store.complete_upload(file.upload_key, sha256=file.sha256,
+                                                                size=file.size_bytes)
+                store.get_to_path(uploaded[file.filename].key, directory / file.filename)
+            summary = validate_adapter_dir(directory, base=target.base)
+            gather_chat_template(directory)
+            tool_parser = declared_tool_parser(directory)
+            published = _register_staged(session, target, directory, uploaded, summary, tool_parser)
     except (BlobNotFoundError, BlobVerificationError) as error:
         raise UploadRejectedError(f"files: {error}") from error
     finally:
         for upload_key in pending:
             _abort_quietly(store, upload_key)
+    kept = {file.filename for file in published.version.files}
+    for filename, ref in uploaded.items():
+        if filename not in kept:  # tokenizer_config.json: read for its template, not kept
+            _collect_quietly(session, store, ref.sha256)
+    return published
+
+
+def _register_staged(
+    session: Session, target: UploadTarget, directory: Path, uploaded: dict[str, BlobRef], summary: AdapterSummary,
+    tool_parser: str | None,
+) -> Published:
+    """Register the version's files in `directory`: those uploaded as they are stored already, a file made
+    here (the template taken out of tokenizer_config.json) stored now, under a claim of its own."""
+    made = [filename for filename in version_filenames(directory) if filename not in uploaded]
+    with claimed_blobs(session, target.store, (file_sha256(directory / filename) for filename in made)):
+        stored = [StoredFile(filename=filename, ref=uploaded[filename] if filename in uploaded
+                             else target.store.put_file(directory / filename))
+                  for filename in version_filenames(directory)]
+        return register_version(
+            session,
+            tenant_id=target.tenant_id,
+            adapter_name=target.adapter_name,
+            summary=summary,
+            files=stored,
+            base_model=target.base.name,
+            source=AdapterVersionSource.upload,
+            training_job_id=None,
+            actor_key_id=target.actor_key_id,
+            tool_parser=tool_parser,
+        )
 
 
 def _abort_quietly(store: BlobStore, upload_key: str) -> None:
@@ -163,6 +205,15 @@ def _abort_quietly(store: BlobStore, upload_key: str) -> None:
         store.abort_upload(upload_key)
     except Exception:
         logger.exception("could not discard presigned upload %s; object storage keeps it until its lifecycle rule", upload_key)
+
+
+def _collect_quietly(session: Session, store: BlobStore, sha256: str) -> None:
+    """The version is registered: failing to delete a file it does not keep must not fail the push."""
+    try:
+        collect_blob(session, store, sha256)
+    except Exception:
+        session.rollback()
+        logger.exception("could not delete blob %s, uploaded but not kept; it stays until deleted by hand", sha256)
 
 
 def _check_declared_sha256(file: UploadedFile) -> None:
@@ -175,11 +226,14 @@ def _check_declared_sha256(file: UploadedFile) -> None:
 
 
 def _check_files(files: Sequence[PlannedFile | UploadedFile], limits: UploadLimits) -> None:
+    """The files a direct upload takes (staging.py), each once: the two PEFT files, and the adapter's chat
+    template as chat_template.jinja or tokenizer_config.json (or both: chat_template.jinja wins)."""
     filenames = [file.filename for file in files]
-    if sorted(filenames) not in (sorted(ADAPTER_FILES), sorted((*ADAPTER_FILES, CHAT_TEMPLATE_FILE))):
+    named = set(filenames)
+    if len(named) != len(filenames) or not set(ADAPTER_FILES) <= named <= {*ADAPTER_FILES, *TEMPLATE_FILES}:
         raise UploadRejectedError(
-            f"files: expected exactly {ADAPTER_FILES[0]} and {ADAPTER_FILES[1]}, and {CHAT_TEMPLATE_FILE} if the "
-            f"adapter has its own chat template (archives and tokenizer_config.json go through "
+            f"files: expected exactly {ADAPTER_FILES[0]} and {ADAPTER_FILES[1]}, each once, and the adapter's chat "
+            f"template ({' or '.join(TEMPLATE_FILES)}) if it has its own (archives go through "
             f"POST /v1/adapters/{{name}}/versions), got {filenames}"
         )
     total = sum(file.size_bytes for file in files)

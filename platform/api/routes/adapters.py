@@ -187,8 +187,9 @@ def remove_version(
 def post_upload(
     name: AdapterNamePath, body: UploadRequestBody, caller: DeveloperDep, registry: RegistryDep
 ) -> UploadObject:
-    """For adapters too big to pass through the gateway: presigned URLs to PUT the two files straight
-    to object storage (S3 storage only); then POST .../uploads/complete."""
+    """For adapters too big to pass through the gateway: presigned URLs to PUT the files straight to object
+    storage (S3 storage only): the two PEFT files, and the adapter's own chat template if it has one
+    (chat_template.jinja, or tokenizer_config.json's); then POST .../uploads/complete."""
     presigned = registry.request_presigned_uploads(
         name=name, files=[PlannedFile(filename=file.filename, size_bytes=file.size_bytes) for file in body.files]
     )

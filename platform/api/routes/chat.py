@@ -77,7 +77,8 @@ async def chat_event_stream(
     """OpenAI's chunk sequence: the role first, then content deltas, then the finish reason in an
     empty delta, then (if asked) usage with no choices. Each choice's chunks carry its index; with
     several choices their chunks interleave as the choices generate. With tools, text that may be
-    calls is held back, and the calls are sent as tool_calls deltas before the finish reason."""
+    calls is held back, and calls are sent as tool_calls deltas as they are generated (tools/live_calls.py),
+    or, for text read as calls only once it ended, before the finish reason."""
 
     def chunk(choice: ChatChunkChoice | None, lasts: list[RequestOutput] | None = None) -> str:
         return sse_event(

@@ -12,6 +12,7 @@ from loraloom.platform.api.schemas.common import ListObject, PageObject, StrictB
 from loraloom.platform.db.models import MAX_INT64, Adapter, AdapterVersion, Alias
 from loraloom.platform.registry.references import ADAPTER_NAME_PATTERN, ALIAS_NAME_PATTERN, LATEST_ALIAS
 from loraloom.platform.registry.validation import base_model_warning
+from loraloom.platform.settings import ToolParserName
 
 # A version number in a path: past 64 bits it is a 400 naming `number`, not a database overflow.
 VersionNumber = Annotated[int, Path(ge=1, le=MAX_INT64, description="The version number (name@N).")]
@@ -61,6 +62,11 @@ class VersionObject(BaseModel):
         default=False, description="Whether the version brought its own chat template (chat_template.jinja among "
         "its files, downloadable from .../files/chat_template.jinja): chat requests to it render with that template.",
     )
+    tool_parser: ToolParserName | None = Field(
+        default=None, description="The tool-call format the version's adapter_config.json names (its `tool_parser` "
+        "field); chat requests to it parse and constrain calls in that format (auto: the one its chat template "
+        "shows). null: it names none, and calls take the format of its own chat template, else the server's.",
+    )
     aliases: list[str] = Field(description="The aliases pointing at this version now.")
     created_at: datetime
     created_by_key_id: uuid.UUID | None
@@ -88,6 +94,7 @@ class VersionObject(BaseModel):
             training_job_id=version.training_job_id,
             files=[VersionFile(filename=f.filename, sha256=f.sha256, size_bytes=f.size_bytes) for f in version.files],
             chat_template=any(f.filename == "chat_template.jinja" for f in version.files),
+            tool_parser=version.tool_parser,
             aliases=sorted(aliases),
             created_at=version.created_at,
             created_by_key_id=version.created_by_key_id,
@@ -204,7 +211,8 @@ class PlannedFileBody(StrictBody):
 
 class UploadRequestBody(StrictBody):
     files: list[PlannedFileBody] = Field(description="adapter_config.json and adapter_model.safetensors, with sizes "
-                                         "(and chat_template.jinja for an adapter with its own chat template).")
+                                         "(and, for an adapter with its own chat template, chat_template.jinja or "
+                                         "tokenizer_config.json with a chat_template, as a direct upload takes them).")
 
 
 class PresignedFileObject(BaseModel):

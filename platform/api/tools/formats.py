@@ -1,5 +1,5 @@
 """Model families' tool-call formats, in a registry that the server (`serve --tool-parser`) or an
-adapter (its own chat template) chooses from.
+adapter (adapter_config.json's `tool_parser`, else its own chat template) chooses from.
 
 A format knows four things about its family: how a call is written (so `required` and named calls
 can be constrained to it by a Lark grammar whose arguments are the function's JSON schema), how to
@@ -17,6 +17,10 @@ import json
 import re
 from dataclasses import dataclass
 from typing import Any
+
+# auto and one name per format of TOOL_FORMATS below; declared in settings.py, where the layers below (the registry
+# checking an adapter's tool_parser) can read them.
+from loraloom.platform.settings import TOOL_PARSER_CHOICES
 
 # Calls per answer that a grammar allows when parallel calls are on: a small model, once constrained,
 # may otherwise repeat calls until max_tokens.
@@ -225,7 +229,6 @@ TOOL_FORMATS: dict[str, ToolFormat] = {
     format.name: format for format in (SmolLM2Format(), HermesFormat(), Llama3JsonFormat())
 }
 AUTO = "auto"
-TOOL_PARSER_CHOICES = (AUTO, *TOOL_FORMATS)
 
 
 def format_for_template(template: str | None) -> ToolFormat:

@@ -51,38 +51,39 @@ def _calls_finish(request: ToolRequest) -> str:
 
 class ToolStream:
     """One choice's stream. Constrained answers stream their calls as they are generated (LiveCalls).
-    Free ones pass content through until calls may be starting; from there the text is held, and read
-    as calls when the choice ends (content again if it does not read as calls)."""
+    Free ones pass content through until calls may be starting (the format's start marker); from there the
+    text is held and read by LiveCalls as well, which streams each call to an offered function as it is
+    generated once its head is complete. If no call began by the end, the held text is read whole (content
+    again if it does not read as calls)."""
 
     def __init__(self, request: ToolRequest, tool_format: ToolFormat) -> None:
         self.request = request
         self.format = tool_format
         self.text = ""
         self.sent = 0  # characters of text already sent as content
-        self.calling = request.constrained  # constrained answers are calls from their first token
+        # Where calls are read from: constrained answers are calls from their first token.
         self.live = LiveCalls(tool_format, call_id) if request.constrained else None
 
     def feed(self, delta: str) -> tuple[str, list[ToolCallDelta]]:
-        """The content that may be sent now, and the calls' deltas (constrained answers only)."""
+        """The content that may be sent now, and the calls' deltas."""
         self.text += delta
-        if self.live is not None:
-            return "", self.live.advance(self.text)
-        if self.calling:
-            return "", []
-        start = self.format.find_start(self.text)
-        if start >= 0:
-            self.calling = True
-            end = start
-        else:
-            end = self.format.hold_from(self.text)
-        content, self.sent = self.text[self.sent:end], max(self.sent, end)
-        return content, []
+        content = ""
+        if self.live is None:
+            start = self.format.find_start(self.text)
+            end = start if start >= 0 else self.format.hold_from(self.text)
+            content, self.sent = self.text[self.sent:end], max(self.sent, end)
+            if start < 0:
+                return content, []
+            # Calls may start here: what follows is held, and read as calls as far as it reads as calls.
+            self.live = LiveCalls(tool_format=self.format, call_id=call_id, offered=self.request.names,
+                                  max_calls=None if self.request.parallel else 1, start=start)
+        return content, self.live.advance(self.text)
 
     def finish(self, finish_reason: str | None) -> tuple[str, list[ToolCallDelta], str | None]:
         """(content not sent yet, the calls' deltas, the finish reason) once generation ended."""
         if self.live is not None and self.live.count:  # sent as they came; cut short, they stay cut
             return "", [], finish_reason if finish_reason == "length" else _calls_finish(self.request)
-        parsed = _parsed(self.text, self.request, self.format) if self.calling else Parsed(self.text, [])
+        parsed = _parsed(self.text, self.request, self.format) if self.live is not None else Parsed(self.text, [])
         if not parsed.calls:
             rest, self.sent = self.text[self.sent:], len(self.text)
             return rest, [], finish_reason

@@ -28,6 +28,7 @@ from loraloom.platform.db.models.base import Base, BigIntId, enum_column, utcnow
 
 
 MAX_DECLARED_BASE_CHARS = 1024  # a local training path can be long; a longer one is stored cut
+MAX_TOOL_PARSER_CHARS = 32  # a format's name (settings.TOOL_PARSER_CHOICES), checked before it is stored
 
 
 class AdapterVersionStatus(str, enum.Enum):
@@ -101,6 +102,8 @@ class AdapterVersion(Base):
     alpha: Mapped[float] = mapped_column(Double)
     target_modules: Mapped[list[str]]
     dtype: Mapped[str] = mapped_column(String(16))
+    # The tool-call format adapter_config.json's `tool_parser` names (registry/tool_parsers.py); None: it names none.
+    tool_parser: Mapped[str | None] = mapped_column(String(MAX_TOOL_PARSER_CHARS))
     source: Mapped[AdapterVersionSource] = mapped_column(enum_column(AdapterVersionSource, "adapter_version_source"))
     # A plain id, no foreign key: a version outlives the job that trained it (jobs may be purged).
     training_job_id: Mapped[str | None] = mapped_column(String(64))

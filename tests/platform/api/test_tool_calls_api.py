@@ -1,7 +1,7 @@
 """Tool calling through the official `openai` package against a live server on the bundled model:
 named and `required` calls on 50 generated function schemas parse and validate (on the base and on an
-adapter), streamed calls assemble to the non-streamed ones, and a call, its result and the answer
-make a round trip. Parsing of free (`auto`) answers is checked on canned text in test_tool_formats.py."""
+adapter), streamed calls assemble to the non-streamed ones (auto calls too, their arguments streamed as
+generated), and a call, its result and the answer make a round trip. Parsing of free (`auto`) answers is checked on canned text in test_tool_formats.py."""
 from __future__ import annotations
 
 import json
@@ -182,6 +182,30 @@ def test_streamed_calls_assemble_to_the_same_calls(client, tool_choice):
     assert [(name, json.loads(arguments)) for name, arguments in calls] == [
         (call.function.name, json.loads(call.function.arguments)) for call in whole.message.tool_calls]
     assert finish_reason == whole.finish_reason and content == ""
+
+
+def past_call(city: str, index: int) -> dict:
+    arguments = json.dumps({"city": city})
+    return {"role": "assistant", "content": None, "tool_calls": [
+        {"id": f"call_{index}", "type": "function", "function": {"name": "get_weather", "arguments": arguments}}]}
+
+
+# The bundled model calls on its own (tool_choice auto) once its history shows it calling.
+CALLING_HISTORY = [{"role": "user", "content": "Weather in Berlin?"}, past_call("Berlin", 1),
+                   {"role": "user", "content": "Weather in Rome?"}, past_call("Rome", 2),
+                   {"role": "user", "content": "Weather in Paris?"}]
+
+
+def test_a_streamed_auto_call_arrives_as_it_is_generated(client):
+    """An auto call, streamed: its arguments come in several deltas as the model writes them (not whole at
+    the end), and assemble to the call the same request gets whole."""
+    fields = dict(model="base", messages=CALLING_HISTORY, tools=[WEATHER], max_tokens=MAX_TOKENS, temperature=0.0)
+    whole = client.chat.completions.create(**fields).choices[0]
+    assert whole.finish_reason == "tool_calls", whole
+    calls, finish_reason, content = assembled(client.chat.completions.create(**fields, stream=True))
+    assert [(name, json.loads(arguments)) for name, arguments in calls] == [
+        (call.function.name, json.loads(call.function.arguments)) for call in whole.message.tool_calls]
+    assert finish_reason == "tool_calls" and content == ""
 
 
 def test_a_call_its_result_and_the_answer(client):

@@ -9,7 +9,16 @@ import pytest
 
 from loraloom.engine.structured_output import GrammarCompiler
 from loraloom.engine.tokenizer import Tokenizer
-from loraloom.platform.api.tools.formats import MAX_PARALLEL_CALLS, TOOL_FORMATS, Function, ToolCall, choose_format, format_for_template
+from loraloom.platform.api.tools.formats import (
+    AUTO,
+    MAX_PARALLEL_CALLS,
+    TOOL_FORMATS,
+    TOOL_PARSER_CHOICES,
+    Function,
+    ToolCall,
+    choose_format,
+    format_for_template,
+)
 from loraloom.platform.api.tools.prompt import template_input
 from loraloom.platform.api.tools.request import ToolRequest
 from loraloom.platform.api.tools.results import ToolStream, tool_answer
@@ -35,15 +44,23 @@ CANNED = [
                     '{"name": "get_time", "parameters": {"zone": "UTC", "exact": true}}', None, [WEATHER, TIME]),
     ("llama3_json", ' {"name": "get_time", "arguments": {"zone": "UTC", "exact": true}}', None, [TIME]),
 ]
-# Text that is no call: left whole as content.
-NOT_CALLS = [
-    ("smollm2", "Paris is sunny today."),
+# Text in which a call to an offered function began, but which does not read as calls as a whole: a
+# whole answer keeps it as content; a stream has sent the call as it came by then, and it stands.
+BEGUN_CALLS = [
     ("smollm2", '<tool_call>[{"name": "get_weather", "arguments": {"city": "Par'),  # cut short
+    ("llama3_json", '{"name": "get_weather", "parameters": {"city": "Paris"}} and more words'),
+]
+# Text that is no call: left whole as content.
+NEVER_CALLS = [
+    ("smollm2", "Paris is sunny today."),
     ("smollm2", '<tool_call>[{"name": "launch_rockets", "arguments": {}}]</tool_call>'),  # not offered
     ("hermes", "<tool_call>\nnot json\n</tool_call>"),
     ("llama3_json", 'The JSON would be {"name": "get_weather"}'),  # calls only open the answer
-    ("llama3_json", '{"name": "get_weather", "parameters": {"city": "Paris"}} and more words'),
+    # Arguments as a JSON string, and a call that is none: read whole at the end, never streamed.
+    ("smollm2", '<tool_call>[{"name": "get_time", "arguments": "{}"}, {"name": "get_weather", '
+                '"arguments": {"city": "Paris"}}, 7]</tool_call>'),
 ]
+NOT_CALLS = BEGUN_CALLS + NEVER_CALLS
 
 
 def auto_request(parallel: bool = True) -> ToolRequest:
@@ -71,11 +88,16 @@ def test_parallel_tool_calls_false_keeps_the_first_call():
     assert [call.function.name for call in answer.tool_calls] == ["get_weather"]
 
 
-def streamed(name: str, text: str, piece: int) -> tuple[str, list[tuple[str, str]], str | None]:
+def streamed(name: str, text: str, piece: int, finish: str = "stop", parallel: bool = True,
+             ) -> tuple[str, list[tuple[str, str]], str | None]:
     """Feed `text` in pieces of `piece` characters: (content sent, (name, arguments) per call, finish)."""
-    reader = ToolStream(auto_request(), TOOL_FORMATS[name])
-    content = "".join(reader.feed(text[start:start + piece])[0] for start in range(0, len(text), piece))
-    rest, deltas, finish_reason = reader.finish("stop")
+    reader = ToolStream(auto_request(parallel), TOOL_FORMATS[name])
+    content, deltas = "", []
+    for start in range(0, len(text), piece):
+        sent, new = reader.feed(text[start:start + piece])
+        content, deltas = content + sent, deltas + new
+    rest, last, finish_reason = reader.finish(finish)
+    deltas += last
     calls: dict[int, list[str]] = {}
     for delta in deltas:
         if delta.id is not None:
@@ -86,7 +108,7 @@ def streamed(name: str, text: str, piece: int) -> tuple[str, list[tuple[str, str
 
 
 @pytest.mark.parametrize("piece", [1, 3, 1000])
-@pytest.mark.parametrize(("name", "text", "content", "calls"), CANNED + [(n, t, t, []) for n, t in NOT_CALLS])
+@pytest.mark.parametrize(("name", "text", "content", "calls"), CANNED + [(n, t, t, []) for n, t in NEVER_CALLS])
 def test_a_stream_gives_what_the_whole_text_gives(name, text, content, calls, piece):
     whole = tool_answer(text, "stop", auto_request(), TOOL_FORMATS[name])
     sent, streamed_calls, finish_reason = streamed(name, text, piece)
@@ -94,6 +116,52 @@ def test_a_stream_gives_what_the_whole_text_gives(name, text, content, calls, pi
     assert finish_reason == whole.finish_reason
     # Content before the calls is sent as it comes (never any of the calls' text).
     assert sent.strip() == (whole.content or "").strip()
+
+
+@pytest.mark.parametrize("name", sorted(TOOL_FORMATS))
+def test_free_calls_stream_their_arguments_as_they_come(name):
+    """An auto answer fed a character at a time: content first, then each call's head as soon as its
+    arguments open, its arguments in fragments before the answer ends, and nothing left for the end."""
+    tool_format = TOOL_FORMATS[name]
+    prefix = "" if name == "llama3_json" else "Let me check. "  # Llama's calls only open the answer
+    text = prefix + tool_format.write([WEATHER, TIME])
+    reader = ToolStream(auto_request(), tool_format)
+    content, fed = "", []  # (characters fed when the delta came, delta)
+    for position in range(len(text)):
+        sent, deltas = reader.feed(text[position])
+        content += sent
+        fed += [(position + 1, delta) for delta in deltas]
+    assert reader.finish("stop") == ("", [], "tool_calls")
+    assert content == prefix
+    heads = [(at, delta) for at, delta in fed if delta.id is not None]
+    assert [delta.function.name for _, delta in heads] == ["get_weather", "get_time"]
+    assert heads[0][0] == text.index('{"city"') + 1  # the arguments' brace completes the head
+    for index, call in enumerate([WEATHER, TIME]):
+        fragments = [delta.function.arguments for _, delta in fed if delta.index == index and delta.id is None]
+        assert len(fragments) > 1 and "".join(fragments) == call.arguments
+
+
+def test_free_calls_stream_as_the_model_spaced_them():
+    text = '<tool_call>[{"name":"get_weather","arguments":{"city":"Paris"}}]</tool_call>'
+    whole = tool_answer(text, "stop", auto_request(), TOOL_FORMATS["smollm2"])
+    sent, calls, finish_reason = streamed("smollm2", text, 2)
+    assert calls == [("get_weather", '{"city":"Paris"}')] and finish_reason == "tool_calls" and sent == ""
+    assert json.loads(calls[0][1]) == json.loads(whole.tool_calls[0].function.arguments)
+
+
+@pytest.mark.parametrize(("name", "text"), BEGUN_CALLS)
+@pytest.mark.parametrize("finish", ["length", "stop"])
+def test_a_call_that_began_stands_as_it_was_sent(name, text, finish):
+    """The whole answer would be content; the stream has sent the call by then, and keeps it (as a
+    constrained call cut short): no content, the finish reason of calls unless max_tokens cut it."""
+    sent, calls, finish_reason = streamed(name, text, 1, finish=finish)
+    assert [call_name for call_name, _ in calls] == ["get_weather"] and sent == ""
+    assert text.find(calls[0][1]) > 0  # the arguments as written, as far as they got
+    assert finish_reason == ("length" if finish == "length" else "tool_calls")
+
+
+def test_a_stream_without_parallel_calls_sends_the_first_call_only():
+    assert streamed("smollm2", CANNED[1][1], 1, parallel=False)[1] == [("get_weather", WEATHER.arguments)]
 
 
 def test_content_streams_before_the_calls_are_known():
@@ -140,6 +208,11 @@ def test_grammars_accept_the_family_format_and_nothing_else(compiler, tokenizer,
     wrong_format = TOOL_FORMATS["hermes" if name != "hermes" else "smollm2"].write([WEATHER])
     for text in (bad_enum, unknown, wrong_format):
         assert not accepts(compiler, tokenizer, parallel, text), text
+
+
+def test_every_parser_name_the_settings_declare_has_a_format():
+    """settings.py declares the names (the registry checks adapters against them); each is a format here."""
+    assert TOOL_PARSER_CHOICES == (AUTO, *TOOL_FORMATS)
 
 
 def test_formats_follow_the_template_or_the_choice():

@@ -18,7 +18,14 @@ from lora_factory import make_peft_adapter
 from loraloom.engine.model.bundled import bundled_model_dir
 from loraloom.engine.config import EngineConfig
 from loraloom.platform.cli.main import build_parser, main
-from loraloom.platform.cli.serve import engine_config, fast_server_options, use_settings_defaults, worker_command
+from loraloom.platform.cli.serve import (
+    TOOL_PARSER_CHOICES,
+    engine_config,
+    fast_server_options,
+    use_settings_defaults,
+    worker_command,
+)
+from loraloom.platform.settings import TOOL_PARSER_CHOICES as SETTINGS_TOOL_PARSER_CHOICES
 from loraloom.platform.settings import Settings
 
 LORALOOM = Path(sys.executable).parent / "loraloom"  # the installed console script
@@ -31,6 +38,10 @@ def test_bad_adapter_syntax_is_an_argparse_error_naming_the_flag_and_form(capsys
     assert exited.value.code == 2
     error = capsys.readouterr().err
     assert "--adapter" in error and "NAME=PATH" in error
+
+
+def test_serve_offers_the_tool_parsers_the_settings_declare():
+    assert TOOL_PARSER_CHOICES == SETTINGS_TOOL_PARSER_CHOICES
 
 
 def test_same_adapter_name_twice_is_refused(capsys):
@@ -153,6 +164,9 @@ def test_serve_reports_a_broken_adapter_and_serves_the_rest(tmp_path, model_dir)
     broken.mkdir()
     shutil.copy(good / "adapter_config.json", broken / "adapter_config.json")
     (broken / "adapter_model.safetensors").write_bytes(b"these bytes are not a safetensors file")
+    # Good weights beside a chat template that does not compile: refused as a whole, named with the line.
+    templated = Path(shutil.copytree(good, adapter_dir / "templated"))
+    (templated / "chat_template.jinja").write_text("{% for message in messages %}\n{{ message.content }\n{% endfor %}")
 
     data_dir = tmp_path / "data"
     process = subprocess.Popen(
@@ -175,6 +189,7 @@ def test_serve_reports_a_broken_adapter_and_serves_the_rest(tmp_path, model_dir)
             port = int(match.group(1)) if match else None
         startup_log = "".join(stderr)
         assert "'broken'" in startup_log and "not a valid safetensors file" in startup_log
+        assert "adapter 'templated': chat_template: line 2:" in startup_log
         # A fresh data directory: migrated on start, and the bootstrap admin key written to a file.
         assert (data_dir / "loraloom.db").is_file()
         bootstrap_key = (data_dir / "bootstrap-admin-key").read_text().strip()
@@ -189,6 +204,10 @@ def test_serve_reports_a_broken_adapter_and_serves_the_rest(tmp_path, model_dir)
             refused = client.post("/v1/completions", json={"model": "broken", "prompt": "Hello", "max_tokens": 2})
             assert refused.status_code == 400
             assert "not a valid safetensors file" in refused.json()["error"]["message"]
+            chat = client.post("/v1/chat/completions", json={
+                "model": "templated", "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 2})
+            assert chat.status_code == 400
+            assert chat.json()["error"]["message"].startswith("adapter 'templated': chat_template: line 2:")
     finally:
         process.send_signal(signal.SIGINT)
         try:

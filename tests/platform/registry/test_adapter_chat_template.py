@@ -2,11 +2,13 @@
 model): uploaded beside the weights (as chat_template.jinja, or inside tokenizer_config.json in an
 archive), its chats render with it (the prompt the engine counts is the one it renders), the version
 shows it, download returns it byte for byte, and a template that cannot render is a 400 naming its
-line with nothing stored."""
+line with nothing stored. Server-local adapters (`--adapter-dir`) bring theirs the same way: chats to
+them render with it, and one whose template cannot render is refused by name and line."""
 from __future__ import annotations
 
 import io
 import json
+import shutil
 import tarfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -51,13 +53,27 @@ class Live:
         return response.json()["usage"]["prompt_tokens"]
 
 
+# Server-local adapters, each a copy of the PEFT adapter with these files beside it.
+LOCAL_FILES = {
+    "local-own": {"chat_template.jinja": OWN_TEMPLATE},
+    "local-config": {"tokenizer_config.json": json.dumps({"chat_template": OWN_TEMPLATE, "eos_token": "<|im_end|>"})},
+    "local-plain": {},
+    "local-bad": {"chat_template.jinja": "{% for message in messages %}\n{{ message.content }\n{% endfor %}"},
+}
+
+
 @pytest.fixture(scope="module")
-def live(model_dir, tmp_path_factory) -> Iterator[Live]:
+def live(model_dir, peft_adapter, tmp_path_factory) -> Iterator[Live]:
     settings = migrated_settings(tmp_path_factory.mktemp("server"))
     acme = make_key(settings, tenant="acme", role="developer")
     store = storage_from_settings(settings)
+    adapter_dir = tmp_path_factory.mktemp("local")
+    for name, files in LOCAL_FILES.items():
+        directory = Path(shutil.copytree(peft_adapter, adapter_dir / name))
+        for filename, text in files.items():
+            (directory / filename).write_text(text)
     engine = AsyncEngine.create(model_dir, EngineConfig(num_kv_blocks=64), adapter_fetcher_from_settings(settings, store))
-    with TestClient(compose_app(settings, engine)) as client:
+    with TestClient(compose_app(settings, engine, adapter_dir=adapter_dir)) as client:
         yield Live(client, engine, bearer(acme))
 
 
@@ -111,3 +127,19 @@ def test_a_template_that_cannot_render_is_refused_and_nothing_is_stored(live, pe
     assert response.status_code == 400 and error["param"] == "chat_template", response.text
     assert f"chat_template: {line}:" in error["message"]
     assert live.client.get("/v1/adapters/broken", headers=live.acme).status_code == 404
+
+
+def test_server_local_adapters_render_with_their_own_template(live):
+    expected = len(live.engine.tokenizer.with_chat_template(OWN_TEMPLATE).encode_chat(CHAT))
+    assert live.prompt_tokens("local-own") == live.prompt_tokens("local-config") == expected
+    assert live.prompt_tokens("local-plain") == len(live.engine.tokenizer.encode_chat(CHAT)) != expected
+
+
+def test_a_server_local_template_that_cannot_render_refuses_its_adapter_by_name_and_line(live):
+    response = live.client.post("/v1/chat/completions", headers=live.acme,
+                                json={"model": "local-bad", "messages": CHAT, "max_tokens": 1})
+    error = response.json()["error"]
+    assert response.status_code == 400 and error["param"] == "model", response.text
+    assert error["message"].startswith("adapter 'local-bad': chat_template: line 2:"), error
+    listed = [model["id"] for model in live.client.get("/v1/models", headers=live.acme).json()["data"]]
+    assert "local-bad" not in listed and {"local-own", "local-config", "local-plain"} <= set(listed)

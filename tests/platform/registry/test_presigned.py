@@ -3,6 +3,7 @@ which verifies sizes and hashes and validates before anything is registered."""
 from __future__ import annotations
 
 import hashlib
+import json
 import shutil
 from pathlib import Path
 
@@ -108,6 +109,10 @@ def test_invalid_adapter_is_refused_after_verification_leaving_nothing(
     [
         ([PlannedFile("adapter_config.json", 10)], "expected exactly adapter_config.json and adapter_model.safetensors"),
         ([PlannedFile("adapter_config.json", 10), PlannedFile("adapter.tar.gz", 10)], "expected exactly"),
+        ([PlannedFile("adapter_config.json", 10), PlannedFile("adapter_model.safetensors", 10),
+          PlannedFile("README.md", 10)], "chat_template.jinja or tokenizer_config.json"),
+        ([PlannedFile("adapter_config.json", 10), PlannedFile("adapter_model.safetensors", 10),
+          PlannedFile("adapter_config.json", 10)], "each once"),
         ([PlannedFile("adapter_config.json", 10), PlannedFile("adapter_model.safetensors", 10**9)], "exceed this server's limit"),
     ],
 )
@@ -139,4 +144,62 @@ def test_a_chat_template_comes_along_checked(sqlite_session_factory, s3_store, s
     with pytest.raises(UploadRejectedError, match="chat_template: line 1") as refusal:
         complete(sqlite_session_factory, s3_store, served, tenant, presigned, directory)
     assert refusal.value.param == "chat_template"
+    assert registry_row_counts(sqlite_session_factory)["adapter_versions"] == 0 and stored_objects(s3_store) == []
+
+
+@pytest.mark.parametrize(("template", "refused"), [("{{ messages[0].content }}", False), ("{{ messages[0].content }", True)])
+def test_a_tokenizer_config_brings_its_template_as_a_direct_upload_does(
+    sqlite_session_factory, s3_store, served, make_tenant, peft_adapter, tmp_path, template, refused
+):
+    """tokenizer_config.json may be presigned too: its chat_template is checked and kept as chat_template.jinja,
+    and the config itself is not kept (no file of the version, no blob)."""
+    directory = Path(shutil.copytree(peft_adapter, tmp_path / "adapter"))
+    (directory / "tokenizer_config.json").write_text(json.dumps({"chat_template": template, "eos_token": "<|im_end|>"}))
+    tenant = make_tenant(sqlite_session_factory, "acme")
+    presigned = presign(s3_store, served, directory, names=(*NAMES, "tokenizer_config.json"))
+    put_all(presigned, directory)
+    if refused:
+        with pytest.raises(UploadRejectedError, match="chat_template: line 1") as refusal:
+            complete(sqlite_session_factory, s3_store, served, tenant, presigned, directory)
+        assert refusal.value.param == "chat_template"
+        assert registry_row_counts(sqlite_session_factory)["adapter_versions"] == 0 and stored_objects(s3_store) == []
+        return
+    version = complete(sqlite_session_factory, s3_store, served, tenant, presigned, directory)
+    digests = {f.filename: f.sha256 for f in version.files}
+    assert sorted(digests) == sorted((*NAMES, "chat_template.jinja"))
+    assert digests["chat_template.jinja"] == hashlib.sha256(template.encode()).hexdigest()
+    assert sorted(o.rsplit("/", 1)[-1] for o in stored_objects(s3_store)) == sorted(digests.values())
+
+
+def test_chat_template_jinja_wins_over_a_tokenizer_config(
+    sqlite_session_factory, s3_store, served, make_tenant, peft_adapter, tmp_path
+):
+    directory = Path(shutil.copytree(peft_adapter, tmp_path / "adapter"))
+    (directory / "chat_template.jinja").write_text("{{ messages[0].content }}")
+    (directory / "tokenizer_config.json").write_text(json.dumps({"chat_template": "{{ 'the other one' }}"}))
+    tenant = make_tenant(sqlite_session_factory, "acme")
+    presigned = presign(s3_store, served, directory, names=(*NAMES, "chat_template.jinja", "tokenizer_config.json"))
+    put_all(presigned, directory)
+    version = complete(sqlite_session_factory, s3_store, served, tenant, presigned, directory)
+    template = next(f for f in version.files if f.filename == "chat_template.jinja")
+    assert template.sha256 == hashlib.sha256(b"{{ messages[0].content }}").hexdigest()
+    assert len(version.files) == 3 and len(stored_objects(s3_store)) == 3
+
+
+@pytest.mark.parametrize("parser", ["hermes", "xml"])
+def test_the_tool_parser_the_config_names_is_checked_and_kept(
+    sqlite_session_factory, s3_store, served, make_tenant, peft_adapter, tmp_path, parser
+):
+    directory = Path(shutil.copytree(peft_adapter, tmp_path / "adapter"))
+    config = json.loads((directory / "adapter_config.json").read_text())
+    (directory / "adapter_config.json").write_text(json.dumps({**config, "tool_parser": parser}))
+    tenant = make_tenant(sqlite_session_factory, "acme")
+    presigned = presign(s3_store, served, directory)
+    put_all(presigned, directory)
+    if parser == "hermes":
+        assert complete(sqlite_session_factory, s3_store, served, tenant, presigned, directory).tool_parser == "hermes"
+        return
+    with pytest.raises(UploadRejectedError, match="'xml', which is not one of auto, smollm2, hermes") as refusal:
+        complete(sqlite_session_factory, s3_store, served, tenant, presigned, directory)
+    assert refusal.value.param == "tool_parser"
     assert registry_row_counts(sqlite_session_factory)["adapter_versions"] == 0 and stored_objects(s3_store) == []

@@ -134,8 +134,9 @@ export interface paths {
         put?: never;
         /**
          * Post Upload
-         * @description For adapters too big to pass through the gateway: presigned URLs to PUT the two files straight
-         *     to object storage (S3 storage only); then POST .../uploads/complete.
+         * @description For adapters too big to pass through the gateway: presigned URLs to PUT the files straight to object
+         *     storage (S3 storage only): the two PEFT files, and the adapter's own chat template if it has one
+         *     (chat_template.jinja, or tokenizer_config.json's); then POST .../uploads/complete.
          */
         post: operations["post_upload_v1_adapters__name__uploads_post"];
         delete?: never;
@@ -2626,7 +2627,7 @@ export interface components {
         UploadRequestBody: {
             /**
              * Files
-             * @description adapter_config.json and adapter_model.safetensors, with sizes (and chat_template.jinja for an adapter with its own chat template).
+             * @description adapter_config.json and adapter_model.safetensors, with sizes (and, for an adapter with its own chat template, chat_template.jinja or tokenizer_config.json with a chat_template, as a direct upload takes them).
              */
             files: components["schemas"]["PlannedFileBody"][];
         };
@@ -2834,6 +2835,11 @@ export interface components {
             status: string;
             /** Target Modules */
             target_modules: string[];
+            /**
+             * Tool Parser
+             * @description The tool-call format the version's adapter_config.json names (its `tool_parser` field); chat requests to it parse and constrain calls in that format (auto: the one its chat template shows). null: it names none, and calls take the format of its own chat template, else the server's.
+             */
+            tool_parser?: ("auto" | "smollm2" | "hermes" | "llama3_json") | null;
             /** Training Job Id */
             training_job_id: string | null;
             /** Version */
