@@ -11,7 +11,6 @@ from typing import Any
 from fastapi import APIRouter, Depends, FastAPI
 from fastapi.dependencies.models import Dependant
 from fastapi.routing import iter_route_contexts
-from fastapi_offline import FastAPIOffline
 from starlette.concurrency import run_in_threadpool
 
 from loraloom.engine import AdapterLoadError, EngineClient
@@ -21,6 +20,7 @@ from loraloom.platform.api.console import install_console
 from loraloom.platform.api.deps import authenticate, refuse_lone_surrogates
 from loraloom.platform.api.errors import install_error_handlers
 from loraloom.platform.api.middleware import AuditMiddleware, BodySizeLimit
+from loraloom.platform.api.offline_docs import install_offline_docs
 from loraloom.platform.api.openapi import install_contract
 from loraloom.platform.api.overload import OverloadGuard, default_max_waiting
 from loraloom.platform.api.rate_limits import RateLimitHeaders, RateLimits
@@ -131,8 +131,9 @@ def api_app(**options: Any) -> FastAPI:
     """The app's routes, error handlers and OpenAPI document, with nothing running behind them: what
     create_app serves, and what `python -m loraloom.platform.api.openapi_file` writes the document of.
     `options` go to FastAPI (create_app's lifespan)."""
-    # /docs and /redoc with their scripts and styles served from the package, not a CDN: they load offline.
-    app = FastAPIOffline(title="loraloom", summary="OpenAI-compatible multi-LoRA serving", **options)
+    app = FastAPI(title="loraloom", summary="OpenAI-compatible multi-LoRA serving", docs_url=None, redoc_url=None,
+                  **options)
+    install_offline_docs(app)  # /docs and /redoc, loading offline
     install_error_handlers(app)  # first: its middleware is then the innermost
     install_allow_header(app)
     authenticated = APIRouter(
