@@ -58,6 +58,7 @@ async def redoc(request: Request) -> HTMLResponse:
 def install_offline_docs(app: FastAPI) -> None:
     """The pages and their files, on an app made with docs_url=None and redoc_url=None."""
     app.mount(STATIC_URL, StaticFiles(directory=STATIC_DIR), name="static-offline-docs")
-    app.add_route(DOCS_URL, swagger_ui, include_in_schema=False)
-    app.add_route(app.swagger_ui_oauth2_redirect_url, swagger_ui_redirect, include_in_schema=False)
-    app.add_route(REDOC_URL, redoc, include_in_schema=False)
+    # GET only, as FastAPI routes (a Starlette route would answer HEAD too, outside docs/ACCESS.md's matrix).
+    for path, page in ((DOCS_URL, swagger_ui), (app.swagger_ui_oauth2_redirect_url, swagger_ui_redirect),
+                       (REDOC_URL, redoc)):
+        app.add_api_route(path, page, methods=["GET"], include_in_schema=False, response_class=HTMLResponse)
