@@ -99,7 +99,7 @@ class Fp8Linear(Linear):
 # down_proj alone, leave it at ~x1.02), and is e4m3's 3-bit mantissa itself: per-token rounding moves
 # an input by ~2.3% of its norm whatever the scale granularity, so scale tricks cannot remove it
 # (SmoothQuant a = 0.5 x1.021 and per-group(128) scales no better, earlier, 20k tokens); the residual
-# term cuts it ~16x, which leaves the weights-only floor. On the full 20,480-token test (BF16 16.024) the
+# term cuts it ~16x, which leaves the weights-only floor. On 20,480 tokens of the test's text (BF16 16.024) the
 # recipe gives x1.0001 (one-term with the last layer BF16 was x1.0126 there, all one-term FP8 x1.026).
 # Noise: the real path and an fp32 fake-quant emulation of the same one-term recipe (equal up to fp32
 # summation order; no extra bf16 rounding on either: both round the fp32 product to bf16 once) differ

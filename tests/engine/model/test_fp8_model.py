@@ -27,7 +27,7 @@ from loraloom.kernels.dtypes import FP8_MAX
 
 LICENSE_DIR = Path("/usr/share/common-licenses")  # shipped by Debian's base-files package, on every machine
 PERPLEXITY_CHUNK = 1024
-PERPLEXITY_CHUNKS = 20  # 20,480 tokens
+PERPLEXITY_CHUNKS = 10  # 10,240 tokens
 
 
 def held_out_tokens(model_dir: Path) -> torch.Tensor:
@@ -56,23 +56,27 @@ def perplexity(model, tokens: torch.Tensor, dtype: torch.dtype) -> float:
     return math.exp(total_nll / predicted)
 
 
-# The issue asks for FP8 within 1% of BF16. Measured on these 20,480 tokens (bf16 16.024): the recipe of
-# quantize_model_fp8 (two-term per-token activations, last decoder layer in BF16; engine/model/fp8.py
-# BF16_LAYERS_AT_LOAD says why and what else was tried) x1.0001; before it, all layers one-term FP8
-# x1.026, one-term with the last layer in BF16 x1.0126 (~0.4% of rounding noise between equivalent variants).
+# The issue asks for FP8 within 1% of BF16. The recipe of quantize_model_fp8 (two-term per-token
+# activations, last decoder layer in BF16; engine/model/fp8.py BF16_LAYERS_AT_LOAD says why and what else
+# was tried) measured x1.0001 of bf16 over 20,480 of these tokens; before it, all layers one-term FP8
+# x1.026, one-term with the last layer in BF16 x1.0126 (~0.4% of rounding noise between equivalent
+# variants). Against float32 on the first 10,240 tokens (this test): x1.0044.
 PERPLEXITY_RATIO_BOUND = 1.01
+# The reference runs in float32, whose perplexity over the 20,480 tokens (16.025) is bf16's (16.024) to
+# 0.01%: the same bound, on every CPU at float32's speed. bf16 GEMMs are ~2x faster than fp32 only on CPUs
+# with bf16 instructions; an AMD EPYC without them ran this test in bf16 past its 15-minute timeout.
+REFERENCE_DTYPE = torch.float32
 
 
-# About 4 minutes of `make test` on the 2-core machine: the issue's quality bound is checked on every run.
+# About 2 to 4 minutes of `make test` on a 2-core machine: the issue's quality bound is checked on every run.
 def test_fp8_perplexity_within_one_percent_of_bf16(model_dir):
-    # Both models run in bfloat16 (the issue's reference, and on CPUs with bf16 instructions ~2x faster
-    # than fp32 here); the FP8 one differs only in the projections quantize_model_fp8 converts, whose
-    # GEMMs run in the reference's fp32 (kernels/reference.py fp8_scaled_mm), as on the GPU.
+    # The FP8 model differs from the reference only in the projections quantize_model_fp8 converts, whose
+    # GEMMs run in fp32 (kernels/reference.py fp8_scaled_mm), as on the GPU.
     tokens = held_out_tokens(model_dir)
-    reference = perplexity(load_model(model_dir, torch.bfloat16, "cpu"), tokens, torch.bfloat16)
-    fp8 = perplexity(load_model(model_dir, torch.bfloat16, "cpu", quantize_to_fp8=True), tokens, torch.bfloat16)
-    report = (f"perplexity over {len(tokens)} tokens of {LICENSE_DIR}: bf16 {reference:.4f}, fp8 {fp8:.4f} "
-              f"(x{fp8 / reference:.4f})")
+    reference = perplexity(load_model(model_dir, REFERENCE_DTYPE, "cpu"), tokens, REFERENCE_DTYPE)
+    fp8 = perplexity(load_model(model_dir, REFERENCE_DTYPE, "cpu", quantize_to_fp8=True), tokens, REFERENCE_DTYPE)
+    report = (f"perplexity over {len(tokens)} tokens of {LICENSE_DIR}: {REFERENCE_DTYPE} {reference:.4f}, "
+              f"fp8 {fp8:.4f} (x{fp8 / reference:.4f})")
     print(f"\n{report}")
     assert fp8 <= PERPLEXITY_RATIO_BOUND * reference, report
 
