@@ -5,7 +5,7 @@ The console (web/dist) is built by Vite into external scripts only, so its polic
 from this origin and nothing inline: an injected `<script>` or `onclick=` does not run. Styles may be
 inline (`style-src 'unsafe-inline'`): React and uPlot set `style=` attributes, which cannot run code.
 
-/docs and /redoc (fastapi-offline) are the exception: Swagger UI's page starts itself with an inline
+/docs and /redoc (offline_docs.py) are the exception: Swagger UI's page starts itself with an inline
 script, and so does its OAuth2 redirect page. Those pages get a policy allowing exactly their inline
 scripts, by hash, computed from the page as it is sent, so nothing else inline runs there either;
 ReDoc renders in a worker made from a blob: URL.
