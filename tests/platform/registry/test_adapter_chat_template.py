@@ -11,19 +11,12 @@ import json
 import shutil
 import tarfile
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from fastapi.testclient import TestClient
-from live_api import bearer, make_key, migrated_settings
+from live_registry import LiveRegistry, live_registry
 
 from loraloom.engine import ADAPTER_FILES
-from loraloom.engine.async_engine import AsyncEngine
-from loraloom.engine.config import EngineConfig
-from loraloom.platform.api.composition import compose_app
-from loraloom.platform.registry.fetch import adapter_fetcher_from_settings
-from loraloom.platform.storage import storage_from_settings
 
 CHAT = [{"role": "user", "content": "What is the capital of France?"}]
 # ChatML as the bundled model writes it, under a system line of the adapter's own.
@@ -34,23 +27,9 @@ OWN_TEMPLATE = (
 )
 
 
-@dataclass
-class Live:
-    client: TestClient
-    engine: AsyncEngine
-    acme: dict[str, str]
-
-    def push(self, name: str, directory: Path, extra: dict[str, bytes] | None = None):
-        files = [("files", (file, (directory / file).read_bytes(), "application/octet-stream"))
-                 for file in ADAPTER_FILES]
-        files += [("files", (file, data, "application/octet-stream")) for file, data in (extra or {}).items()]
-        return self.client.post(f"/v1/adapters/{name}/versions", files=files, headers=self.acme)
-
+class Live(LiveRegistry):
     def prompt_tokens(self, model: str) -> int:
-        response = self.client.post("/v1/chat/completions", headers=self.acme,
-                                    json={"model": model, "messages": CHAT, "max_tokens": 1, "temperature": 0})
-        assert response.status_code == 200, response.text
-        return response.json()["usage"]["prompt_tokens"]
+        return self.chat_prompt_tokens(model, CHAT)
 
 
 # Server-local adapters, each a copy of the PEFT adapter with these files beside it.
@@ -64,17 +43,13 @@ LOCAL_FILES = {
 
 @pytest.fixture(scope="module")
 def live(model_dir, peft_adapter, tmp_path_factory) -> Iterator[Live]:
-    settings = migrated_settings(tmp_path_factory.mktemp("server"))
-    acme = make_key(settings, tenant="acme", role="developer")
-    store = storage_from_settings(settings)
     adapter_dir = tmp_path_factory.mktemp("local")
     for name, files in LOCAL_FILES.items():
         directory = Path(shutil.copytree(peft_adapter, adapter_dir / name))
         for filename, text in files.items():
             (directory / filename).write_text(text)
-    engine = AsyncEngine.create(model_dir, EngineConfig(num_kv_blocks=64), adapter_fetcher_from_settings(settings, store))
-    with TestClient(compose_app(settings, engine, adapter_dir=adapter_dir)) as client:
-        yield Live(client, engine, bearer(acme))
+    with live_registry(model_dir, tmp_path_factory, adapter_dir) as live:
+        yield Live(live.client, live.engine, live.acme)
 
 
 def test_chats_render_with_the_adapters_own_template(live, peft_adapter):

@@ -12,24 +12,17 @@ from __future__ import annotations
 import json
 import shutil
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from fastapi.testclient import TestClient
-from live_api import bearer, make_key, migrated_settings
+from live_registry import LiveRegistry, live_registry
 
-from loraloom.engine import ADAPTER_FILES, AdapterHandle
-from loraloom.engine.async_engine import AsyncEngine
-from loraloom.engine.config import EngineConfig
+from loraloom.engine import AdapterHandle
 from loraloom.platform.api.chat_templates import tool_parser
-from loraloom.platform.api.composition import compose_app
 from loraloom.platform.api.tools.formats import TOOL_FORMATS
 from loraloom.platform.api.tools.prompt import template_input
 from loraloom.platform.api.tools.request import ToolDefinition, template_tools
-from loraloom.platform.registry.fetch import adapter_fetcher_from_settings
 from loraloom.platform.registry.named import NamedAdapter
-from loraloom.platform.storage import storage_from_settings
 
 CHAT = [{"role": "user", "content": "What is the weather like in Paris?"}]
 WEATHER = {"type": "function", "function": {
@@ -50,23 +43,9 @@ def with_parser(source: Path, target: Path, parser: object) -> Path:
     return directory
 
 
-@dataclass
-class Live:
-    client: TestClient
-    engine: AsyncEngine
-    acme: dict[str, str]
-
-    def push(self, name: str, directory: Path, extra: dict[str, bytes] | None = None):
-        files = [("files", (file, (directory / file).read_bytes(), "application/octet-stream"))
-                 for file in ADAPTER_FILES]
-        files += [("files", (file, data, "application/octet-stream")) for file, data in (extra or {}).items()]
-        return self.client.post(f"/v1/adapters/{name}/versions", files=files, headers=self.acme)
-
+class Live(LiveRegistry):
     def prompt_tokens(self, model: str) -> int:
-        response = self.client.post("/v1/chat/completions", headers=self.acme, json={
-            "model": model, "messages": CHAT, "tools": [WEATHER], "max_tokens": 1, "temperature": 0})
-        assert response.status_code == 200, response.text
-        return response.json()["usage"]["prompt_tokens"]
+        return self.chat_prompt_tokens(model, CHAT, tools=[WEATHER])
 
     def expected_tokens(self, format_name: str, template: str | None = None) -> int:
         """The prompt a chat with WEATHER gets when its calls take `format_name`, rendered as the route does."""
@@ -79,16 +58,12 @@ class Live:
 
 @pytest.fixture(scope="module")
 def live(model_dir, peft_adapter, tmp_path_factory) -> Iterator[Live]:
-    settings = migrated_settings(tmp_path_factory.mktemp("server"))
-    settings.tool_parser = "llama3_json"  # the server's own choice: what adapters naming none get
-    acme = make_key(settings, tenant="acme", role="developer")
-    store = storage_from_settings(settings)
     adapter_dir = tmp_path_factory.mktemp("local")
     with_parser(peft_adapter, adapter_dir / "local-hermes", "hermes")
     with_parser(peft_adapter, adapter_dir / "local-wrong", "xml")
-    engine = AsyncEngine.create(model_dir, EngineConfig(num_kv_blocks=64), adapter_fetcher_from_settings(settings, store))
-    with TestClient(compose_app(settings, engine, adapter_dir=adapter_dir)) as client:
-        yield Live(client, engine, bearer(acme))
+    # The server's own choice, llama3_json: what adapters naming none get.
+    with live_registry(model_dir, tmp_path_factory, adapter_dir, tool_parser="llama3_json") as live:
+        yield Live(live.client, live.engine, live.acme)
 
 
 def test_an_uploaded_adapter_keeps_its_tool_parser_and_its_chats_use_it(live, peft_adapter, tmp_path):
