@@ -1,17 +1,19 @@
 """Run the suite's groups (pytest folders or files, and plain commands) a few at a time: `make test`.
 
     python tests/run_folders.py [--jobs 2] [--pytest-args '-m "not slow"'] [--logs DIR]
-                                [--command NAME=SHELL]... GROUP...
+                                [--command NAME=SHELL]... [--alone GROUP]... GROUP...
 
 Each group runs in a process of its own, as the Makefile always ran them (a process gives its memory
 back when it ends; the whole suite in one process outgrew a 24 GiB machine). Several run at once
 because most groups spend much of their time waiting: on a server or worker starting, a Celery job,
 Chromium, Ray. Groups start in the order given, so list the longest first and the lanes end together.
 
-With more than one group at a time, each group's torch runs on one thread (OMP_NUM_THREADS=1, unless
-it is set already): two processes of two OpenMP threads each on two cores spin in each other's way, and
-a step waits at every barrier for a thread that has no core (see tests/benchmarks/test_gpu_suite_cpu.py).
-Tests that need several threads set their count themselves.
+`--alone GROUP` runs a group with no other beside it (one that keeps both cores busy by itself, or needs
+most of the memory), on as many torch threads as it would take alone. With more than one group at a
+time, each other group's torch runs on one thread (OMP_NUM_THREADS=1, unless it is set already): two
+processes of two OpenMP threads each on two cores spin in each other's way, and a step waits at every
+barrier for a thread that has no core (see tests/benchmarks/test_gpu_suite_cpu.py). Tests that need
+several threads set their count themselves.
 
 The runner prints each group's wall time, CPU time (its processes' and those they waited for) and peak
 memory (every process of its session, summed, sampled twice a second).
@@ -51,6 +53,7 @@ class Group:
     status: int | None = None
     peak_bytes: int = 0
     cpu_seconds: float = 0.0
+    alone: bool = False  # runs with no other group beside it, on every thread torch wants
 
     def ended(self) -> bool:
         """Reap the group's process if it ended, keeping its exit status and the CPU time it and every
@@ -82,6 +85,9 @@ def parse_groups(argv: list[str] | None) -> tuple[int, list[Group]]:
     parser.add_argument("--pytest-args", default="", help="arguments for every pytest group (shell words)")
     parser.add_argument("--command", action="append", default=[], metavar="NAME=SHELL",
                         help="a group that is a shell command instead of a pytest target")
+    parser.add_argument("--alone", action="append", default=[], metavar="GROUP",
+                        help="a group (one of the targets) that runs with no other beside it: one that keeps both "
+                             "cores busy by itself, or needs most of the memory")
     parser.add_argument("--logs", type=Path, default=DEFAULT_LOGS, help="where each group's output is kept")
     args = parser.parse_args(argv)
     if args.jobs < 1:
@@ -98,17 +104,29 @@ def parse_groups(argv: list[str] | None) -> tuple[int, list[Group]]:
         groups.append(Group(target, argv, log_path(args.logs, target)))
     if not groups:
         parser.error("no groups to run")
+    unknown = set(args.alone) - {group.name for group in groups}
+    if unknown:
+        parser.error(f"--alone names groups that are not run: {sorted(unknown)}")
+    for group in groups:
+        group.alone = group.name in args.alone
     return args.jobs, groups
 
 
-def group_environment(jobs: int) -> dict[str, str]:
+def group_environment(jobs: int, alone: bool) -> dict[str, str]:
     env = dict(os.environ)
-    if jobs > 1:
+    if jobs > 1 and not alone:
         env.setdefault("OMP_NUM_THREADS", "1")
     return env
 
 
-def start(group: Group, env: dict[str, str]) -> None:
+def may_start(group: Group, running: list[Group], jobs: int) -> bool:
+    if group.alone:
+        return not running
+    return len(running) < jobs and not any(other.alone for other in running)
+
+
+def start(group: Group, jobs: int) -> None:
+    env = group_environment(jobs, group.alone)
     group.log.parent.mkdir(parents=True, exist_ok=True)
     with open(group.log, "wb") as log:
         # A session of its own, so that an interrupted run can end the group with everything it started.
@@ -143,14 +161,14 @@ def report(group: Group) -> None:
 
 
 def run(jobs: int, groups: list[Group]) -> bool:
-    """Run every group, at most `jobs` at once; True if none failed."""
-    env = group_environment(jobs)
+    """Run every group in the order given, at most `jobs` at once and `alone` ones by themselves; True if
+    none failed."""
     waiting = list(groups)
     running: list[Group] = []
     while waiting or running:
-        while waiting and len(running) < jobs:
+        while waiting and may_start(waiting[0], running, jobs):
             group = waiting.pop(0)
-            start(group, env)
+            start(group, jobs)
             running.append(group)
         time.sleep(0.5)
         for group in running:

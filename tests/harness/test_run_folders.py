@@ -100,6 +100,30 @@ def test_a_group_s_cpu_time_counts_its_children_and_not_its_waiting(tmp_path):
     assert cpu["spinner"] >= 1 and cpu["sleeper"] < 0.5, result.stdout
 
 
+def test_an_alone_group_runs_by_itself_on_every_thread(tmp_path):
+    # "first" and "alone" each record their start and end; "alone" may start only once "first" ended, and
+    # "last" only once "alone" ended. "alone" keeps torch's own thread count; the others get one.
+    def record(name: str) -> str:
+        probe = "import torch; print('threads', torch.get_num_threads())"
+        return (f"{name}=date +%s.%N > {tmp_path}/{name}.start; {sys.executable} -c \"{probe}\"; sleep 1; "
+                f"date +%s.%N > {tmp_path}/{name}.end")
+    env = {name: value for name, value in os.environ.items() if name != "OMP_NUM_THREADS"}
+    result = run(tmp_path, "--jobs", "2", "--command", record("first"), "--command", record("alone"),
+                 "--command", record("last"), "--alone", "alone", env=env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    times = {f.name: float(f.read_text()) for f in tmp_path.iterdir() if f.suffix in (".start", ".end")}
+    assert times["first.end"] <= times["alone.start"] and times["alone.end"] <= times["last.start"], times
+    alone_output = result.stdout.split("== alone")[1].split("==")[0]
+    assert result.stdout.count("threads 1") == 2 and (f"threads {torch_threads()}" in alone_output), result.stdout
+
+
+def torch_threads() -> int:
+    env = {name: value for name, value in os.environ.items() if name != "OMP_NUM_THREADS"}
+    probe = subprocess.run([sys.executable, "-c", "import torch; print(torch.get_num_threads())"], env=env,
+                           capture_output=True, text=True, timeout=120)
+    return int(probe.stdout)
+
+
 def test_a_terminated_run_ends_what_its_groups_started(tmp_path):
     pid_file = tmp_path / "sleeper.pid"
     runner = subprocess.Popen([sys.executable, str(RUNNER), "--logs", str(tmp_path / "logs"), "--command",
