@@ -59,17 +59,18 @@ run: setup
 # whole suite in one process grew past this machine's 24 GiB and was killed), and a failing group
 # still lets the others run; the target fails if any group did. TEST_JOBS=2 runs two groups at once,
 # each on one torch thread (most groups spend much of their time waiting on servers, workers,
-# subprocesses and the browser), but on a 24 GiB machine tests/platform/api (~10 GiB) beside
-# tests/platform/registry was killed for memory in a clean-clone run, so the default is one at a time.
-# The longest groups start first, so that two lanes end together (`make test-times` times each alone).
+# subprocesses and the browser), except the ALONE ones: CPU-bound (their CPU time is near twice their
+# wall time, both cores), they run by themselves, first. The run prints each group's wall and CPU time
+# and peak memory; `make test-times` also lists each group's slowest tests.
 TEST_JOBS ?= 1
 ALL_TEST_GROUPS = tests/benchmarks tests/deploy tests/engine tests/harness tests/kernels \
 	$(patsubst %/,%,$(filter-out %/__pycache__/,$(sort $(wildcard tests/platform/*/)))) \
 	"$(wildcard tests/platform/test_*.py) $(wildcard tests/test_*.py)" tests/web
-LONGEST_TEST_GROUPS = tests/platform/training tests/engine tests/benchmarks tests/platform/api tests/platform/registry \
-	tests/web tests/platform/ray_serve
+ALONE_TEST_GROUPS = tests/engine tests/kernels
+LONGEST_TEST_GROUPS = $(ALONE_TEST_GROUPS) tests/platform/training tests/platform/api tests/web tests/benchmarks \
+	tests/platform/registry tests/platform/ray_serve
 TEST_GROUPS = $(LONGEST_TEST_GROUPS) $(filter-out $(LONGEST_TEST_GROUPS),$(ALL_TEST_GROUPS))
-RUN_GROUPS = $(PY) tests/run_folders.py --jobs $(TEST_JOBS)
+RUN_GROUPS = $(PY) tests/run_folders.py --jobs $(TEST_JOBS) $(addprefix --alone ,$(ALONE_TEST_GROUPS))
 WEB_UNIT_TESTS = web-unit=cd web && npm run typecheck && npm test
 
 test: setup
