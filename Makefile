@@ -66,9 +66,9 @@ TEST_JOBS ?= 1
 ALL_TEST_GROUPS = tests/benchmarks tests/deploy tests/engine tests/harness tests/kernels \
 	$(patsubst %/,%,$(filter-out %/__pycache__/,$(sort $(wildcard tests/platform/*/)))) \
 	"$(wildcard tests/platform/test_*.py) $(wildcard tests/test_*.py)" tests/web
-ALONE_TEST_GROUPS = tests/engine tests/kernels
-LONGEST_TEST_GROUPS = $(ALONE_TEST_GROUPS) tests/platform/training tests/platform/api tests/web tests/benchmarks \
-	tests/platform/registry tests/platform/ray_serve
+ALONE_TEST_GROUPS = tests/engine
+LONGEST_TEST_GROUPS = $(ALONE_TEST_GROUPS) tests/platform/training tests/platform/api tests/web tests/platform/registry \
+	tests/benchmarks tests/platform/ray_serve tests/kernels
 TEST_GROUPS = $(LONGEST_TEST_GROUPS) $(filter-out $(LONGEST_TEST_GROUPS),$(ALL_TEST_GROUPS))
 RUN_GROUPS = $(PY) tests/run_folders.py --jobs $(TEST_JOBS) $(addprefix --alone ,$(ALONE_TEST_GROUPS))
 WEB_UNIT_TESTS = web-unit=cd web && npm run typecheck && npm test
