@@ -81,13 +81,19 @@ def test_groups_run_side_by_side_get_one_torch_thread_unless_told_otherwise(tmp_
     assert "threads 2" in told.stdout, told.stdout + told.stderr
 
 
+def summary_column(result: subprocess.CompletedProcess, unit: str) -> dict[str, float]:
+    """Each passed group's figure in the summary's column of `unit`: "passed  12 s  2 cpu  0.1 GiB  name (log)"."""
+    column = {"s": 1, "cpu": 3, "GiB": 5}[unit]
+    return {line.split()[7]: float(line.split()[column]) for line in result.stdout.splitlines()
+            if line.startswith("   passed")}
+
+
 def test_a_group_s_peak_memory_counts_the_processes_it_started(tmp_path):
     # A child of the group's shell holds ~400 MiB for a few seconds; the shell itself holds almost nothing.
     hold = f"{sys.executable} -c \"import time; block = b'x' * (400 * 2**20); time.sleep(3)\""
     result = run(tmp_path, "--command", f"holder={hold} & wait", "--command", "idle=sleep 3")
     assert result.returncode == 0, result.stdout + result.stderr
-    peaks = {line.split()[7]: float(line.split()[5]) for line in result.stdout.splitlines()
-             if line.startswith("   passed")}
+    peaks = summary_column(result, "GiB")
     assert peaks["holder"] >= 0.35 and peaks["idle"] < 0.1, result.stdout
 
 
@@ -95,8 +101,7 @@ def test_a_group_s_cpu_time_counts_its_children_and_not_its_waiting(tmp_path):
     spin = f"{sys.executable} -c \"import time; end = time.process_time() + 1.5\nwhile time.process_time() < end: pass\""
     result = run(tmp_path, "--command", f"spinner={spin}", "--command", "sleeper=sleep 2")
     assert result.returncode == 0, result.stdout + result.stderr
-    cpu = {line.split()[7]: float(line.split()[3]) for line in result.stdout.splitlines()
-           if line.startswith("   passed")}
+    cpu = summary_column(result, "cpu")
     assert cpu["spinner"] >= 1 and cpu["sleeper"] < 0.5, result.stdout
 
 
