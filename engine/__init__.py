@@ -18,7 +18,7 @@ _PUBLIC_NAMES: dict[str, tuple[str, ...]] = {
     "client": ("EngineClient", "EngineFacts"),
     "config": (
         "EngineConfig", "FP8_ACTIVATION_TERMS", "KV_CACHE_DTYPES", "LORA_DTYPES", "ModelConfig", "QUANTIZATION_METHODS",
-        "SCHEDULING_POLICIES"),
+        "SCHEDULING_POLICIES", "SPECULATION_MODES"),
     "outputs": (
         "AdapterResidency", "EngineStats", "EngineUnavailableError", "RequestFailedError", "RequestOutput", "TokenLogprob"),
     "generation_defaults": ("GENERATION_CONFIG_SOURCES", "GenerationDefaults", "read_generation_defaults"),

@@ -171,6 +171,9 @@ LORA_DTYPES = ("auto", "float32", "bfloat16", "float16")  # EngineConfig.lora_dt
 # EngineConfig.scheduling_policy: "fair" shares the engine across tenants by tokens (engine/fair_share.py);
 # "fcfs" admits oldest first whoever asks (the engine before fair share; vLLM's default).
 SCHEDULING_POLICIES = ("fair", "fcfs")
+# EngineConfig.speculation: "auto" drafts tokens without a draft model and verifies them (engine/speculation/);
+# "off" decodes one token per request per step.
+SPECULATION_MODES = ("auto", "off")
 
 
 @dataclass
@@ -219,8 +222,18 @@ class EngineConfig:
     # Where omitted sampling fields come from (engine/generation_defaults.py): "auto", the model's
     # generation_config.json, as vLLM does; "none", the server's built-in defaults (temperature 1).
     generation_config: str = "auto"
+    # Speculative decoding (SPECULATION_MODES; engine/speculation/): "auto" proposes tokens from the request's
+    # own prompt and output and from its adapter's recent answers, verifies them in the request's next
+    # forward with its own adapter, and stops proposing for requests whose proposals keep failing.
+    speculation: str = "auto"
+    # The most proposed tokens one request verifies in one step.
+    speculative_max_tokens: int = 6
 
     def __post_init__(self) -> None:
+        if self.speculation not in SPECULATION_MODES:
+            raise ValueError(f"EngineConfig.speculation is {self.speculation!r}; use one of {list(SPECULATION_MODES)}")
+        if not 1 <= self.speculative_max_tokens <= 32:
+            raise ValueError(f"EngineConfig.speculative_max_tokens is {self.speculative_max_tokens}; use 1 to 32")
         if self.metrics_max_adapters < 0:
             raise ValueError(f"EngineConfig.metrics_max_adapters is {self.metrics_max_adapters}; use 0 or more")
         if self.scheduling_policy not in SCHEDULING_POLICIES:

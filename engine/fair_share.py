@@ -105,8 +105,8 @@ class FairShare:
         """`request` stopped running: preempted, finished or aborted."""
         self._accounts[request.tenant.id].num_running -= 1
 
-    def charge_output(self, request: Request) -> None:
-        self._accounts[request.tenant.id].charge(1)
+    def charge_output(self, request: Request, tokens: int = 1) -> None:
+        self._accounts[request.tenant.id].charge(tokens)
 
     def _lift(self, account: TenantAccount) -> None:
         if self._backlogged:

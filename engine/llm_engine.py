@@ -34,6 +34,7 @@ from loraloom.engine.outputs import MAX_LISTED_WAITING_ADAPTERS, EngineStats, Re
 from loraloom.engine.request import BASE_ADAPTER_LABEL, Request, RequestStatus, SamplingParams
 from loraloom.engine.sampler import make_generator
 from loraloom.engine.scheduler import Scheduler
+from loraloom.engine.speculation.speculator import Speculator
 from loraloom.engine.structured_output import CompiledGrammar, GrammarCompiler
 from loraloom.engine.tenancy import DEFAULT_TENANT, TenantTag
 from loraloom.engine.tokenizer import Tokenizer
@@ -125,6 +126,10 @@ class LLMEngine:
             fetch=adapter_fetch,
         )
         self.output_processor = OutputProcessor(tokenizer, self.eos_token_ids, config.metrics_max_adapters)
+        labels = self.output_processor.metric_labels
+        self.speculator = (None if config.speculation == "off" else
+                           Speculator(config.speculative_max_tokens, self.max_model_len,
+                                      lambda request: labels.of(*request.metrics_labels)))
         self._grammar_compiler: GrammarCompiler | None = None  # built on first use (about 0.2 s)
         self._grammar_compiler_lock = threading.Lock()
         # Seeded requests' own random streams; the runner reads None for every other request.
@@ -246,6 +251,8 @@ class LLMEngine:
         """Stop a request wherever it is and free its KV blocks and adapter slot reference."""
         if self.output_processor.abort_request(request_id):
             self._generators.pop(request_id, None)
+            if self.speculator is not None:
+                self.speculator.forget(request_id)
             self._release_adapter(self.scheduler.abort_request(request_id))
 
     def has_unfinished(self) -> bool:
@@ -268,13 +275,14 @@ class LLMEngine:
                         extra={"adapter_name": adapter.name, "adapter_key": adapter.key,
                                "tenant": runtime_key_scope(adapter.key), "slot": slot, "source": "host_cache",
                                "duration_ms": round((time.perf_counter() - loading) * 1000, 3)})
-        sampled, failed_rows = self.runner.execute(step, self._generators, timings)
+        sampled, failed = self.runner.execute(step, self._generators, timings)
         executed = time.perf_counter()
-        token_ids = [] if sampled is None else sampled.token_ids
-        self.scheduler.update_after_step(step, token_ids)
-        outputs, ended = self.output_processor.process(step.sampled_requests, token_ids, sampled, set(failed_rows))
+        self.scheduler.update_after_step(step, [] if sampled is None else sampled.token_ids)
+        outputs, ended = self.output_processor.process(step.sampled_requests, sampled, set(failed))
         for finished in ended:
             self._free(finished)
+        if self.speculator is not None:
+            self.speculator.after_step(step, sampled, {finished.request.request_id for finished in ended})
         self.generation_tokens_total += len(outputs)
         timings.postprocess_s = time.perf_counter() - executed
         self.last_step_timings = timings
@@ -333,10 +341,23 @@ class LLMEngine:
             running_per_tenant={name: load.running for name, load in tenants.items()},
             served_tokens_per_tenant={name: load.served_tokens for name, load in tenants.items()},
             share_counter_per_tenant={name: load.share_counter for name, load in tenants.items()},
+            **self._speculation_stats(),
             time_to_first_token=latencies.time_to_first_token,
             inter_token_latency=latencies.inter_token_latency,
             e2e_request_latency=latencies.e2e_request_latency,
         )
+
+
+    def _speculation_stats(self) -> dict:
+        speculator = self.speculator
+        if speculator is None:
+            return {}
+        store = speculator.store.stats()
+        return dict(spec_decode_drafts_total=dict(speculator.drafts),
+                    spec_decode_draft_tokens_total=dict(speculator.draft_tokens),
+                    spec_decode_accepted_tokens_total=dict(speculator.accepted_tokens),
+                    spec_decode_emitted_tokens_total=dict(speculator.emitted_tokens),
+                    spec_decode_store_tokens=store.tokens, spec_decode_store_bytes=store.bytes)
 
 
 def _adapter_names(counts: dict[tuple[str, str], int]) -> list[str]:

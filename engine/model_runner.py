@@ -17,8 +17,9 @@ from loraloom.engine.model.kv_scales import kv_cache_torch_dtype
 from loraloom.engine.lora.layers import LoRASlotPool, build_sgmv_metadata
 from loraloom.engine.lora.weights import AdapterWeights
 from loraloom.engine.model.llama import LlamaModel, allocate_kv_cache
-from loraloom.engine.sampler import Sampler, SamplerOutput
+from loraloom.engine.sampler import Sampler
 from loraloom.engine.scheduler import SchedulerOutput
+from loraloom.engine.speculation.verify import StepTokens, sample_step
 from loraloom.engine.step_batch import HostBatch, flatten_step
 from loraloom.engine.step_memo import AdapterMixMemo
 from loraloom.kernels.metadata import AttentionMetadata, SGMVMetadata
@@ -97,9 +98,10 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(self, step: SchedulerOutput, generators: dict[str, torch.Generator | None],
-                timings: StepTimings) -> tuple[SamplerOutput | None, list[int]]:
+                timings: StepTimings) -> tuple[StepTokens | None, list[int]]:
         """Run one step; return the sampled tokens of the requests with `sample=True`, in scheduled
-        order, and the rows among them whose logits were not finite (their tokens mean nothing).
+        order (several for a request whose draft was verified), and the indices among those requests
+        whose logits were not finite (their tokens mean nothing).
 
         The step's adapter_loads must have been copied in with `load_adapter` first.
         """
@@ -117,21 +119,22 @@ class ModelRunner:
             hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.attn, inputs.lora)
             logits = None if inputs.logits_rows is None else self.model.compute_logits(hidden[inputs.logits_rows])
         computed = time.perf_counter()
-        sampled, failed_rows = None, []
+        sampled, failed = None, []
         if logits is not None:
+            requests = step.sampled_requests
+            drafts = [item.draft for item in step.scheduled if item.sample]
             failed_rows = nonfinite_rows(logits)
             if failed_rows:  # sampled like the others so the step's shapes hold; the engine fails these requests
                 logits[failed_rows] = 0.0
-            requests = step.sampled_requests
+                failed = _requests_of_rows(failed_rows, drafts)
             # Only seeded requests own a generator; most steps have none to look up.
             request_generators = ([generators.get(request.request_id) for request in requests] if generators
                                   else [None] * len(requests))
-            sampled = self.sampler.sample(logits, [request.sampling_params for request in requests],
-                                          request_generators, requests)
+            sampled = sample_step(self.sampler, logits, requests, drafts, request_generators, set(failed))
         timings.prepare_s = prepared - started
         timings.model_s = computed - prepared
         timings.sample_s = time.perf_counter() - computed
-        return sampled, failed_rows
+        return sampled, failed
 
     def _device_inputs(self, batch: HostBatch) -> StepInputs:
         """The eager path's tensors for a flattened step."""
@@ -159,6 +162,12 @@ class ModelRunner:
 
     def load_adapter(self, slot: int, weights: AdapterWeights) -> None:
         self.lora_pool.load(slot, weights)
+
+
+def _requests_of_rows(rows: list[int], drafts: list[list[int]]) -> list[int]:
+    """The requests (indices among those sampled) owning some of the sampled `rows` (1 + len(draft) rows each)."""
+    owners = np.repeat(np.arange(len(drafts)), [1 + len(draft) for draft in drafts])
+    return sorted({int(owners[row]) for row in rows})
 
 
 def nonfinite_rows(logits: torch.Tensor) -> list[int]:

@@ -24,7 +24,7 @@ from loraloom.engine.metric_labels import MetricLabels
 from loraloom.engine.outputs import RequestOutput, TokenLogprob
 from loraloom.engine.request import Request
 from loraloom.engine.request_latency import LatencyHistogram, LatencySeries, RequestLatencies
-from loraloom.engine.sampler import SamplerOutput
+from loraloom.engine.speculation.verify import StepTokens, TopLogprobs
 from loraloom.engine.stop import GrammarTokenStops, StopStringMatcher, TokenStops
 from loraloom.engine.tokenizer import Tokenizer
 
@@ -94,10 +94,12 @@ class OutputProcessor:
         self.finished_requests[(*state.labels, "abort")] += 1
         return True
 
-    def process(self, requests: list[Request], token_ids: list[int], sampled: SamplerOutput | None,
-                failed_rows: set[int]) -> tuple[list[RequestOutput], list[EndedRequest]]:
-        """Each request's output for its newly sampled token, and the requests that ended; those whose
-        logits were not finite (failed_rows) fail without their token.
+    def process(self, requests: list[Request], sampled: StepTokens | None,
+                failed: set[int]) -> tuple[list[RequestOutput], list[EndedRequest]]:
+        """Each request's outputs for its newly sampled tokens (one output per token: a request that verified
+        a draft has several), and the requests that ended; those whose logits were not finite (`failed`,
+        indices into `requests`) fail without their token. A request that ends before its step's last
+        token (a stop token or string among accepted proposals) drops the tokens after it.
 
         The loop runs once per running request per step, so the common case (no stop strings, no
         logprobs) is a set lookup and one RequestOutput, its text left for whoever reads it.
@@ -109,40 +111,40 @@ class OutputProcessor:
         states = self._states
         now = time.monotonic()
         gaps: dict[LatencyHistogram, list[float]] = {}  # each label pair's gaps, observed under one lock
-        for row, (request, token) in enumerate(zip(requests, token_ids)):
-            if row in failed_rows:
+        for index, request in enumerate(requests):
+            if index in failed:
                 outputs.append(self._fail(request))
                 ended.append(EndedRequest(request, "error"))
                 continue
             state = states[request.request_id]
+            tokens = sampled.token_ids[index]
             if state.last_token_time is None:
                 state.latency.time_to_first_token.observe(now - state.arrival_time)
-            else:
-                gaps.setdefault(state.latency.inter_token_latency, []).append(now - state.last_token_time)
+            else:  # tokens that arrive together share the wait: each one's gap is its part of it
+                gap = (now - state.last_token_time) / len(tokens)
+                gaps.setdefault(state.latency.inter_token_latency, []).extend([gap] * len(tokens))
             state.last_token_time = now
-            num_output_tokens = len(request.output_token_ids)
-            finish_reason = state.token_stops.check(token, num_output_tokens)
-            if state.stops is not None:
-                text, finish_reason = self._text_until_stop(state, token, finish_reason)
-            else:
-                text = None if state.deferred is not None else ""  # "": no tokenizer, token ids only
-            if finish_reason is not None:
-                state.latency.e2e_request_latency.observe(now - state.arrival_time)
-                self.finished_requests[(*state.labels, finish_reason)] += 1
-                del states[request.request_id]
-                ended.append(EndedRequest(request, finish_reason))
-            outputs.append(RequestOutput(
-                request.request_id,
-                [token],
-                None if request.sampling_params.logprobs is None else self._logprobs(token, sampled, row),
-                finish_reason is not None,
-                finish_reason,
-                len(request.prompt_token_ids),
-                num_output_tokens,
-                request.num_cached_tokens,
-                text,
-                state.deferred,
-            ))
+            first = len(request.output_token_ids) - len(tokens) + 1  # the output number of tokens[0]
+            for offset, token in enumerate(tokens):
+                num_output_tokens = first + offset
+                finish_reason = state.token_stops.check(token, num_output_tokens)
+                if state.stops is not None:
+                    text, finish_reason = self._text_until_stop(state, token, finish_reason)
+                else:
+                    text = None if state.deferred is not None else ""  # "": no tokenizer, token ids only
+                logprobs = None
+                if request.sampling_params.logprobs is not None:
+                    logprobs = self._logprobs(token, sampled.logprobs[index][offset], sampled.top_logprobs[index][offset])
+                outputs.append(RequestOutput(request.request_id, [token], logprobs, finish_reason is not None,
+                                             finish_reason, len(request.prompt_token_ids), num_output_tokens,
+                                             request.num_cached_tokens, text, state.deferred))
+                if finish_reason is not None:
+                    del request.output_token_ids[num_output_tokens:]  # accepted proposals past the end
+                    state.latency.e2e_request_latency.observe(now - state.arrival_time)
+                    self.finished_requests[(*state.labels, finish_reason)] += 1
+                    del states[request.request_id]
+                    ended.append(EndedRequest(request, finish_reason))
+                    break
         for histogram, values in gaps.items():
             histogram.observe_all(values)
         return outputs, ended
@@ -173,11 +175,11 @@ class OutputProcessor:
         return RequestOutput(request.request_id, [], None, True, "error", len(request.prompt_token_ids),
                              max(num_output_tokens, 0), request.num_cached_tokens, "", None, message)
 
-    def _logprobs(self, token: int, sampled: SamplerOutput, row: int) -> list[TokenLogprob]:
-        top = sampled.top_logprobs[row] or []
+    def _logprobs(self, token: int, logprob: float, top: TopLogprobs) -> list[TokenLogprob]:
+        top = top or []
         return [TokenLogprob(
             token_id=token,
             token=self.tokenizer.decode([token], skip_special_tokens=False),
-            logprob=sampled.logprobs[row],
+            logprob=logprob,
             top=[(tid, self.tokenizer.decode([tid], skip_special_tokens=False), lp) for tid, lp in top],
         )]

@@ -105,6 +105,15 @@ class EngineStats:
     share_counter_per_tenant: dict[str, float] = field(default_factory=dict)
     # (tenant, model, finish reason: stop, length, abort or error) -> requests that ended so.
     finished_requests_total: dict[tuple[str, str, str], int] = field(default_factory=dict)
+    # Speculative decoding (engine/speculation/), per (tenant, model) as the finished requests: drafts verified,
+    # the tokens they proposed, the proposals accepted, and the tokens those steps emitted (accepted + one each).
+    spec_decode_drafts_total: dict[tuple[str, str], int] = field(default_factory=dict)
+    spec_decode_draft_tokens_total: dict[tuple[str, str], int] = field(default_factory=dict)
+    spec_decode_accepted_tokens_total: dict[tuple[str, str], int] = field(default_factory=dict)
+    spec_decode_emitted_tokens_total: dict[tuple[str, str], int] = field(default_factory=dict)
+    # The recent answers drafts are proposed from (engine/speculation/output_store.py): tokens and bytes held.
+    spec_decode_store_tokens: int = 0
+    spec_decode_store_bytes: int = 0
     # Per-request latencies since start, per (tenant, model) (engine/request_latency.py).
     time_to_first_token: LabelledHistograms = field(default_factory=dict)
     inter_token_latency: LabelledHistograms = field(default_factory=dict)

@@ -104,6 +104,9 @@ class Request:
     # the block manager needs them: tokens are only ever appended, so a digest never goes stale.
     block_hashes: list[bytes] = field(default_factory=list)
     adapter_slot: int = -1  # the GPU slot of its adapter while running (-1: the base model)
+    # Written by the engine's speculator after each step the request sampled in: tokens proposed to follow
+    # its last token, verified in its next decode step if the scheduler has room for them ([]: none).
+    draft_token_ids: list[int] = field(default_factory=list)
     num_preemptions: int = 0
 
     @property

@@ -57,7 +57,7 @@ from __future__ import annotations
 import bisect
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 
 import numpy as np
@@ -82,6 +82,9 @@ class ScheduledRequest:
     num_new_tokens: int
     slot: int  # adapter slot of every new token; BASE_SLOT (-1) for the base model
     sample: bool  # the step reaches request.num_tokens: sample the next token from its last row
+    # Proposed tokens computed after its last known token (counted in num_new_tokens): the step samples
+    # one row more per proposal and keeps the proposals the model agrees with (engine/speculation/).
+    draft: list[int] = field(default_factory=list)
 
 
 @dataclass
@@ -205,8 +208,10 @@ class Scheduler:
                     num_running = len(running)
                     if not made_room:
                         continue  # it preempted itself: the request after it (if any) now sits at `index`
-            scheduled.append(ScheduledRequest(request, num_new, request.adapter_slot, num_new == remaining))
-            budget -= num_new
+            draft = self._draft_room(request, cap - num_new) if remaining == 1 and request.draft_token_ids else []
+            scheduled.append(ScheduledRequest(request, num_new + len(draft), request.adapter_slot,
+                                              num_new == remaining, draft))
+            budget -= num_new + len(draft)
             index += 1
 
         adapter_loads: list[tuple[int, AdapterHandle]] = []
@@ -226,15 +231,17 @@ class Scheduler:
             block_table=self.block_manager.rows.array,
         )
 
-    def update_after_step(self, output: SchedulerOutput, sampled_token_ids: list[int]) -> None:
+    def update_after_step(self, output: SchedulerOutput, sampled_token_ids: list[list[int]]) -> None:
         """Advance the scheduled requests by what the step computed and append their sampled tokens.
 
-        `sampled_token_ids` holds one token per scheduled request with `sample=True`, in scheduled order.
+        `sampled_token_ids` holds, per scheduled request with `sample=True` in scheduled order, the tokens
+        the step produced: one, or for a request that verified a draft its accepted proposals and the token
+        after them. Proposals that were not accepted are not computed: their KV slots are written over later.
         """
         num_sampled = len(output.sampled_requests)
         if len(sampled_token_ids) != num_sampled:
-            raise ValueError(f"sampled_token_ids: got {len(sampled_token_ids)} tokens for the {num_sampled} "
-                             "requests this step scheduled with sample=True; pass one per request, in order")
+            raise ValueError(f"sampled_token_ids: got tokens for {len(sampled_token_ids)} requests, but this step "
+                             f"scheduled {num_sampled} with sample=True; pass one list per request, in order")
         block_size = self.block_manager.block_size
         requests = self._requests
         charge_output = self.fair_share.charge_output
@@ -245,16 +252,28 @@ class Scheduler:
                 sampled_index += item.sample
                 continue  # aborted between schedule() and now; its blocks are already freed
             computed = request.num_computed_tokens
-            now_computed = computed + item.num_new_tokens
+            tokens = sampled_token_ids[sampled_index] if item.sample else ()
+            # A verified draft computed its last token and the proposals; only the accepted ones
+            # (all but the step's last new token) count as computed.
+            now_computed = computed + (item.num_new_tokens if not item.draft else len(tokens))
             request.num_computed_tokens = now_computed
+            if item.sample:
+                request.output_token_ids.extend(tokens)
+                # A draft's rejected proposals took the engine's time too: its tenant pays for every row.
+                charge_output(request, item.num_new_tokens if item.draft else len(tokens))
+                sampled_index += 1
             if now_computed // block_size != computed // block_size:
                 self.block_manager.commit(request)  # a block became full: register its prefix hash
-            if item.sample:
-                request.output_token_ids.append(sampled_token_ids[sampled_index])
-                charge_output(request)
-                sampled_index += 1
 
     # -------------------------------------------------------------- internals
+    def _draft_room(self, request: Request, budget_left: int) -> list[int]:
+        """The part of a decoding request's draft this step can verify: within the budget left to it
+        and the KV blocks free now. Speculation never preempts anyone: without room it is skipped."""
+        draft = request.draft_token_ids[:max(budget_left, 0)]
+        if draft and not self.block_manager.ensure_capacity(request, 1 + len(draft)):
+            return []
+        return draft
+
     def _admission_order(self) -> Iterator[Request]:
         """Waiting requests in the order admission considers them: by fair share, or oldest first."""
         return self.fair_share.admission_order() if self._fair else iter(list(self._waiting))

@@ -27,7 +27,9 @@ class HostBatch:
     query_start_loc: np.ndarray  # [B + 1] int32: request b's tokens are rows [qsl[b], qsl[b+1])
     seq_lens: np.ndarray  # [B] int32: cached tokens of b after this step's writes
     block_tables: np.ndarray  # [B, blocks read by the step's longest request] int32, padded with 0
-    logits_rows: np.ndarray  # [N] int64: rows whose next-token logits are sampled, in scheduled order
+    # [N] int64: rows whose next-token logits are sampled, in scheduled order: a request's last row, or
+    # for a request verifying a draft its last 1 + len(draft) rows (engine/speculation/verify.py)
+    logits_rows: np.ndarray
 
     @property
     def num_tokens(self) -> int:
@@ -53,9 +55,10 @@ def _new_token_ids(items: list[ScheduledRequest]) -> Iterator[int]:
         request = item.request
         if item.sample and item.num_new_tokens == 1 and request.output_token_ids:
             yield request.output_token_ids[-1]  # a decode: it computes the token sampled last step
-        else:
+        else:  # a prefill chunk, or a request's last token followed by its draft's proposals
             start = request.num_computed_tokens
-            yield from request.token_ids_between(start, start + item.num_new_tokens)
+            yield from request.token_ids_between(start, start + item.num_new_tokens - len(item.draft))
+            yield from item.draft
 
 
 def flatten_step(step: SchedulerOutput, block_size: int) -> HostBatch:
@@ -64,7 +67,8 @@ def flatten_step(step: SchedulerOutput, block_size: int) -> HostBatch:
     num_new = np.fromiter((item.num_new_tokens for item in items), np.int64, count)
     computed = np.fromiter((item.request.num_computed_tokens for item in items), np.int64, count)
     request_slots = np.fromiter((item.slot for item in items), np.int32, count)
-    samples = np.fromiter((item.sample for item in items), np.bool_, count)
+    # Rows sampled per request: none, its last, or its last 1 + len(draft).
+    sampled_rows = np.fromiter((item.sample + len(item.draft) for item in items), np.int64, count)
 
     query_start_loc = np.zeros(count + 1, np.int64)
     np.cumsum(num_new, out=query_start_loc[1:])
@@ -90,5 +94,15 @@ def flatten_step(step: SchedulerOutput, block_size: int) -> HostBatch:
         query_start_loc=query_start_loc.astype(np.int32),
         seq_lens=seq_lens.astype(np.int32),
         block_tables=block_tables,
-        logits_rows=query_start_loc[1:][samples] - 1,
+        logits_rows=_sampled_rows(query_start_loc[1:], sampled_rows),
     )
+
+
+def _sampled_rows(ends: np.ndarray, counts: np.ndarray) -> np.ndarray:
+    """The last counts[b] rows of each request b (whose rows end before ends[b]), in order."""
+    total = int(counts.sum())
+    if total == len(counts):  # one per request: no draft in the step, every request samples
+        return ends - 1
+    firsts = np.repeat(ends - counts, counts)
+    group_starts = np.repeat(np.cumsum(counts) - counts, counts)
+    return firsts + (np.arange(total) - group_starts)

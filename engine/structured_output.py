@@ -72,6 +72,10 @@ class GrammarMatcher:
         # in its error state, which `finished` reports.
         self._matcher.consume_token(token_id)
 
+    def rollback(self, num_tokens: int) -> None:
+        """Undo the last `num_tokens` accepted tokens (proposals verified ahead of the output processor)."""
+        self._matcher.rollback(num_tokens)
+
     def fill_mask(self, bitmask: np.ndarray, row: int) -> None:
         """Write the allowed next tokens into bitmask[row] (int32 words; bit t % 32 of word t // 32 is token t)."""
         _fill(self._matcher, bitmask, row)

@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from loraloom.engine import (FP8_ACTIVATION_TERMS, GENERATION_CONFIG_SOURCES, KV_CACHE_DTYPES, LORA_DTYPES,
-                             QUANTIZATION_METHODS, SCHEDULING_POLICIES, EngineConfig)
+                             QUANTIZATION_METHODS, SCHEDULING_POLICIES, SPECULATION_MODES,
+                             EngineConfig)
 from loraloom.platform.cli.options import adapter_argument, fraction, load_settings, positive_int
 from loraloom.platform.log_format import configure_logging
 
@@ -79,6 +80,15 @@ def add_serve_command(commands: argparse._SubParsersAction) -> None:
                        help="how waiting requests are admitted: fair shares the engine across tenants by tokens "
                        "(each tenant's counter charged per token / its weight; the smallest counter goes first, and "
                        "a tenant under its share may preempt one over it); fcfs admits oldest first whoever asks")
+    serve.add_argument("--speculation", choices=SPECULATION_MODES, default=defaults.speculation,
+                       help="speculative decoding: auto proposes the tokens that followed the same few tokens "
+                       "earlier in the request's own prompt and output, or in its adapter's recent answers (its own "
+                       "tenant's only), and checks them with the request's own adapter in its next step, so a step "
+                       "can emit several tokens; outputs are exactly those of decoding one token at a time. It pays "
+                       "on answers that quote or edit their prompt and on templated answers; a request whose "
+                       "proposals keep failing stops proposing. off decodes one token per request per step")
+    serve.add_argument("--speculative-max-tokens", type=positive_int, default=defaults.speculative_max_tokens,
+                       metavar="K", help="the most proposed tokens one request checks in one step")
     serve.add_argument(
         "--metrics-max-adapters", type=int, default=None, metavar="N",
         help="adapters whose requests get their own `model` label in the latency histograms and request "
@@ -163,6 +173,8 @@ def engine_config(args: argparse.Namespace) -> EngineConfig:
         gpu_memory_utilization=args.gpu_memory_utilization,
         enforce_eager=args.enforce_eager,
         scheduling_policy=args.scheduling_policy,
+        speculation=args.speculation,
+        speculative_max_tokens=args.speculative_max_tokens,
         block_size=args.block_size,
         num_kv_blocks=args.num_kv_blocks,
         max_num_seqs=args.max_num_seqs,

@@ -32,6 +32,10 @@ version, a checkpoint id, a server-local adapter's name, or `base`), so two tena
 the same name move different series. The running and waiting gauges list only pairs with requests in
 flight; the requests counter is bounded as the histograms below are.
 
+Speculative decoding's counters (`loraloom_spec_decode_num_drafts`, `_num_draft_tokens`,
+`_num_accepted_tokens`, `_num_emitted_tokens`: vLLM's names) carry the same `tenant` and `model` labels,
+so each adapter's acceptance rate is one division.
+
 The latency histograms (time to first token, inter-token, end to end) and the finished-requests
 counter (`loraloom_requests_finished_total`, by `finished_reason`: stop, length, abort, error) carry
 `tenant` and `model` (base, or the adapter as above), so an operator reads one adapter's p95. Their
@@ -145,6 +149,11 @@ _ENGINE_TOTALS = (
     (CounterMetricFamily, "loraloom_adapter_slot_loads", "Adapters copied into a GPU slot.", "adapter_slot_loads_total"),
     (CounterMetricFamily, "loraloom_adapter_slot_evictions", "GPU slot loads that replaced another adapter.",
      "adapter_slot_evictions_total"),
+    (GaugeMetricFamily, "loraloom_spec_decode_store_tokens",
+     "Tokens of recent answers kept to propose drafts from (per tenant and adapter, never shared).",
+     "spec_decode_store_tokens"),
+    (GaugeMetricFamily, "loraloom_spec_decode_store_bytes", "Memory those answers and their index take (an estimate).",
+     "spec_decode_store_bytes"),
 )
 _PER_TENANT = (
     (GaugeMetricFamily, "loraloom_tenant_requests_waiting", "Requests queued for admission, per tenant.",
@@ -160,6 +169,19 @@ _PER_ADAPTER = (
      "running_per_adapter"),
     (GaugeMetricFamily, "loraloom_adapter_requests_waiting", "Requests queued, per adapter.", "waiting_per_adapter"),
     (CounterMetricFamily, "loraloom_adapter_requests", "Requests received, per adapter.", "requests_per_adapter_total"),
+)
+# Speculative decoding (engine/speculation/), vLLM's names, per (tenant, model) as the latencies: acceptance
+# per adapter is accepted_tokens / draft_tokens, tokens per verified draft emitted_tokens / drafts.
+_SPECULATION = (
+    (CounterMetricFamily, "loraloom_spec_decode_num_drafts", "Drafts verified (a request's proposed tokens in one step).",
+     "spec_decode_drafts_total"),
+    (CounterMetricFamily, "loraloom_spec_decode_num_draft_tokens", "Proposed tokens verified.",
+     "spec_decode_draft_tokens_total"),
+    (CounterMetricFamily, "loraloom_spec_decode_num_accepted_tokens", "Proposed tokens the model agreed with.",
+     "spec_decode_accepted_tokens_total"),
+    (CounterMetricFamily, "loraloom_spec_decode_num_emitted_tokens",
+     "Tokens emitted by steps that verified a draft (the accepted ones and one more each).",
+     "spec_decode_emitted_tokens_total"),
 )
 _LATENCIES = (
     ("loraloom_time_to_first_token_seconds", "From a request's arrival at the engine to its first token.",
@@ -191,7 +213,7 @@ def _per_replica(readings: list[tuple[list[str], EngineStats]], replica_label: l
         for labels, count in sorted(stats.finished_requests_total.items()):
             finished.add_metric([*replica, *labels], count)
     yield finished
-    for label_names, table in ((["tenant"], _PER_TENANT), (ADAPTER_LABELS, _PER_ADAPTER)):
+    for label_names, table in ((["tenant"], _PER_TENANT), (ADAPTER_LABELS, _PER_ADAPTER), (LATENCY_LABELS, _SPECULATION)):
         for family_type, name, help_text, field in table:
             family = family_type(name, help_text, labels=[*replica_label, *label_names])
             for replica, stats in readings:

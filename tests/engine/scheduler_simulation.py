@@ -106,7 +106,7 @@ class Simulation:
         self._check(output, running_before)
         sampled = self.model.run(output)
         self.scheduler.update_after_step(
-            output, [sampled[item.request.request_id] for item in output.scheduled if item.sample])
+            output, [[sampled[item.request.request_id]] for item in output.scheduled if item.sample])
         for item in output.scheduled:
             request = item.request
             self.admitted_at.setdefault(request.request_id, self.step_index)

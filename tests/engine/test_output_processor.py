@@ -6,6 +6,7 @@ from __future__ import annotations
 from loraloom.engine.output_processor import EndedRequest, OutputProcessor
 from loraloom.engine.request import Request, SamplingParams
 from loraloom.engine.sampler import SamplerOutput
+from loraloom.engine.speculation.verify import StepTokens
 
 EOS = 2
 
@@ -23,7 +24,7 @@ def sample(processor: OutputProcessor, requests: list[Request], tokens: list[int
     for request, token in zip(requests, tokens):
         request.output_token_ids.append(token)
     sampled = SamplerOutput(token_ids=tokens, logprobs=[None] * len(tokens), top_logprobs=[None] * len(tokens))
-    return processor.process(requests, tokens, sampled, set(failed_rows))
+    return processor.process(requests, StepTokens.one_each(sampled), set(failed_rows))
 
 
 def test_requests_end_by_length_and_by_stop_token_and_the_others_go_on():

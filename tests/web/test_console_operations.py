@@ -243,3 +243,30 @@ def test_the_playground_chats_over_turns_with_a_system_prompt_and_its_code_runs(
     assert [message["role"] for message in body["messages"]] == ["system", "user", "assistant", "user", "assistant"]
     assert body["messages"][0]["content"] == "You answer in one word."
     assert not console_page.unexpected_errors()
+
+
+def test_the_server_page_shows_speculative_decoding_for_the_tenant_and_the_operator(console, console_page):
+    passage = ("Our office opens at nine, closes at five, and is closed on public holidays; parcels are "
+               "collected at noon from the front desk by the courier.")
+    with httpx.Client(base_url=console.url, headers=bearer(console.keys["acme-developer"]), timeout=300) as http:
+        answer = http.post("/v1/chat/completions", json={
+            "model": "base", "max_tokens": 48, "temperature": 0,
+            "messages": [{"role": "user", "content": f"Repeat this text exactly: {passage}"}]})
+        assert answer.status_code == 200, answer.text
+        mine = http.get("/v1/engine/status").json()["speculation"]
+    assert mine and mine[0]["model"] == "base" and mine[0]["accepted_tokens"] > 0, mine
+
+    console_page.sign_in(console.keys["acme-developer"])
+    page = console_page.page
+    page.get_by_role("link", name="Server").click()
+    own = page.get_by_role("table", name="Your speculative decoding")
+    expect(own.get_by_role("row").filter(has_text="base")).to_contain_text("%")
+    expect(own.get_by_role("columnheader", name="Tenant")).to_have_count(0)
+
+    page.get_by_role("button", name="Sign out").click()
+    console_page.sign_in(console.keys["default-admin"])
+    page.get_by_role("link", name="Server").click()
+    expect(page.get_by_text("Draft acceptance")).to_be_visible()
+    every = page.get_by_role("table", name="Speculative decoding by model")
+    expect(every.get_by_role("row").filter(has_text="acme")).to_contain_text("base")
+    assert not console_page.unexpected_errors()

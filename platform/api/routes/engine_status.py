@@ -33,6 +33,31 @@ class ResidentAdapter(BaseModel):
                              "weights are byte-identical share one runtime key and so one slot: each is listed.")
 
 
+class ModelSpeculation(BaseModel):
+    """Speculative decoding for one model (the base, or an adapter version): how many of its proposed
+    tokens the model agreed with since the server started."""
+
+    tenant: str | None = Field(default=None, description="The tenant's name; only in the operator's view.")
+    model: str = Field(description="base, or the adapter version (name@N) or checkpoint id; other past the "
+                       "server's --metrics-max-adapters cap.")
+    drafts: int = Field(description="Drafts verified: a request's proposed tokens checked in one step.")
+    draft_tokens: int = Field(description="Proposed tokens checked.")
+    accepted_tokens: int = Field(description="Proposed tokens the model agreed with (each saved a step).")
+    acceptance_rate: float | None = Field(description="accepted_tokens / draft_tokens; None before any draft.")
+
+
+class ServerSpeculation(BaseModel):
+    """Speculative decoding across the engine (serve --speculation)."""
+
+    draft_tokens: int
+    accepted_tokens: int
+    acceptance_rate: float | None = Field(description="accepted_tokens / draft_tokens; None before any draft.")
+    store_tokens: int = Field(description="Tokens of recent answers kept to propose from, per tenant and adapter "
+                              "(never proposed to another tenant).")
+    store_bytes: int = Field(description="Memory those answers and their index take (an estimate).")
+    models: list[ModelSpeculation] = Field(description="Per tenant and model, most drafted first.")
+
+
 class ServerEngineStatus(BaseModel):
     """The whole engine, every tenant's load in it: the operator's view."""
 
@@ -49,6 +74,7 @@ class ServerEngineStatus(BaseModel):
     host_cache_hits: int = Field(description="Adapter lookups the host cache answered without fetching.")
     host_cache_misses: int = Field(description="Adapter lookups that fetched weights from storage.")
     host_cache_adapters: int = Field(description="Adapters in the host cache now, all tenants.")
+    speculation: ServerSpeculation
 
 
 class EngineStatus(BaseModel):
@@ -63,6 +89,8 @@ class EngineStatus(BaseModel):
     num_running: int = Field(description="The caller's tenant's requests generating now.")
     num_waiting: int = Field(description="The caller's tenant's requests queued in the engine now.")
     adapters: list[ResidentAdapter] = Field(description="The caller's tenant's adapters resident now.")
+    speculation: list[ModelSpeculation] = Field(
+        description="Speculative decoding for the caller's tenant's models: its own drafts only, most drafted first.")
     server: ServerEngineStatus | None = Field(
         default=None, description="The whole engine, all tenants: only in the operator's view (its admin key).",
     )
@@ -93,7 +121,33 @@ def server_view(stats: EngineStats, residency: AdapterResidency) -> ServerEngine
         preemptions_total=stats.preemptions_total,
         host_cache_hits=stats.host_cache_hits_total, host_cache_misses=stats.host_cache_misses_total,
         host_cache_adapters=len(residency.host_cache_keys),
+        speculation=ServerSpeculation(
+            draft_tokens=sum(stats.spec_decode_draft_tokens_total.values()),
+            accepted_tokens=sum(stats.spec_decode_accepted_tokens_total.values()),
+            acceptance_rate=_rate(sum(stats.spec_decode_accepted_tokens_total.values()),
+                                  sum(stats.spec_decode_draft_tokens_total.values())),
+            store_tokens=stats.spec_decode_store_tokens, store_bytes=stats.spec_decode_store_bytes,
+            models=model_speculation(stats, tenant=None),
+        ),
     )
+
+
+def model_speculation(stats: EngineStats, tenant: str | None) -> list[ModelSpeculation]:
+    """Per (tenant, model) drafting counts: one tenant's (by name), or every tenant's (None, named in each line)."""
+    found = []
+    for (owner, model), drafts in stats.spec_decode_drafts_total.items():
+        if tenant is not None and owner != tenant:
+            continue
+        drafted = stats.spec_decode_draft_tokens_total.get((owner, model), 0)
+        accepted = stats.spec_decode_accepted_tokens_total.get((owner, model), 0)
+        found.append(ModelSpeculation(tenant=owner if tenant is None else None, model=model, drafts=drafts,
+                                      draft_tokens=drafted, accepted_tokens=accepted,
+                                      acceptance_rate=_rate(accepted, drafted)))
+    return sorted(found, key=lambda line: (-line.draft_tokens, line.tenant or "", line.model))
+
+
+def _rate(accepted: int, drafted: int) -> float | None:
+    return round(accepted / drafted, 4) if drafted else None
 
 
 @router.get("/v1/engine/status", response_model=EngineStatus)
@@ -107,5 +161,6 @@ def get_engine_status(caller: CallerDep, engine: EngineDep, session: SessionDep)
         num_running=stats.running_per_tenant.get(caller.tenant_name, 0),
         num_waiting=stats.queued_per_tenant.get(caller.tenant_name, 0),
         adapters=resident_adapters(residency, session, caller.tenant_id),
+        speculation=model_speculation(stats, tenant=caller.tenant_name),
         server=server_view(stats, residency) if caller.operator else None,
     )

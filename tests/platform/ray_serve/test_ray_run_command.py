@@ -165,6 +165,13 @@ def metric(client: httpx.Client, headers: dict[str, str], name: str) -> float:
     return sum(sample.value for family in families for sample in family.samples if sample.name == name)
 
 
+def replica_labels(client: httpx.Client, headers: dict[str, str], name: str) -> set[str]:
+    """The `replica` label values of a metric's samples in the gateway's /metrics."""
+    families = text_string_to_metric_families(client.get("/metrics", headers=headers).text)
+    return {sample.labels.get("replica", "") for family in families for sample in family.samples
+            if sample.name == name}
+
+
 def posts() -> list:
     return ray.get(replica_board().live_posts.remote(), timeout=30)
 
@@ -192,6 +199,8 @@ def test_the_command_serves_with_affinity_and_a_replacement_takes_its_share(runn
         assert metric(client, running.operator, "loraloom_kv_blocks_total") == 2 * KV_BLOCKS_PER_REPLICA
         before = posts()
         assert len(before) == 2
+        # Each replica its own series, labelled with the id it posts to the board under.
+        assert replica_labels(client, running.operator, "loraloom_kv_blocks_total") == {post.replica for post in before}
         holder = max(before, key=lambda post: len(served_by(post)))
         survivor = next(post for post in before if post.replica != holder.replica)
         kept = sorted(served_by(survivor))  # the survivor's adapters: the replacement must take some of them

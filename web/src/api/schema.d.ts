@@ -1585,6 +1585,11 @@ export interface components {
             object: "engine.status";
             /** @description The whole engine, all tenants: only in the operator's view (its admin key). */
             server?: components["schemas"]["ServerEngineStatus"] | null;
+            /**
+             * Speculation
+             * @description Speculative decoding for the caller's tenant's models: its own drafts only, most drafted first.
+             */
+            speculation: components["schemas"]["ModelSpeculation"][];
         };
         /** ErrorDetail */
         ErrorDetail: {
@@ -2238,6 +2243,43 @@ export interface components {
              */
             object: "list";
         };
+        /**
+         * ModelSpeculation
+         * @description Speculative decoding for one model (the base, or an adapter version): how many of its proposed
+         *     tokens the model agreed with since the server started.
+         */
+        ModelSpeculation: {
+            /**
+             * Acceptance Rate
+             * @description accepted_tokens / draft_tokens; None before any draft.
+             */
+            acceptance_rate: number | null;
+            /**
+             * Accepted Tokens
+             * @description Proposed tokens the model agreed with (each saved a step).
+             */
+            accepted_tokens: number;
+            /**
+             * Draft Tokens
+             * @description Proposed tokens checked.
+             */
+            draft_tokens: number;
+            /**
+             * Drafts
+             * @description Drafts verified: a request's proposed tokens checked in one step.
+             */
+            drafts: number;
+            /**
+             * Model
+             * @description base, or the adapter version (name@N) or checkpoint id; other past the server's --metrics-max-adapters cap.
+             */
+            model: string;
+            /**
+             * Tenant
+             * @description The tenant's name; only in the operator's view.
+             */
+            tenant?: string | null;
+        };
         /** NamedFunction */
         NamedFunction: {
             /** Name */
@@ -2382,6 +2424,37 @@ export interface components {
              * @description Since the server started; rates come from two readings.
              */
             prompt_tokens_total: number;
+            speculation: components["schemas"]["ServerSpeculation"];
+        };
+        /**
+         * ServerSpeculation
+         * @description Speculative decoding across the engine (serve --speculation).
+         */
+        ServerSpeculation: {
+            /**
+             * Acceptance Rate
+             * @description accepted_tokens / draft_tokens; None before any draft.
+             */
+            acceptance_rate: number | null;
+            /** Accepted Tokens */
+            accepted_tokens: number;
+            /** Draft Tokens */
+            draft_tokens: number;
+            /**
+             * Models
+             * @description Per tenant and model, most drafted first.
+             */
+            models: components["schemas"]["ModelSpeculation"][];
+            /**
+             * Store Bytes
+             * @description Memory those answers and their index take (an estimate).
+             */
+            store_bytes: number;
+            /**
+             * Store Tokens
+             * @description Tokens of recent answers kept to propose from, per tenant and adapter (never proposed to another tenant).
+             */
+            store_tokens: number;
         };
         /** StreamOptions */
         StreamOptions: {

@@ -32,6 +32,8 @@ export type EngineStatus = Schemas["EngineStatus"];
 /** The whole engine, every tenant's load: only in the operator's view. */
 export type ServerEngineStatus = Schemas["ServerEngineStatus"];
 export type Residency = Schemas["ResidentAdapter"];
+/** Speculative decoding's drafts and how many of their tokens one model agreed with. */
+export type ModelSpeculation = Schemas["ModelSpeculation"];
 /** Per-adapter request and token counts in one time bucket (GET /v1/usage/series). */
 export type UsagePoint = Schemas["SeriesPointObject"];
 /** Latency percentiles, errors and tokens of one bucket (GET /v1/usage/latency). */

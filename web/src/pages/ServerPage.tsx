@@ -2,11 +2,11 @@ import { createColumnHelper } from "@tanstack/react-table";
 import { useEffect, useMemo, useState } from "react";
 import { Link } from "react-router-dom";
 import { useEngineStatus } from "../api/queries";
-import type { Residency, ServerEngineStatus } from "../api/types";
+import type { ModelSpeculation, Residency, ServerEngineStatus } from "../api/types";
 import { DataTable } from "../components/DataTable";
 import { LineChart } from "../components/LineChart";
 import { Empty, ErrorBox, Loading } from "../components/States";
-import { formatNumber } from "../lib/format";
+import { formatBytes, formatNumber } from "../lib/format";
 import { addSample, rate, type Sample } from "../lib/rate";
 import { sharedSlots, slotName } from "../lib/residency";
 import { TopAdapters } from "../components/TopAdapters";
@@ -68,6 +68,13 @@ export function ServerPage() {
       ) : (
         <DataTable label="Resident adapters" data={s.adapters} columns={columns} />
       )}
+      <h2>Speculative decoding</h2>
+      <p className="help">
+        The engine proposes tokens that followed the same words earlier in a request, or in your adapter's recent
+        answers (yours only), and keeps those the model agrees with: each accepted token is a step saved. The output
+        is the same either way.
+      </p>
+      <SpeculationTable label="Your speculative decoding" lines={s.speculation} showTenant={false} />
       {s.server && <WholeEngine server={s.server} at={status.dataUpdatedAt / 1000} device={s.device} />}
       {me.role !== "inference" && <TopAdapters allTenants={me.operator} ownTenant={me.tenant} />}
     </section>
@@ -104,11 +111,37 @@ function WholeEngine({ server, at, device }: { server: ServerEngineStatus; at: n
         <Stat label="Host cache" value={`${server.host_cache_adapters} adapters`} />
         <Stat label="Host-cache hits" value={lookups ? `${formatNumber(server.host_cache_hits)} of ${formatNumber(lookups)}` : "none yet"} />
         <Stat label="Preemptions" value={formatNumber(server.preemptions_total)} />
+        <Stat label="Draft acceptance" value={formatRate(server.speculation.acceptance_rate)} />
+        <Stat label="Answer store" value={`${formatNumber(server.speculation.store_tokens)} tokens, ${formatBytes(server.speculation.store_bytes)}`} />
       </dl>
+      <h3>Speculative decoding by model</h3>
+      <SpeculationTable label="Speculative decoding by model" lines={server.speculation.models} showTenant />
       <h3>Generated tokens per second</h3>
       <LineChart label="Generated tokens per second" x={points.at} series={series} time xLabel="time" height={180} />
     </>
   );
+}
+
+/** An acceptance rate as a percentage; "no drafts yet" before any. */
+function formatRate(rate: number | null | undefined): string {
+  return rate === null || rate === undefined ? "no drafts yet" : `${(rate * 100).toFixed(1)}%`;
+}
+
+const speculationColumn = createColumnHelper<ModelSpeculation>();
+
+function SpeculationTable({ label, lines, showTenant }: { label: string; lines: ModelSpeculation[]; showTenant: boolean }) {
+  const columns = useMemo(
+    () => [
+      ...(showTenant ? [speculationColumn.accessor((line) => line.tenant ?? "", { id: "tenant", header: "Tenant" })] : []),
+      speculationColumn.accessor("model", { header: "Model" }),
+      speculationColumn.accessor("draft_tokens", { header: "Proposed tokens", cell: (info) => formatNumber(info.getValue()) }),
+      speculationColumn.accessor("accepted_tokens", { header: "Accepted", cell: (info) => formatNumber(info.getValue()) }),
+      speculationColumn.accessor("acceptance_rate", { header: "Acceptance", cell: (info) => formatRate(info.getValue()) }),
+    ],
+    [showTenant],
+  );
+  if (lines.length === 0) return <Empty>No drafts verified yet.</Empty>;
+  return <DataTable label={label} data={lines} columns={columns} />;
 }
 
 function Stat({ label, value }: { label: string; value: string }) {
