@@ -100,6 +100,7 @@ bench: setup
 	$(PY) benchmarks/served_throughput.py --adapters-saved-as bfloat16 --skip-peer
 	$(PY) benchmarks/cpu_throughput.py
 	$(PY) benchmarks/fair_share.py
+	$(PY) benchmarks/speculation.py
 
 clean:
 	rm -rf $(VENV)
