@@ -282,7 +282,8 @@ class LLMEngine:
         for finished in ended:
             self._free(finished)
         if self.speculator is not None:
-            self.speculator.after_step(step, sampled, {finished.request.request_id for finished in ended})
+            self.speculator.after_step(step, sampled, {finished.request.request_id for finished in ended},
+                                       timings.model_s)
         self.generation_tokens_total += len(outputs)
         timings.postprocess_s = time.perf_counter() - executed
         self.last_step_timings = timings

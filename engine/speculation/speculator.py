@@ -4,13 +4,17 @@ Drafts come without a draft model, from two places: the request's own prompt and
 ngram_index.py), which pays on answers that quote or edit their prompt, and its (tenant, adapter)'s recent
 answers (output_store.py), which pays on templated answers. The longer proposal of the two is taken.
 
-How many tokens a request proposes adapts to what it gets accepted: a fully accepted draft doubles the
-next one (up to the engine's speculative_max_tokens), a partly accepted one is cut to what was accepted
-plus one, and a request whose drafts keep failing (open-ended chat) pauses drafting for a while, longer
-each time, so that the rows it would verify in vain stay out of the batch.
+A proposed token costs a row in the next step, paid by every request in it, and pays only if accepted.
+So each request keeps an estimate of its chance that a proposal is accepted (what its drafts got accepted,
+recent ones weighing more), and the engine's measured cost of a row (step_cost.py) sets the price: the
+request drafts as many tokens as have a chance above the rows' share of the step time (the k-th token of a
+draft is accepted only if all before it were: chance**k). A request whose chance falls below the price
+(open-ended chat on a busy CPU) stops drafting for a pause, longer each time, then tries one short draft
+again, in case its answer turned to quoting.
 """
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,10 +23,13 @@ from loraloom.engine.request import Request
 from loraloom.engine.scheduler import SchedulerOutput
 from loraloom.engine.speculation.ngram_index import NgramIndex
 from loraloom.engine.speculation.output_store import OutputStore
+from loraloom.engine.speculation.step_cost import StepCost
 from loraloom.engine.speculation.verify import StepTokens
 
-FIRST_DRAFT_TOKENS = 3
-MISSES_BEFORE_PAUSE = 3  # drafts in a row with nothing accepted
+# A new request's chance that a proposal is accepted: `PRIOR_ACCEPTED` of `PRIOR_TESTED` proposals.
+PRIOR_ACCEPTED, PRIOR_TESTED = 1.0, 2.0
+# Each verified draft's weight in the chance decays by this factor per later draft.
+DECAY = 0.7
 FIRST_PAUSE_STEPS = 8
 LONGEST_PAUSE_STEPS = 128
 # Tokens of context a proposer reads to match: the longest n-gram the indexes keep.
@@ -33,13 +40,17 @@ Labels = tuple[str, str]  # (tenant, model), as the engine's metrics count reque
 
 @dataclass(slots=True)
 class _Drafting:
-    """One request's own index and the state of its adaptive draft length."""
+    """One request's own index and its chance that a proposal is accepted."""
 
     index: NgramIndex
-    length: int = FIRST_DRAFT_TOKENS
-    misses: int = 0
+    accepted: float = PRIOR_ACCEPTED  # decayed sums over its verified drafts: proposals accepted,
+    tested: float = PRIOR_TESTED  # and proposals the verification reached (it stops at the first miss)
     pause: int = FIRST_PAUSE_STEPS
     paused_until: int = 0  # the speculator's step count before which it does not draft
+
+    @property
+    def chance(self) -> float:
+        return self.accepted / self.tested
 
 
 class Speculator:
@@ -49,6 +60,7 @@ class Speculator:
         self.max_model_len = max_model_len
         self.labels = labels  # the metrics' labels of a request (past the adapter cap: model "other")
         self.store = OutputStore() if store is None else store
+        self.step_cost = StepCost()
         self._drafting: dict[str, _Drafting] = {}
         self._steps = 0
         # Per (tenant, model): verified drafts, their proposed tokens, the proposals accepted, and the
@@ -58,12 +70,14 @@ class Speculator:
         self.accepted_tokens: Counter[Labels] = Counter()
         self.emitted_tokens: Counter[Labels] = Counter()
 
-    def after_step(self, step: SchedulerOutput, sampled: StepTokens | None, ended: set[str]) -> None:
+    def after_step(self, step: SchedulerOutput, sampled: StepTokens | None, ended: set[str], model_s: float) -> None:
         """Count the step's verified drafts, keep the ended requests' answers, and draft for the others
-        (`ended`: the ids of the requests that ended in the step)."""
+        (`ended`: the ids of the requests that ended in the step; `model_s`: the step's model time)."""
         self._steps += 1
         if sampled is None:
             return
+        self.step_cost.observe(step.num_batched_tokens, model_s)
+        price = self.step_cost.row_share(len(sampled.token_ids))
         for item, tokens in zip((item for item in step.scheduled if item.sample), sampled.token_ids):
             request = item.request
             drafting = self._drafting.get(request.request_id)
@@ -76,7 +90,7 @@ class Speculator:
                 self.finish(request)
                 continue
             drafting.index.extend(tokens)
-            request.draft_token_ids = self._propose(request, drafting)
+            request.draft_token_ids = self._propose(request, drafting, price)
 
     def finish(self, request: Request) -> None:
         """Forget an ended request; keep a finished answer for its (tenant, adapter)'s later drafts."""
@@ -94,24 +108,26 @@ class Speculator:
         self.draft_tokens[labels] += proposed
         self.accepted_tokens[labels] += accepted
         self.emitted_tokens[labels] += accepted + 1
-        if accepted == proposed:
-            drafting.length = min(2 * drafting.length, self.max_tokens)
-        else:
-            drafting.length = max(accepted + 1, 1)
+        reached = accepted + (accepted < proposed)  # the verification stops at the first miss
+        drafting.accepted = DECAY * drafting.accepted + accepted
+        drafting.tested = DECAY * drafting.tested + reached
         if accepted:
-            drafting.misses, drafting.pause = 0, FIRST_PAUSE_STEPS
-            return
-        drafting.misses += 1
-        if drafting.misses >= MISSES_BEFORE_PAUSE:
-            drafting.paused_until = self._steps + drafting.pause
-            drafting.pause = min(2 * drafting.pause, LONGEST_PAUSE_STEPS)
-            drafting.misses, drafting.length = 0, FIRST_DRAFT_TOKENS
+            drafting.pause = FIRST_PAUSE_STEPS
 
-    def _propose(self, request: Request, drafting: _Drafting) -> list[int]:
+    def _propose(self, request: Request, drafting: _Drafting, price: float) -> list[int]:
+        """The request's next draft: as many tokens as are each likelier to be accepted than `price` (the
+        share of a step's time its rows take), within max_tokens and the context; [] while it pauses."""
         if self._steps < drafting.paused_until:
             return []
-        # Room for the proposals and the token after them, within max_tokens and the context length.
-        room = min(drafting.length, request.sampling_params.max_tokens - len(request.output_token_ids) - 1,
+        chance = drafting.chance
+        if chance <= price:
+            # Not worth a row now: pause, then try again from the prior, with one short draft.
+            drafting.paused_until = self._steps + drafting.pause
+            drafting.pause = min(2 * drafting.pause, LONGEST_PAUSE_STEPS)
+            drafting.accepted, drafting.tested = PRIOR_ACCEPTED, PRIOR_TESTED
+            return []
+        worth = self.max_tokens if chance >= 1.0 or price <= 0.0 else int(math.log(price) / math.log(chance))
+        room = min(worth, self.max_tokens, request.sampling_params.max_tokens - len(request.output_token_ids) - 1,
                    self.max_model_len - request.num_tokens - 1)
         if room <= 0:
             return []

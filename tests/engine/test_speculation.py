@@ -10,7 +10,8 @@ from loraloom.engine.llm_engine import LLMEngine
 from loraloom.engine.lora.handle import AdapterHandle
 from loraloom.engine.request import Request, SamplingParams
 from loraloom.engine.speculation.ngram_index import NgramIndex
-from loraloom.engine.speculation.speculator import MATCH_CONTEXT, MISSES_BEFORE_PAUSE, Speculator, _Drafting
+from loraloom.engine.speculation.speculator import MATCH_CONTEXT, Speculator, _Drafting
+from loraloom.engine.speculation.step_cost import DEFAULT_ROW_SHARE, StepCost
 from loraloom.engine.tenancy import TenantTag
 
 PASSAGE = ("The quarterly report lists three risks: supplier delays in the northern region, a rising cost of "
@@ -142,20 +143,33 @@ def test_a_tenants_answers_never_draft_for_another_tenant(engines):
     assert gained.get(("other", "base"), 0) < gained[("owner", "base")] // 2, gained
 
 
-def test_drafts_that_keep_failing_pause_longer_each_time():
-    speculator = Speculator(max_tokens=4, max_model_len=1024, labels=lambda request: ("t", "base"))
-    request = Request("r", [1, 2, 3, 1, 2, 3, 1, 2], SamplingParams(max_tokens=100))
+def test_drafts_are_as_long_as_their_chance_pays_and_pause_longer_each_time_it_does_not():
+    speculator = Speculator(max_tokens=6, max_model_len=1024, labels=lambda request: ("t", "base"))
+    request = Request("r", [1, 2, 3, 4, 5, 6, 7, 1, 2, 3, 4, 5, 6, 7, 1, 2], SamplingParams(max_tokens=100))
     state = _Drafting(NgramIndex(max_n=MATCH_CONTEXT))
     state.index.extend(request.prompt_token_ids)
-    assert speculator._propose(request, state) == [3, 1, 2], "a repeated prompt proposes its continuation"
+    # Chance 1/2 at a price of 0.1: tokens up to 0.5**3 > 0.1 are worth a row.
+    assert speculator._propose(request, state, price=0.1) == [3, 4, 5]
+    for _ in range(4):
+        speculator._count(request, state, proposed=3, accepted=3)
+    assert state.chance > 0.9 and speculator._propose(request, state, price=0.1) == [3, 4, 5, 6, 7, 1]
+    # The same chance does not pay where rows are most of the step.
     pauses = []
     for _ in range(2):
-        for _ in range(MISSES_BEFORE_PAUSE):
-            assert speculator._propose(request, state)
-            speculator._count(request, state, proposed=3, accepted=0)
-        assert speculator._propose(request, state) == []
+        while speculator._propose(request, state, price=0.5):
+            speculator._count(request, state, proposed=1, accepted=0)
         pauses.append(state.paused_until - speculator._steps)
+        assert speculator._propose(request, state, price=0.1) == []  # paused, whatever the price
         speculator._steps = state.paused_until
     assert pauses[1] == 2 * pauses[0]
-    speculator._count(request, state, proposed=3, accepted=3)  # success: the next draft is longer
-    assert state.length == 4 and state.misses == 0
+    assert speculator._propose(request, state, price=0.1) == [3, 4, 5], "after a pause it tries again"
+
+
+def test_a_steps_row_cost_is_fitted_from_its_steps():
+    cost = StepCost()
+    assert cost.row_share(8) == DEFAULT_ROW_SHARE
+    for step in range(200):  # 20 ms to read the weights, 2 ms per row
+        rows = 1 + step % 9
+        cost.observe(rows, 0.020 + 0.002 * rows)
+    assert cost.row_share(1) == pytest.approx(0.002 / 0.022)
+    assert cost.row_share(8) == pytest.approx(0.016 / 0.036)
