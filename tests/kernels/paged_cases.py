@@ -20,6 +20,8 @@ TOLERANCES = {torch.float32: dict(atol=2e-5, rtol=2e-5), torch.float16: dict(ato
 DECODE_ONLY = [(36, 1), (0, 1), (15, 1), (70, 1)]
 PREFILL_ONLY = [(0, 23), (0, 9)]
 MIXED = [(40, 1), (0, 37), (21, 19), (16, 1), (5, 2), (63, 1), (30, 16)]
+# A speculative decoding step: decodes beside requests verifying drafts (their last token + proposals).
+VERIFY = [(40, 4), (17, 7), (63, 1), (8, 2), (31, 1), (2, 5)]
 
 
 def attention_metadata(requests: list[tuple[int, int]], generator: torch.Generator) -> AttentionMetadata:

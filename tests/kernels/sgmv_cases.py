@@ -46,10 +46,20 @@ def adapter_mix(name: str, num_tokens: int, seed: int) -> list[int]:
         slots = single + [-1, -1] + [LOADED_SLOTS[0]] * (num_tokens - len(single) - 2)
         order = torch.randperm(num_tokens, generator=torch.Generator().manual_seed(seed))
         return [slots[i] for i in order]
+    if name == "verify":
+        # A speculative decoding step: each request its last token plus 0 to 6 proposed ones, all on its
+        # adapter, sorted by slot as the scheduler sorts them (base first).
+        generator = torch.Generator().manual_seed(seed)
+        slots: list[int] = []
+        while len(slots) < num_tokens:
+            adapter = LOADED_SLOTS[int(torch.randint(count, (1,), generator=generator))]
+            slot = -1 if torch.rand(1, generator=generator) < 0.2 else adapter
+            slots += [slot] * (1 + int(torch.randint(7, (1,), generator=generator)))
+        return sorted(slots[:num_tokens])
     raise ValueError(f"unknown adapter mix {name!r}")
 
 
-MIXES = ["all_distinct", "uniform", "zipf", "one_adapter", "all_base", "skewed"]
+MIXES = ["all_distinct", "uniform", "zipf", "one_adapter", "all_base", "skewed", "verify"]
 
 
 def sgmv_metadata(token_slots: list[int], slot_ranks: list[int], *, extra_segments: int = 0,

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from loraloom.kernels import cpu_attention, cpu_extension, reference
-from paged_cases import BLOCK_SIZE, DECODE_ONLY, MIXED, attention_metadata, random_caches
+from paged_cases import BLOCK_SIZE, DECODE_ONLY, MIXED, VERIFY, attention_metadata, random_caches
 
 # Decodes deeper than one block and across block edges, next to a first token.
 DEEP_DECODES = [(0, 1), (BLOCK_SIZE - 1, 1), (BLOCK_SIZE, 1), (5 * BLOCK_SIZE + 3, 1), (97, 1)]
@@ -28,7 +28,7 @@ def attention_inputs(requests, heads: int, kv_heads: int, head_dim: int, seed: i
 
 
 @pytest.mark.parametrize("heads,kv_heads", [(2, 2), (9, 3), (8, 1)], ids=["group1", "group3", "group8"])
-@pytest.mark.parametrize("requests", [DECODE_ONLY, DEEP_DECODES, MIXED], ids=["decode", "deep", "mixed"])
+@pytest.mark.parametrize("requests", [DECODE_ONLY, DEEP_DECODES, MIXED, VERIFY], ids=["decode", "deep", "mixed", "verify"])
 def test_matches_reference(requests, heads: int, kv_heads: int) -> None:
     query, k_cache, v_cache, meta = attention_inputs(requests, heads, kv_heads, head_dim=64, seed=heads + len(requests))
     scale = 64 ** -0.5

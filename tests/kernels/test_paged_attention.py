@@ -10,8 +10,8 @@ import torch
 
 from loraloom.kernels import paged_attention, reference
 from paged_cases import (
-    BLOCK_SIZE, DECODE_ONLY, K_SCALE, MIXED, PREFILL_ONLY, TOLERANCES, V_SCALE, attention_metadata, decode_inputs,
-    fp8_caches, random_caches,
+    BLOCK_SIZE, DECODE_ONLY, K_SCALE, MIXED, PREFILL_ONLY, TOLERANCES, V_SCALE, VERIFY, attention_metadata,
+    decode_inputs, fp8_caches, random_caches,
 )
 
 
@@ -47,7 +47,8 @@ def test_write_kv_cache_skips_padding_slots() -> None:
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 @pytest.mark.parametrize("heads,kv_heads", [(2, 2), (6, 2), (8, 2)], ids=["group1", "group3", "group4"])
-@pytest.mark.parametrize("requests", [DECODE_ONLY, PREFILL_ONLY, MIXED], ids=["decode", "prefill", "mixed"])
+@pytest.mark.parametrize("requests", [DECODE_ONLY, PREFILL_ONLY, MIXED, VERIFY],
+                         ids=["decode", "prefill", "mixed", "verify"])
 def test_paged_attention_matches_reference(
     requests: list[tuple[int, int]], heads: int, kv_heads: int, dtype: torch.dtype,
 ) -> None:

@@ -439,3 +439,24 @@ def test_metrics_expose_engine_stats(server):
     for (tenant, adapter), made in counted.items():
         scraped = samples[("loraloom_adapter_requests_total", (("adapter", adapter), ("tenant", tenant)))]
         assert scraped == stats.requests_per_adapter_total[tenant, adapter] == before.get((tenant, adapter), 0) + made
+
+
+def test_a_stream_of_verified_drafts_gives_the_whole_answer_and_its_usage(server):
+    """An answer that copies its prompt is decoded speculatively (several tokens a step): the stream's
+    chunks add up to the whole answer, its usage counts every token, and the tenant sees its acceptance."""
+    client = server.openai()
+    text = ("Deliveries leave the Leeds depot at seven, reach Manchester by ten, and return empty to Leeds "
+            "before the afternoon shift begins at two.")
+    messages = [{"role": "user", "content": f"Repeat this sentence exactly: {text}"}]
+    before = httpx.get(f"{server.url}/v1/engine/status", headers=server.auth).json()["speculation"]
+    whole = client.chat.completions.create(model="alpha", messages=messages, max_completion_tokens=40, temperature=0)
+    chunks = list(client.chat.completions.create(model="alpha", messages=messages, max_completion_tokens=40,
+                                                 temperature=0, stream=True, stream_options={"include_usage": True}))
+    *generation, usage_chunk = chunks
+    assert "".join(chunk.choices[0].delta.content or "" for chunk in generation) == whole.choices[0].message.content
+    assert usage_chunk.usage.completion_tokens == whole.usage.completion_tokens
+    assert generation[-1].choices[0].finish_reason == whole.choices[0].finish_reason
+    after = httpx.get(f"{server.url}/v1/engine/status", headers=server.auth).json()["speculation"]
+    accepted = {line["model"]: line["accepted_tokens"] for line in after}
+    accepted_before = {line["model"]: line["accepted_tokens"] for line in before}
+    assert accepted.get("alpha", 0) - accepted_before.get("alpha", 0) > 0, after
