@@ -259,8 +259,9 @@ class Scheduler:
             request.num_computed_tokens = now_computed
             if item.sample:
                 request.output_token_ids.extend(tokens)
-                # A draft's rejected proposals took the engine's time too: its tenant pays for every row.
-                charge_output(request, item.num_new_tokens if item.draft else len(tokens))
+                # The tokens it got: a draft's rejected proposals are not charged (the speculator drafts only
+                # where a proposal is likely to pay, so they stay a small share of what a tenant gets).
+                charge_output(request, len(tokens))
                 sampled_index += 1
             if now_computed // block_size != computed // block_size:
                 self.block_manager.commit(request)  # a block became full: register its prefix hash

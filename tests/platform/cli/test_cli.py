@@ -98,6 +98,19 @@ def test_scheduling_policy_flag_maps_onto_engine_config(capsys):
     assert "--scheduling-policy" in capsys.readouterr().err
 
 
+def test_speculation_flags_map_onto_engine_config_and_the_help_explains_them(capsys):
+    assert engine_config(build_parser().parse_args(["serve"])).speculation == "auto"
+    config = engine_config(build_parser().parse_args(["serve", "--speculation", "off", "--speculative-max-tokens", "3"]))
+    assert (config.speculation, config.speculative_max_tokens) == ("off", 3)
+    with pytest.raises(SystemExit):
+        main(["serve", "--speculative-max-tokens", "0"])
+    assert "--speculative-max-tokens" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["serve", "--help"])
+    help_text = " ".join(capsys.readouterr().out.split())
+    assert "--speculation {auto,off}" in help_text and "exactly those of decoding one token at a time" in help_text
+
+
 def test_generation_config_flag_maps_onto_engine_config(capsys):
     assert engine_config(build_parser().parse_args(["serve"])).generation_config == "auto"
     config = engine_config(build_parser().parse_args(["serve", "--device", "cpu", "--generation-config", "none"]))
