@@ -37,6 +37,9 @@ A step, under a token budget (`max_num_batched_tokens`) and a sequence limit
    them too: requests that arrive together behind one long system prompt
    compute it once (SGLang's in-batch prefix caching does the same). The wait
    is bounded by that prefill, which runs every step.
+3. Drafts (speculative decoding, engine/speculation/): what the step has left
+   (budget, sampled rows up to max_num_seqs, free blocks) goes to decoding
+   requests' proposed tokens, oldest first, verified in the same forward.
 
 Adapter slots (the number of distinct adapters in a step). A waiting request
 whose adapter is not resident and finds every slot in use is *slot-blocked*:
@@ -208,10 +211,8 @@ class Scheduler:
                     num_running = len(running)
                     if not made_room:
                         continue  # it preempted itself: the request after it (if any) now sits at `index`
-            draft = self._draft_room(request, cap - num_new) if remaining == 1 and request.draft_token_ids else []
-            scheduled.append(ScheduledRequest(request, num_new + len(draft), request.adapter_slot,
-                                              num_new == remaining, draft))
-            budget -= num_new + len(draft)
+            scheduled.append(ScheduledRequest(request, num_new, request.adapter_slot, num_new == remaining))
+            budget -= num_new
             index += 1
 
         adapter_loads: list[tuple[int, AdapterHandle]] = []
@@ -219,6 +220,7 @@ class Scheduler:
         # only preempt again (or re-admit the victims).
         if not preempted:
             budget = self._admit_waiting(budget, scheduled, adapter_loads)
+        budget = self._add_drafts(scheduled, budget)
         # Each adapter's requests side by side: its tokens become one contiguous run of rows of the
         # flat batch, which the LoRA kernels take as a view instead of gathering and scattering rows.
         # Stable, so requests keep their age order within an adapter (and base requests come first).
@@ -267,13 +269,26 @@ class Scheduler:
                 self.block_manager.commit(request)  # a block became full: register its prefix hash
 
     # -------------------------------------------------------------- internals
-    def _draft_room(self, request: Request, budget_left: int) -> list[int]:
-        """The part of a decoding request's draft this step can verify: within the budget left to it
-        and the KV blocks free now. Speculation never preempts anyone: without room it is skipped."""
-        draft = request.draft_token_ids[:max(budget_left, 0)]
-        if draft and not self.block_manager.ensure_capacity(request, 1 + len(draft)):
-            return []
-        return draft
+    def _add_drafts(self, scheduled: list[ScheduledRequest], budget: int) -> int:
+        """Give the decoding requests' drafts (oldest first) what the step has left once every request's own
+        work is scheduled: the token budget, sampled rows up to max_num_seqs (what the memory plan sized a
+        step's logits for) and free KV blocks. Speculation never delays nor preempts anyone. Returns the
+        budget left."""
+        rows_left = self.config.max_num_seqs - len(scheduled)
+        for item in scheduled:
+            if budget <= 0 or rows_left <= 0:
+                break
+            request = item.request
+            if not request.draft_token_ids or item.num_new_tokens != 1 or not item.sample:
+                continue
+            draft = request.draft_token_ids[:min(budget, rows_left)]
+            if not self.block_manager.ensure_capacity(request, 1 + len(draft)):
+                continue
+            item.draft = draft
+            item.num_new_tokens += len(draft)
+            budget -= len(draft)
+            rows_left -= len(draft)
+        return budget
 
     def _admission_order(self) -> Iterator[Request]:
         """Waiting requests in the order admission considers them: by fair share, or oldest first."""

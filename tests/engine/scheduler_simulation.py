@@ -46,7 +46,8 @@ class SimulatedModel:
     def _cell(self, request: Request, position: int) -> tuple[int, int]:
         return request.block_ids[position // self.block_size], position % self.block_size
 
-    def run(self, step: SchedulerOutput) -> dict[str, int]:
+    def run(self, step: SchedulerOutput) -> dict[str, list[int]]:
+        """Each sampling request's tokens: the next one, or after a draft its accepted proposals and the next."""
         for slot, adapter in step.adapter_loads:
             self.slots[slot] = adapter.key
         for item in step.scheduled:
@@ -56,27 +57,40 @@ class SimulatedModel:
             else:
                 assert self.slots[item.slot] == request.adapter_key, "scheduled into a slot holding another adapter"
             start = request.num_computed_tokens
-            for position in range(start, start + item.num_new_tokens):
+            computed = request.all_token_ids[start:start + item.num_new_tokens - len(item.draft)] + item.draft
+            for position, token in enumerate(computed, start):
                 block, offset = self._cell(request, position)
-                self.kv[block][offset] = (request.all_token_ids[position], request.cache_scope)
+                self.kv[block][offset] = (token, request.cache_scope)
         sampled = {}
         for item in step.scheduled:
             request = item.request
-            end = request.num_computed_tokens + item.num_new_tokens
+            end = request.num_computed_tokens + item.num_new_tokens - len(item.draft)  # the known tokens' end
             assert item.sample == (end == request.num_tokens)
+            assert not item.draft or item.sample, "a draft on a request that does not sample"
             seen = [self.kv[block][offset] for block, offset in (self._cell(request, p) for p in range(end))]
             expected = [(token, request.cache_scope) for token in request.all_token_ids[:end]]
             assert seen == expected, f"{request.request_id}: KV read through its block table differs from its tokens"
             if item.sample:
-                sampled[request.request_id] = next_token(request.request_id, [token for token, _ in seen])
+                context = [token for token, _ in seen]
+                tokens = [next_token(request.request_id, context)]
+                for proposal in item.draft:  # kept while the model agrees, as verify.py keeps them
+                    if proposal != tokens[-1]:
+                        break
+                    context.append(proposal)
+                    tokens.append(next_token(request.request_id, context))
+                sampled[request.request_id] = tokens
         return sampled
 
 
 class Simulation:
     """Scheduler + block manager + slot table + simulated model, with the engine's stop checks."""
 
-    def __init__(self, config: EngineConfig, slot_table: AdapterSlotTable | None = None) -> None:
+    def __init__(self, config: EngineConfig, slot_table: AdapterSlotTable | None = None,
+                 draft_rng: random.Random | None = None) -> None:
         self.config = config
+        # With an rng: after each step every decoding request gets a draft of 0-5 tokens, the true
+        # continuation with one token wrong at a random place (or none), as proposals are.
+        self.draft_rng = draft_rng
         self.block_manager = BlockManager(config.num_kv_blocks, config.block_size, config.enable_prefix_caching)
         self.slot_table = slot_table or AdapterSlotTable(config.max_loras)
         self.scheduler = Scheduler(config, self.block_manager, self.slot_table)
@@ -89,6 +103,7 @@ class Simulation:
         self.finished_at: dict[str, int] = {}
         self.preemption_steps = 0
         self.aborted_while: dict[str, RequestStatus] = {}  # aborted request -> its status when aborted
+        self.drafted_tokens = self.accepted_tokens = 0
 
     def add(self, request_id: str, prompt: list[int], max_tokens: int, adapter: str | None = None,
             stop_token_ids: tuple[int, ...] = (), tenant: TenantTag = DEFAULT_TENANT) -> Request:
@@ -106,22 +121,45 @@ class Simulation:
         self._check(output, running_before)
         sampled = self.model.run(output)
         self.scheduler.update_after_step(
-            output, [[sampled[item.request.request_id]] for item in output.scheduled if item.sample])
+            output, [sampled[item.request.request_id] for item in output.scheduled if item.sample])
         for item in output.scheduled:
             request = item.request
             self.admitted_at.setdefault(request.request_id, self.step_index)
             first_cached = self.cached_at_first_schedule.setdefault(request.request_id, request.num_cached_tokens)
             assert request.num_cached_tokens == first_cached, "num_cached_tokens changed after the first schedule"
             if item.sample:
-                params = request.sampling_params
-                stopped = request.output_token_ids[-1] in params.stop_token_ids
-                if stopped or len(request.output_token_ids) >= params.max_tokens:
-                    status = RequestStatus.FINISHED_STOPPED if stopped else RequestStatus.FINISHED_LENGTH
-                    self.scheduler.finish_request(request.request_id, status)
-                    self.finished_at[request.request_id] = self.step_index
+                self.drafted_tokens += len(item.draft)
+                self.accepted_tokens += len(sampled[request.request_id]) - 1
+                self._stop_or_draft(request, len(sampled[request.request_id]))
         self.block_manager.check_invariants()
         self.step_index += 1
         return output
+
+    def _stop_or_draft(self, request: Request, new_tokens: int) -> None:
+        """The engine's stop checks over the step's new tokens, in order (tokens past a stop are dropped);
+        a draft for the next step if it goes on."""
+        params = request.sampling_params
+        first = len(request.output_token_ids) - new_tokens
+        for index in range(first, len(request.output_token_ids)):
+            stopped = request.output_token_ids[index] in params.stop_token_ids
+            if stopped or index + 1 >= params.max_tokens:
+                del request.output_token_ids[index + 1:]
+                status = RequestStatus.FINISHED_STOPPED if stopped else RequestStatus.FINISHED_LENGTH
+                self.scheduler.finish_request(request.request_id, status)
+                self.finished_at[request.request_id] = self.step_index
+                return
+        if self.draft_rng is not None:
+            request.draft_token_ids = self._draft(request)
+
+    def _draft(self, request: Request) -> list[int]:
+        rng = self.draft_rng
+        context = request.all_token_ids
+        draft = []
+        for _ in range(rng.randint(0, 5)):
+            draft.append(next_token(request.request_id, context + draft))
+        if draft and rng.random() < 0.5:
+            draft[rng.randrange(len(draft))] = rng.randrange(VOCAB)
+        return draft
 
     def run_to_completion(self, max_steps: int) -> None:
         while self.scheduler.has_unfinished():
@@ -173,9 +211,10 @@ class Spec:
     tenant: TenantTag = DEFAULT_TENANT
 
 
-def play(config: EngineConfig, specs: list[Spec], max_steps: int, slot_table: AdapterSlotTable | None = None) -> Simulation:
+def play(config: EngineConfig, specs: list[Spec], max_steps: int, slot_table: AdapterSlotTable | None = None,
+         draft_rng: random.Random | None = None) -> Simulation:
     """Add each request at its arrival step, abort at its abort step, step until everything is done."""
-    simulation = Simulation(config, slot_table)
+    simulation = Simulation(config, slot_table, draft_rng)
     pending = sorted(specs, key=lambda spec: spec.arrival_step)
     aborts = {spec.request_id: spec.abort_step for spec in specs if spec.abort_step is not None}
     while pending or simulation.scheduler.has_unfinished():

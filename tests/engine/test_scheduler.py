@@ -35,6 +35,22 @@ def test_random_workloads_keep_invariants_and_match_an_unconstrained_run(seed: i
         assert tokens == reference[request_id], request_id
 
 
+@pytest.mark.parametrize("seed", [0, 1])
+def test_drafts_verified_in_random_workloads_give_the_same_outputs(seed: int):
+    """Speculative decoding's scheduling: drafts take only what a step leaves (budget, blocks), never
+    preempt, and rejected proposals' KV is written over: outputs are those of an unconstrained run."""
+    rng = random.Random(seed)
+    config = EngineConfig(block_size=4, num_kv_blocks=24, max_num_seqs=6, max_num_batched_tokens=20, max_loras=2)
+    specs = random_specs(rng, count=40, max_len=config.num_kv_blocks * config.block_size,
+                         adapters=[None, "a", "b"], last_arrival=150, abort_fraction=0.2)
+    simulation = play(config, specs, max_steps=5000, draft_rng=random.Random(seed + 100))
+    assert simulation.preemption_steps > 0, "workload too easy"
+    assert 0 < simulation.accepted_tokens < simulation.drafted_tokens, "drafts never verified, or never rejected"
+    reference = unconstrained_outputs(config, specs)
+    for request_id, tokens in simulation.outputs().items():
+        assert tokens == reference[request_id], request_id
+
+
 # --------------------------------------------------------------------------- chunked prefill
 def test_long_prefill_is_chunked_and_decodes_run_in_the_same_steps():
     config = EngineConfig(block_size=4, num_kv_blocks=64, max_num_batched_tokens=16, max_loras=1)
