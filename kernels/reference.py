@@ -105,14 +105,15 @@ def decode_requests(meta: AttentionMetadata) -> list[int]:
 
 
 def prefill_attention(query, k_cache, v_cache, meta: AttentionMetadata, scale: float, out: torch.Tensor,
-                      k_scale: torch.Tensor | None, v_scale: torch.Tensor | None) -> None:
-    """paged_attention's rows of the requests with more than one new token, written into out."""
+                      k_scale: torch.Tensor | None, v_scale: torch.Tensor | None, min_new_tokens: int = 2) -> None:
+    """paged_attention's rows of the requests with at least `min_new_tokens` (more than one) new tokens,
+    written into out."""
     group = query.shape[1] // k_cache.shape[2]
     qsl, lens = meta.query_start_loc_host, meta.seq_lens_host
     for b in range(meta.num_seqs):
         start, end = qsl[b], qsl[b + 1]
         n = end - start
-        if n <= 1:
+        if n < max(min_new_tokens, 2):
             continue
         length = lens[b]
         # [length, KVH, D] each
