@@ -83,13 +83,11 @@ class Speculator:
             drafting = self._drafting.get(request.request_id)
             if drafting is None:
                 drafting = self._drafting[request.request_id] = _Drafting(NgramIndex(max_n=MATCH_CONTEXT))
-                drafting.index.extend(request.prompt_token_ids)
             if item.draft:
                 self._count(request, drafting, len(item.draft), len(tokens) - 1)
             if request.request_id in ended:
                 self.finish(request)
                 continue
-            drafting.index.extend(tokens)
             request.draft_token_ids = self._propose(request, drafting, price)
 
     def finish(self, request: Request) -> None:
@@ -131,6 +129,11 @@ class Speculator:
                    self.max_model_len - request.num_tokens - 1)
         if room <= 0:
             return []
+        # Indexed only when it drafts: at a price nothing pays (a big batch on a CPU), a step costs each
+        # request a comparison, not the index's upkeep.
+        indexed, known = len(drafting.index), request.num_tokens
+        if indexed < known:
+            drafting.index.extend(request.token_ids_between(indexed, known))
         own = drafting.index.propose(room)
         stored, _ = self.store.propose(_scope(request), _recent(request), room)
         return stored if len(stored) > len(own) else own
