@@ -1,9 +1,9 @@
 """LLMEngine: the synchronous core. `add_request`, then `step()` until done.
 
 One step = schedule -> copy newly admitted adapters into their slots -> run the
-model -> sample -> advance the scheduler -> turn the sampled tokens into outputs
-and find the requests that ended (engine/output_processor.py) -> free what those
-held. The engine is single-threaded; AsyncEngine serializes all calls onto one thread.
+model -> sample (verifying drafts) -> advance the scheduler -> turn the sampled tokens
+into outputs and find the requests that ended (engine/output_processor.py) -> free
+what those held -> draft for the next step (engine/speculation/). The engine is single-threaded; AsyncEngine serializes all calls onto one thread.
 """
 from __future__ import annotations
 
@@ -348,8 +348,8 @@ class LLMEngine:
             e2e_request_latency=latencies.e2e_request_latency,
         )
 
-
     def _speculation_stats(self) -> dict:
+        """The speculator's counters and its answer store's size, as EngineStats fields ({} when off)."""
         speculator = self.speculator
         if speculator is None:
             return {}

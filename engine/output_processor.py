@@ -134,7 +134,8 @@ class OutputProcessor:
                     text = None if state.deferred is not None else ""  # "": no tokenizer, token ids only
                 logprobs = None
                 if request.sampling_params.logprobs is not None:
-                    logprobs = self._logprobs(token, sampled.logprobs[index][offset], sampled.top_logprobs[index][offset])
+                    logprobs = self._logprobs(token, sampled.logprobs[index][offset],
+                                              sampled.top_logprobs[index][offset])
                 outputs.append(RequestOutput(request.request_id, [token], logprobs, finish_reason is not None,
                                              finish_reason, len(request.prompt_token_ids), num_output_tokens,
                                              request.num_cached_tokens, text, state.deferred))
