@@ -59,8 +59,9 @@ def main() -> None:
     print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f} at start")
     with tempfile.TemporaryDirectory() as tmp:
         write_adapters(model_dir, Path(tmp), specs)
+        # Plain decode steps are what is measured: one token per request per step, no drafts.
         engine = LLMEngine(model_dir, EngineConfig(max_loras=len(specs), max_lora_rank=max(s.rank for s in specs),
-                                                lora_dtype=args.lora_dtype))
+                                                lora_dtype=args.lora_dtype, speculation="off"))
         handles = [local_adapter(Path(tmp), spec.name) for spec in specs]
         for handle in handles:
             engine.load_adapter(handle)

@@ -172,7 +172,7 @@ def build_engine(tokenizer_dir: Path, requests: int, num_adapters: int, device: 
     dtype = "float32" if device == "cpu" else "bfloat16"
     config = EngineConfig(device=device, dtype=dtype, max_loras=num_adapters, max_lora_rank=8, max_num_seqs=requests,
                           max_num_batched_tokens=max(2048, requests * 16), num_kv_blocks=requests * 8,
-                          scheduling_policy=scheduling_policy)
+                          scheduling_policy=scheduling_policy, speculation="off")  # a plain decode step's host work
     model = random_model(model_config, getattr(torch, dtype), device, seed=0)
     engine = LLMEngine.from_model(model, config, Tokenizer.from_dir(tokenizer_dir))
     vocab = stub_vocab or engine.model_config.vocab_size

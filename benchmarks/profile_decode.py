@@ -46,7 +46,8 @@ def main() -> int:
     device, dtype = torch.device("cuda"), torch.bfloat16
     model_config = dataclasses.replace(LLAMA_3_1_8B, num_layers=args.num_layers)
     config = EngineConfig(max_num_seqs=max(args.batch, 8), max_num_batched_tokens=8192, max_loras=max(args.adapters, 1),
-                          max_lora_rank=16, dtype="bfloat16", device="cuda", quantization="fp8", num_kv_blocks=4096)
+                          max_lora_rank=16, dtype="bfloat16", device="cuda", quantization="fp8", num_kv_blocks=4096,
+                          speculation="off")  # plain decode steps are profiled
     model = random_model(model_config, dtype, device, 0, get_backend(device))
     engine = LLMEngine.from_model(model, config)
     root = Path(tempfile.mkdtemp())

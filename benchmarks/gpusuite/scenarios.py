@@ -114,6 +114,7 @@ def build_engine(setup: Setup, *, max_loras: int, max_lora_rank: int, max_num_se
         device=str(setup.device),
         quantization=setup.quantization,
         fp8_activation_terms=setup.fp8_activation_terms,
+        speculation="off",  # the scenarios time plain decode steps: one token per request per step
     )
     model = random_model(setup.model_config, setup.dtype, setup.device, setup.seed, get_backend(setup.device))
     engine = LLMEngine.from_model(model, config)

@@ -254,13 +254,14 @@ def test_the_server_page_shows_speculative_decoding_for_the_tenant_and_the_opera
             "messages": [{"role": "user", "content": f"Repeat this text exactly: {passage}"}]})
         assert answer.status_code == 200, answer.text
         mine = http.get("/v1/engine/status").json()["speculation"]
-    assert mine and mine[0]["model"] == "base" and mine[0]["accepted_tokens"] > 0, mine
+    assert any(line["model"] == "base" and line["accepted_tokens"] > 0 for line in mine), mine
 
     console_page.sign_in(console.keys["acme-developer"])
     page = console_page.page
     page.get_by_role("link", name="Server").click()
+    base_cell = page.get_by_role("cell", name="base", exact=True)
     own = page.get_by_role("table", name="Your speculative decoding")
-    expect(own.get_by_role("row").filter(has_text="base")).to_contain_text("%")
+    expect(own.get_by_role("row").filter(has=base_cell)).to_contain_text("%")
     expect(own.get_by_role("columnheader", name="Tenant")).to_have_count(0)
 
     page.get_by_role("button", name="Sign out").click()
@@ -268,5 +269,5 @@ def test_the_server_page_shows_speculative_decoding_for_the_tenant_and_the_opera
     page.get_by_role("link", name="Server").click()
     expect(page.get_by_text("Draft acceptance")).to_be_visible()
     every = page.get_by_role("table", name="Speculative decoding by model")
-    expect(every.get_by_role("row").filter(has_text="acme")).to_contain_text("base")
+    expect(every.get_by_role("row").filter(has_text="acme").filter(has=base_cell)).to_contain_text("%")
     assert not console_page.unexpected_errors()
