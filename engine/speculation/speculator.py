@@ -9,8 +9,8 @@ So each request keeps an estimate of its chance that a proposal is accepted (wha
 recent ones weighing more), and the engine's measured cost of a row (step_cost.py) sets the price: the
 request drafts as many tokens as have a chance above the rows' share of the step time (the k-th token of a
 draft is accepted only if all before it were: chance**k). A request whose chance falls below the price
-(open-ended chat on a busy CPU) stops drafting for a pause, longer each time, then tries one short draft
-again, in case its answer turned to quoting.
+(open-ended chat on a busy CPU) stops drafting for a pause, longer each time, then starts again from the
+prior chance, in case its answer turned to quoting.
 """
 from __future__ import annotations
 
@@ -119,7 +119,7 @@ class Speculator:
             return []
         chance = drafting.chance
         if chance <= price:
-            # Not worth a row now: pause, then try again from the prior, with one short draft.
+            # Not worth a row now: pause, then try again from the prior chance.
             drafting.paused_until = self._steps + drafting.pause
             drafting.pause = min(2 * drafting.pause, LONGEST_PAUSE_STEPS)
             drafting.accepted, drafting.tested = PRIOR_ACCEPTED, PRIOR_TESTED

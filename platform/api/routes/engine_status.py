@@ -112,6 +112,8 @@ def resident_adapters(residency: AdapterResidency, session: Session, tenant_id: 
 
 
 def server_view(stats: EngineStats, residency: AdapterResidency) -> ServerEngineStatus:
+    drafted = sum(stats.spec_decode_draft_tokens_total.values())
+    accepted = sum(stats.spec_decode_accepted_tokens_total.values())
     return ServerEngineStatus(
         num_running=stats.num_running, num_waiting=stats.num_waiting,
         kv_blocks_used=stats.kv_blocks_used, kv_blocks_total=stats.kv_blocks_total,
@@ -122,10 +124,7 @@ def server_view(stats: EngineStats, residency: AdapterResidency) -> ServerEngine
         host_cache_hits=stats.host_cache_hits_total, host_cache_misses=stats.host_cache_misses_total,
         host_cache_adapters=len(residency.host_cache_keys),
         speculation=ServerSpeculation(
-            draft_tokens=sum(stats.spec_decode_draft_tokens_total.values()),
-            accepted_tokens=sum(stats.spec_decode_accepted_tokens_total.values()),
-            acceptance_rate=_rate(sum(stats.spec_decode_accepted_tokens_total.values()),
-                                  sum(stats.spec_decode_draft_tokens_total.values())),
+            draft_tokens=drafted, accepted_tokens=accepted, acceptance_rate=_rate(accepted, drafted),
             store_tokens=stats.spec_decode_store_tokens, store_bytes=stats.spec_decode_store_bytes,
             models=model_speculation(stats, tenant=None),
         ),
