@@ -4,17 +4,18 @@ The gateway (loraloom.platform) holds an EngineClient and nothing else of a runn
 tokenizes with the client's tokenizer, hands it requests whose adapter is already resolved and
 authorized (an AdapterHandle), streams their outputs, and reads its stats. Two implementations:
 AsyncEngine, the engine in this process, and the Ray Serve client (platform/ray_serve), a set of
-engine replicas in other processes. Everything crossing this interface is plain data
+engine replicas in other processes (and the control plane's client with no engine, platform/api/engineless.py). Everything crossing this interface is plain data
 (engine/outputs.py, engine/request.py, engine/lora/handle.py), so it crosses a process boundary as is.
 """
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
-from loraloom.engine.config import ModelConfig
-from loraloom.engine.generation_defaults import GenerationDefaults
+from loraloom.engine.config import EngineConfig, ModelConfig
+from loraloom.engine.generation_defaults import GenerationDefaults, read_generation_defaults
 from loraloom.engine.lora.handle import AdapterHandle
 from loraloom.engine.outputs import AdapterResidency, EngineStats, RequestOutput
 from loraloom.engine.request import SamplingParams
@@ -33,6 +34,15 @@ class EngineFacts:
     model_config: ModelConfig
     device: str  # the torch device serving ("cpu", "cuda", "cuda:1"): what its adapter slots live in
     generation_defaults: GenerationDefaults = GenerationDefaults()
+
+    @classmethod
+    def of_model_dir(cls, model_dir: Path, config: EngineConfig, *, device: str) -> EngineFacts:
+        """What engines serving `model_dir` with `config` report, without loading its weights; max_model_len
+        is the context limit before the KV cache is sized (an engine's cache may hold less)."""
+        model_config = ModelConfig.from_dir(model_dir)
+        return cls(model_name=model_dir.name, max_model_len=config.context_limit(model_config),
+                   max_lora_rank=config.max_lora_rank, model_config=model_config, device=device,
+                   generation_defaults=read_generation_defaults(model_dir, config.generation_config))
 
 
 class EngineClient(Protocol):

@@ -260,8 +260,11 @@ class EngineConfig:
     def resolved_lora_dtype(self) -> str:
         return self.dtype if self.lora_dtype == "auto" else self.lora_dtype
 
+    def context_limit(self, model: ModelConfig) -> int:
+        """The longest context served before the KV cache's size is known (it may lower it further)."""
+        return self.max_model_len or min(model.max_position_embeddings, 8192)
+
     def resolved_max_model_len(self, model: ModelConfig) -> int:
         if self.num_kv_blocks is None:
             raise ValueError("num_kv_blocks: not planned yet; resolve it with engine/memory.py plan_memory first")
-        limit = self.max_model_len or min(model.max_position_embeddings, 8192)
-        return min(limit, self.num_kv_blocks * self.block_size)
+        return min(self.context_limit(model), self.num_kv_blocks * self.block_size)

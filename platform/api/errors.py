@@ -21,6 +21,7 @@ from starlette.types import Message, Receive, Scope, Send
 from loraloom.engine import EngineUnavailableError, RequestFailedError, RequestFieldError
 from loraloom.platform.accounts.tenants import OperatorTenantSuspensionError, TenantExistsError, TenantNotFoundError
 from loraloom.platform.api.asgi import HttpMiddleware
+from loraloom.platform.api.engineless import NoEngineError
 from loraloom.platform.api.schemas.common import ErrorDetail, ErrorResponse
 from loraloom.platform.json_input import too_deep_message
 from loraloom.platform.registry.errors import RegistryConflictError, RegistryNotFoundError, UploadRejectedError
@@ -150,6 +151,7 @@ DOMAIN_ERRORS: dict[type[Exception], Callable[[Any], APIError]] = {
         503, str(error), error_type=SERVER_ERROR, code="engine_unavailable",
         headers={"Retry-After": str(error.retry_after_s)},
     ),
+    NoEngineError: lambda error: APIError(503, str(error), error_type=SERVER_ERROR, code="no_engine"),
 }
 
 

@@ -19,6 +19,7 @@ from loraloom.platform.log_format import configure_logging
 if TYPE_CHECKING:
     from fastapi import FastAPI
 
+    from loraloom.engine import EngineClient
     from loraloom.platform.settings import Settings
 
     from loraloom.platform.api.metrics_server import MetricsServer
@@ -109,6 +110,12 @@ def add_serve_command(commands: argparse._SubParsersAction) -> None:
     serve.add_argument(
         "--no-worker", action="store_true",
         help="start no training worker (run `loraloom worker` elsewhere with the same database, storage and broker)",
+    )
+    serve.add_argument(
+        "--no-engine", action="store_true",
+        help="serve the API without an engine (the control plane: adapters, files, fine-tuning, keys, usage, the "
+        "console), answering generation with a 503 that points at the inference gateway; --model and the engine "
+        "flags still name the base the engine pods serve (its config, tokenizer and limits), no weights are loaded",
     )
     serve.add_argument(
         "--quantization",
@@ -207,17 +214,17 @@ def serve(args: argparse.Namespace) -> None:
     import uvicorn
     from sqlalchemy.exc import SQLAlchemyError
 
-    from loraloom.engine import AsyncEngine, import_bundled
+    from loraloom.engine import EngineFacts, import_bundled
     from loraloom.platform.api.composition import compose_app
+    from loraloom.platform.api.engineless import NO_ENGINE_DEVICE, EnginelessClient
     from loraloom.platform.api.overload import default_max_waiting
     from loraloom.platform.cli.admin import bootstrap_notice, prepare_database, shown_url
-    from loraloom.platform.registry.fetch import adapter_fetcher_from_settings
-    from loraloom.platform.storage import storage_from_settings
     from loraloom.platform.training.supervisor import TrainingSupervisor
 
     from loraloom.engine import reserve_for_step_thread
 
-    reserve_for_step_thread()  # before any thread runs torch: the engine's step thread alone gets all of its threads
+    if not args.no_engine:
+        reserve_for_step_thread()  # before any thread runs torch: the engine's step thread alone gets all of its threads
     configure_logging(logging.INFO)
     settings = load_settings(args.broker_url)
     try:
@@ -241,8 +248,9 @@ def serve(args: argparse.Namespace) -> None:
         settings, None if args.no_worker else worker_command(model_dir, settings.broker_url, args.max_lora_rank)
     )
     try:
-        engine = AsyncEngine.create(model_dir, engine_config(args),
-                                    adapter_fetcher_from_settings(settings, storage_from_settings(settings)))
+        engine = (serving_engine(model_dir, args, settings) if not args.no_engine
+                  else EnginelessClient(EngineFacts.of_model_dir(model_dir, engine_config(args), device=NO_ENGINE_DEVICE),
+                                        model_dir))
         app = compose_app(settings, engine, adapters=dict(args.adapter), adapter_dir=args.adapter_dir,
                           training=training)
     except (ValueError, FileNotFoundError) as error:  # bad model directory or adapter names: say which, no traceback
@@ -260,6 +268,16 @@ def serve(args: argparse.Namespace) -> None:
         training.stop()
         if metrics is not None:
             metrics.stop()
+
+
+def serving_engine(model_dir: Path, args: argparse.Namespace, settings: Settings) -> EngineClient:
+    """The engine in this process, fetching adapters from the registry's storage."""
+    from loraloom.engine import AsyncEngine
+    from loraloom.platform.registry.fetch import adapter_fetcher_from_settings
+    from loraloom.platform.storage import storage_from_settings
+
+    return AsyncEngine.create(model_dir, engine_config(args),
+                              adapter_fetcher_from_settings(settings, storage_from_settings(settings)))
 
 
 def serve_metrics(app: FastAPI, host: str, port: int) -> MetricsServer:

@@ -26,8 +26,9 @@ GUIDE = REPO / "docs" / "KUBERNETES.md"
 # What the picker cannot schedule without: queue, KV usage and the LoRA info.
 REQUIRED_FLAGS = {"total-queued-requests-metric", "kv-cache-usage-percentage-metric", "lora-info-metric"}
 IMAGE = "loraloom"  # the name every loraloom container uses; kustomization.yaml's images entry sets it
-LORALOOM_WORKLOADS = [("Deployment", "loraloom-engine"), ("Deployment", "loraloom-training-worker"),
-                      ("Job", "loraloom-migrate")]
+LONG_RUNNING = [("Deployment", "loraloom-engine"), ("Deployment", "loraloom-training-worker"),
+                ("Deployment", "loraloom-api")]
+LORALOOM_WORKLOADS = [*LONG_RUNNING, ("Job", "loraloom-migrate")]
 # Settings boto3 reads itself (settings.yaml's Secret): the S3 credentials.
 NON_LORALOOM_KEYS = {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"}
 
@@ -210,7 +211,7 @@ def test_the_migration_job_upgrades_and_every_long_running_pod_waits_for_it(docu
     (migrate,) = pod_spec(job)["containers"]
     assert build_parser().parse_args(migrate["command"][1:]).db_command == "upgrade"
     assert pod_spec(job)["restartPolicy"] == "Never" and job["spec"]["backoffLimit"] >= 1
-    for key in LORALOOM_WORKLOADS[:2]:
+    for key in LONG_RUNNING:
         (wait,) = pod_spec(documents[key])["initContainers"]
         parsed = build_parser().parse_args(wait["command"][1:])
         assert (parsed.command, parsed.db_command) == ("db", "check"), key
@@ -238,16 +239,35 @@ def test_pods_run_as_the_image_s_unprivileged_user(documents):
 
 
 def test_every_probe_asks_health_on_the_api_port(documents):
-    serve = container(documents[("Deployment", "loraloom-engine")])
-    port = build_parser().parse_args(["serve", *serve["args"]]).port
-    probes = {name: serve[name] for name in ("startupProbe", "readinessProbe", "livenessProbe")}
-    assert all(probe["httpGet"] == {"path": "/health", "port": port} for probe in probes.values())
-    assert "initialDelaySeconds" not in probes["livenessProbe"]  # the startup probe holds it off instead
-    startup = probes["startupProbe"]
+    for name in ("loraloom-engine", "loraloom-api"):
+        serve = container(documents[("Deployment", name)])
+        port = build_parser().parse_args(["serve", *serve["args"]]).port
+        probes = [serve[probe] for probe in ("startupProbe", "readinessProbe", "livenessProbe") if probe in serve]
+        assert {"readinessProbe", "livenessProbe"} <= serve.keys(), name
+        assert all(probe["httpGet"] == {"path": "/health", "port": port} for probe in probes), name
+        assert "initialDelaySeconds" not in serve["livenessProbe"], name  # a startup probe holds it off, if any
+    startup = container(documents[("Deployment", "loraloom-engine")])["startupProbe"]
     assert startup["periodSeconds"] * startup["failureThreshold"] >= 600  # an 8B model's load and graph capture
 
 
-def test_generation_goes_to_the_pool_and_the_rest_of_the_api_to_the_pods_service(documents):
+def test_the_control_plane_serves_the_engines_base_without_an_engine_or_a_gpu(documents):
+    engine = build_parser().parse_args(["serve", *container(documents[("Deployment", "loraloom-engine")])["args"]])
+    api_container = container(documents[("Deployment", "loraloom-api")])
+    api = build_parser().parse_args([*api_container["command"][1:], *api_container["args"]])
+    assert api.command == "serve" and api.no_engine and api.no_worker and not engine.no_engine
+    # The facts both report of the base (its config, tokenizer and the largest rank) must agree.
+    assert (api.model, api.max_lora_rank) == (engine.model, engine.max_lora_rank)
+    assert "nvidia.com/gpu" not in str(api_container.get("resources", {}))
+    service = documents[("Service", "loraloom-api")]["spec"]
+    pods = documents[("Deployment", "loraloom-api")]["spec"]["template"]["metadata"]["labels"]
+    assert service["selector"].items() <= pods.items()
+    policy = documents[("NetworkPolicy", "loraloom-api")]["spec"]
+    assert policy["podSelector"]["matchLabels"].items() <= pods.items()
+    metrics_rule = next(rule for rule in policy["ingress"] if rule["ports"] == [{"port": api.metrics_port}])
+    assert all("namespaceSelector" in source for source in metrics_rule["from"])  # Prometheus only
+
+
+def test_generation_goes_to_the_pool_and_the_rest_of_the_api_to_the_control_plane(documents):
     inference_rule, api_rule = documents[("HTTPRoute", "loraloom")]["spec"]["rules"]
     generation = {route.path for module in (chat, completions) for route in module.router.routes}
     assert {match["path"]["value"] for match in inference_rule["matches"]} == generation
@@ -255,7 +275,8 @@ def test_generation_goes_to_the_pool_and_the_rest_of_the_api_to_the_pods_service
     assert {match["path"]["value"] for match in api_rule["matches"]} == {"/v1", CONSOLE_MOUNT}
     (backend,) = api_rule["backendRefs"]
     service = documents[("Service", backend["name"])]
-    serve = container(documents[("Deployment", "loraloom-engine")])
+    assert backend["name"] == "loraloom-api"  # the control plane: no engine pod holds an upload
+    serve = container(documents[("Deployment", "loraloom-api")])
     assert backend["port"] in {port["port"] for port in service["spec"]["ports"] if port["targetPort"] == 8000}
     assert build_parser().parse_args(["serve", *serve["args"]]).port == 8000
     gateway = documents[("Gateway", "inference-gateway")]
@@ -266,7 +287,7 @@ def test_generation_goes_to_the_pool_and_the_rest_of_the_api_to_the_pods_service
 def test_the_data_volume_is_where_the_image_puts_loraloom_s_data(documents):
     data_dir = next(line.split("=", 1)[1].strip() for line in (REPO / "Dockerfile").read_text().splitlines()
                     if line.strip().startswith("LORALOOM_DATA_DIR="))
-    for key in LORALOOM_WORKLOADS[:2]:
+    for key in LONG_RUNNING:
         (main,) = pod_spec(documents[key])["containers"]
         mounts = {mount["name"]: mount["mountPath"] for mount in main["volumeMounts"]}
         assert mounts["data"] == data_dir, key

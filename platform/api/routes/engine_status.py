@@ -85,7 +85,8 @@ class EngineStatus(BaseModel):
     object: Literal["engine.status"] = "engine.status"
     model: str
     device: str = Field(description="The torch device the engine serves on (cpu, cuda, cuda:N): on cpu, an adapter "
-                        "'slot' is a slot of the engine's LoRA weight table in host memory, not GPU memory.")
+                        "'slot' is a slot of the engine's LoRA weight table in host memory, not GPU memory; none: this "
+                        "server runs no engine (serve --no-engine, the control plane), and the counts are zero.")
     num_running: int = Field(description="The caller's tenant's requests generating now.")
     num_waiting: int = Field(description="The caller's tenant's requests queued in the engine now.")
     adapters: list[ResidentAdapter] = Field(description="The caller's tenant's adapters resident now.")
