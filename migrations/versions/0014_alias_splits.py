@@ -1,4 +1,6 @@
-"""Aliases may split traffic between versions by weight (canary rollouts).
+"""Aliases may split traffic between versions by weight (canary rollouts): alias_splits holds each
+split's versions and weights, and alias_history records what each change did (`action`) and the split
+it set.
 
 Revision ID: 0014
 Revises: 0013
@@ -6,15 +8,47 @@ Create Date: 2026-11-29
 """
 from __future__ import annotations
 
+import sqlalchemy as sa
+from alembic import op
+from sqlalchemy.dialects import postgresql
+
 revision = "0014"
 down_revision = "0013"
 branch_labels = None
 depends_on = None
 
+JSON_DOCUMENT = sa.JSON().with_variant(postgresql.JSONB(), "postgresql")
+ALIAS_ACTIONS = ("set", "split", "promote", "rollback", "delete")
+
 
 def upgrade() -> None:
-    pass
+    op.create_table(
+        "alias_splits",
+        sa.Column("alias_id", sa.Uuid(), nullable=False),
+        sa.Column("version_id", sa.Uuid(), nullable=False),
+        sa.Column("adapter_id", sa.Uuid(), nullable=False),
+        sa.Column("version_number", sa.Integer(), nullable=False),
+        sa.Column("weight", sa.Integer(), nullable=False),
+        sa.CheckConstraint("weight >= 1", name=op.f("ck_alias_splits_weight_positive")),
+        sa.ForeignKeyConstraint(["alias_id"], ["aliases.id"], name=op.f("fk_alias_splits_alias_id_aliases"),
+                                ondelete="CASCADE"),
+        sa.ForeignKeyConstraint(["adapter_id", "version_id"], ["adapter_versions.adapter_id", "adapter_versions.id"],
+                                name=op.f("fk_alias_splits_adapter_id_version_id_adapter_versions")),
+        sa.PrimaryKeyConstraint("alias_id", "version_id", name=op.f("pk_alias_splits")),
+    )
+    with op.batch_alter_table("alias_history") as batch:
+        batch.add_column(sa.Column("action", sa.Enum(*ALIAS_ACTIONS, name="alias_action", native_enum=False,
+                                                     length=16), server_default="set", nullable=False))
+        batch.add_column(sa.Column("split", JSON_DOCUMENT, nullable=True))
+    # Before this revision a change either pointed the alias at a version or deleted it. The default only
+    # filled the existing rows; new rows always say what they did.
+    op.execute("UPDATE alias_history SET action = 'delete' WHERE to_version_id IS NULL")
+    with op.batch_alter_table("alias_history") as batch:
+        batch.alter_column("action", server_default=None)
 
 
 def downgrade() -> None:
-    pass
+    with op.batch_alter_table("alias_history") as batch:
+        batch.drop_column("split")
+        batch.drop_column("action")
+    op.drop_table("alias_splits")

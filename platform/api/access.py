@@ -56,6 +56,8 @@ ROUTE_ACCESS: dict[tuple[str, str], Access] = {
     ("PUT", "/v1/adapters/{name}/aliases/{alias}"): D,
     ("DELETE", "/v1/adapters/{name}/aliases/{alias}"): D,
     ("GET", "/v1/adapters/{name}/aliases/{alias}/history"): D,
+    ("POST", "/v1/adapters/{name}/aliases/{alias}/promote"): D,
+    ("POST", "/v1/adapters/{name}/aliases/{alias}/rollback"): D,
     ("GET", "/v1/adapters/{name}/versions/{number}/content"): D,
     ("GET", "/v1/adapters/{name}/versions/{number}/files/{filename}"): D,
     ("GET", "/v1/adapters/{name}/versions/{number}/download"): D,
@@ -69,6 +71,9 @@ ROUTE_ACCESS: dict[tuple[str, str], Access] = {
     ("GET", "/v1/fine_tuning/jobs"): D,
     ("GET", "/v1/fine_tuning/jobs/{job_id}"): D,
     ("POST", "/v1/fine_tuning/jobs/{job_id}/cancel"): D,
+    ("POST", "/v1/fine_tuning/jobs/{job_id}/pause"): D,
+    ("POST", "/v1/fine_tuning/jobs/{job_id}/resume"): D,
+    ("POST", "/v1/fine_tuning/estimate"): D,
     ("GET", "/v1/fine_tuning/jobs/{job_id}/events"): D,
     ("GET", "/v1/fine_tuning/jobs/{job_id}/checkpoints"): D,
     # Usage, and the tenant's keys (listed without secrets).

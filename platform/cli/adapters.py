@@ -1,4 +1,4 @@
-"""`loraloom adapters ...`: the adapter registry over HTTP (push, pull, list, versions, promote, rm)."""
+"""`loraloom adapters ...`: the adapter registry over HTTP (push, pull, list, versions, promote, alias, rm)."""
 from __future__ import annotations
 
 import argparse
@@ -11,6 +11,7 @@ import httpx
 from tqdm import tqdm
 
 from loraloom.engine import ADAPTER_CONFIG_FILE, ADAPTER_FILES, ADAPTER_WEIGHTS_FILE
+from loraloom.platform.cli.adapter_alias import add_alias_command, adapters_alias
 from loraloom.platform.cli.adapter_pull import add_pull_command, adapters_pull
 from loraloom.platform.cli.http_client import Command, CommandError, ProgressReader, call, pages, segment
 from loraloom.platform.cli.listing import add_json_option, field_columns, print_listing
@@ -39,6 +40,7 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     promote.add_argument("name", metavar="NAME")
     promote.add_argument("alias", metavar="ALIAS")
     promote.add_argument("version", type=positive_int, metavar="VERSION")
+    add_alias_command(adapter_commands)
     remove = adapter_commands.add_parser("rm", help="delete an adapter (NAME) or one version (NAME@N)")
     remove.add_argument("reference", metavar="NAME|NAME@N")
     remove.add_argument("--force", action="store_true",
@@ -131,5 +133,6 @@ COMMANDS: dict[tuple[str, str], Command] = {
     ("adapters", "list"): adapters_list,
     ("adapters", "versions"): adapters_versions,
     ("adapters", "promote"): adapters_promote,
+    ("adapters", "alias"): adapters_alias,
     ("adapters", "rm"): adapters_rm,
 }

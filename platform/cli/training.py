@@ -3,7 +3,8 @@
 `jobs follow` tails a job's events (oldest first, from a cursor) and draws a progress bar
 of its steps with the latest loss (one line per step where stderr is not a terminal), until
 the job ends; its exit status says how it ended. `jobs create`'s hyperparameter flags come
-from the server's own Hyperparameters model, defaults included.
+from the server's own Hyperparameters models (DPO's too), defaults included; it prints the
+server's estimate of the job (tokens, steps, time) before it submits, and `--estimate` stops there.
 """
 from __future__ import annotations
 
@@ -19,10 +20,12 @@ from tqdm import tqdm
 from loraloom.platform.cli.http_client import Command, CommandError, ProgressReader, call, pages, segment
 from loraloom.platform.cli.listing import add_json_option, field_columns, print_listing
 from loraloom.platform.cli.options import positive_int
-from loraloom.platform.training.hyperparameters import Hyperparameters
+from loraloom.platform.training.hyperparameters import DpoHyperparameters, Hyperparameters
+from loraloom.platform.training.methods import DPO, METHODS, SUPERVISED
 
 FOLLOW_POLL_S = 1.0
-FINISHED = ("succeeded", "failed", "cancelled")
+# Where `follow` stops: the job has ended, or rests until it is resumed.
+AT_REST = ("succeeded", "failed", "cancelled", "paused")
 
 
 def add_commands(commands: argparse._SubParsersAction) -> None:
@@ -43,11 +46,24 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     create.add_argument("--suffix", help="adapter name the result is registered under; default: a new one, ft-<8 hex digits>")
     create.add_argument("--model", help="the base model; default: the one the server serves")
     create.add_argument("--seed", type=int)
+    create.add_argument("--method", choices=METHODS, default=SUPERVISED,
+                        help="supervised (chat, instruction or text files) or dpo (preference files). Default: "
+                             f"{SUPERVISED}.")
     add_hyperparameter_flags(create)
+    create.add_argument("--early-stopping-patience", type=positive_int, metavar="N",
+                        help="stop after N evaluations without a better validation loss (needs --validation-file)")
+    create.add_argument("--from-checkpoint", metavar="CHECKPOINT_ID",
+                        help="start the LoRA weights from this checkpoint of one of your jobs (ftckpt-...)")
+    create.add_argument("--metadata", type=key_value, action="append", metavar="KEY=VALUE",
+                        help="a label kept with the job (repeatable, up to 16)")
+    create.add_argument("--estimate", action="store_true",
+                        help="only print the server's estimate of the job (tokens, steps, time); create nothing")
     create.add_argument("--follow", action="store_true", help="then follow it like `jobs follow`")
     add_json_option(job_commands.add_parser("list", help="list your jobs"))
-    for name, help_text in (("get", "show a job"), ("follow", "show a job's progress live until it ends"),
-                            ("cancel", "cancel a job (a running one stops after its current step)")):
+    for name, help_text in (("get", "show a job"), ("follow", "show a job's progress live until it ends or pauses"),
+                            ("cancel", "cancel a job (a running one stops after its current step)"),
+                            ("pause", "pause a job (a running one stops after its current step and saves a checkpoint)"),
+                            ("resume", "resume a paused, failed or cancelled job from its last checkpoint")):
         command = job_commands.add_parser(name, help=help_text)
         command.add_argument("job_id", metavar="JOB_ID")
 
@@ -56,17 +72,31 @@ def comma_separated(value: str) -> list[str]:
     return [item.strip() for item in value.split(",")]
 
 
+def key_value(value: str) -> tuple[str, str]:
+    key, equals, rest = value.partition("=")
+    if not equals or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {value!r}")
+    return key, rest
+
+
+def positive_int_or_auto(value: str) -> int | str:
+    return value if value == "auto" else positive_int(value)
+
+
 def add_hyperparameter_flags(parser: argparse.ArgumentParser) -> None:
-    """One flag per hyperparameter, read off the model the server validates jobs with, so that each
-    help shows the default the server applies when the flag is left out."""
-    for name, field in Hyperparameters.model_fields.items():
+    """One flag per hyperparameter, read off the models the server validates jobs with (DPO's adds its
+    own), so that each help shows the default the server applies when the flag is left out."""
+    for name, field in DpoHyperparameters.model_fields.items():
         default = field.get_default(call_default_factory=True)
         if isinstance(default, list):
             kind, shown = comma_separated, ",".join(default)
+        elif default == "auto":
+            kind, shown = positive_int_or_auto, default
         else:
             kind, shown = (positive_int if field.annotation is int else float), default
+        only_dpo = " (--method dpo only.)" if name not in Hyperparameters.model_fields else ""
         parser.add_argument(f"--{name.replace('_', '-')}", dest=name, type=kind,
-                            help=f"{field.description} Default: {shown}.")
+                            help=f"{field.description}{only_dpo} Default: {shown}.")
 
 
 # ------------------------------------------------------------------ files
@@ -109,18 +139,48 @@ def served_base(client: httpx.Client) -> str:
     return next(model["id"] for model in models if model.get("parent") is None)
 
 
-def jobs_create(client: httpx.Client, args: argparse.Namespace) -> None:
-    hyperparameters = {name: getattr(args, name) for name in Hyperparameters.model_fields
-                       if getattr(args, name) is not None}
+def create_body(client: httpx.Client, args: argparse.Namespace) -> dict[str, Any]:
+    """The create body of the flags, in OpenAI's shape: the hyperparameters under method.<type>."""
+    fields = DpoHyperparameters.model_fields if args.method == DPO else Hyperparameters.model_fields
+    hyperparameters = {name: getattr(args, name) for name in fields if getattr(args, name) is not None}
+    if args.method != DPO and getattr(args, "beta", None) is not None:
+        raise CommandError("--beta is a DPO hyperparameter: add --method dpo")
     body = {
         "model": args.model or served_base(client),
         "training_file": args.training_file,
         "validation_file": args.validation_file,
         "suffix": args.suffix,
         "seed": args.seed,
-        "hyperparameters": hyperparameters,
+        "method": {"type": args.method, args.method: {"hyperparameters": hyperparameters}},
+        "early_stopping": None if args.early_stopping_patience is None else {"patience": args.early_stopping_patience},
+        "from_checkpoint": args.from_checkpoint,
+        "metadata": dict(args.metadata) if args.metadata else None,
     }
-    job = call(client, "POST", "/v1/fine_tuning/jobs", json={k: v for k, v in body.items() if v is not None})
+    return {key: value for key, value in body.items() if value is not None}
+
+
+def describe_estimate(estimate: dict[str, Any]) -> str:
+    rate = "measured here" if estimate["rate_source"] == "measured" else "a default rate: no job has finished here yet"
+    return (f"estimate: {estimate['trained_tokens']:,} trained tokens ({estimate['n_epochs']} epoch(s) of "
+            f"{estimate['training_tokens']:,} + {estimate['evaluations']} evaluation(s) of "
+            f"{estimate['validation_tokens']:,}), {estimate['total_steps']} steps, about "
+            f"{format_duration(estimate['estimated_seconds'])} at {estimate['tokens_per_second']:,.0f} tokens/s ({rate})")
+
+
+def format_duration(seconds: float) -> str:
+    minutes, secs = divmod(round(seconds), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m" if hours else f"{minutes}m{secs:02d}s" if minutes else f"{secs}s"
+
+
+def jobs_create(client: httpx.Client, args: argparse.Namespace) -> None:
+    body = create_body(client, args)
+    estimate = call(client, "POST", "/v1/fine_tuning/estimate", json=body)
+    if args.estimate:
+        print(describe_estimate(estimate))
+        return
+    print(describe_estimate(estimate), file=sys.stderr)
+    job = call(client, "POST", "/v1/fine_tuning/jobs", json=body)
     print(job["id"])
     if args.follow:
         follow(client, job["id"])
@@ -137,12 +197,23 @@ def jobs_list(client: httpx.Client, args: argparse.Namespace) -> None:
 def jobs_get(client: httpx.Client, args: argparse.Namespace) -> None:
     job = call(client, "GET", f"/v1/fine_tuning/jobs/{segment(args.job_id)}")
     for field in ("id", "status", "model", "suffix", "fine_tuned_model", "training_file", "validation_file", "seed",
-                  "trained_tokens", "attempts", "hyperparameters", "metrics", "error"):
+                  "trained_tokens", "attempts", "method", "early_stopping", "from_checkpoint", "metadata", "metrics",
+                  "error"):
         print(f"{field}: {job[field]}")
 
 
 def jobs_cancel(client: httpx.Client, args: argparse.Namespace) -> None:
     job = call(client, "POST", f"/v1/fine_tuning/jobs/{segment(args.job_id)}/cancel")
+    print(f"{job['id']}: {job['status']}", file=sys.stderr)
+
+
+def jobs_pause(client: httpx.Client, args: argparse.Namespace) -> None:
+    job = call(client, "POST", f"/v1/fine_tuning/jobs/{segment(args.job_id)}/pause")
+    print(f"{job['id']}: {job['status']}", file=sys.stderr)
+
+
+def jobs_resume(client: httpx.Client, args: argparse.Namespace) -> None:
+    job = call(client, "POST", f"/v1/fine_tuning/jobs/{segment(args.job_id)}/resume")
     print(f"{job['id']}: {job['status']}", file=sys.stderr)
 
 
@@ -165,12 +236,15 @@ def follow(client: httpx.Client, job_id: str) -> None:
                     after = event["id"]
                 if not page["has_more"]:
                     break
-            if status in FINISHED:
+            if status in AT_REST:
                 break
             time.sleep(FOLLOW_POLL_S)
     job = call(client, "GET", path)
     if job["status"] == "succeeded":
         print(f"{job_id} succeeded: {job['fine_tuned_model']}")
+        return
+    if job["status"] == "paused":  # not a failure: it waits for `jobs resume`
+        print(f"{job_id} paused: `loraloom jobs resume {job_id}` continues it", file=sys.stderr)
         return
     error = job.get("error") or {}
     raise CommandError(f"{job_id} {job['status']}" + (f": [{error['code']}] {error['message']}" if error else ""))
@@ -213,4 +287,6 @@ COMMANDS: dict[tuple[str, str], Command] = {
     ("jobs", "get"): jobs_get,
     ("jobs", "follow"): jobs_follow,
     ("jobs", "cancel"): jobs_cancel,
+    ("jobs", "pause"): jobs_pause,
+    ("jobs", "resume"): jobs_resume,
 }

@@ -129,12 +129,15 @@ def latency_series(
     granularity: Granularity,
     start: datetime,
     end: datetime | None,
+    version: int | None = None,
 ) -> list[LatencyPoint]:
-    """One adapter's (all its versions') buckets with at least one request in [start, end), in time order."""
+    """One adapter's buckets with at least one request in [start, end), in time order: of all its versions,
+    or of `version` alone (a canary's next to its stable's, while an alias splits between them)."""
     bucket = bucket_start(session, granularity)
-    query, ranked = _grouped_stats(
-        [bucket], [UsageRecord.tenant_id == tenant_id, adapter_name() == adapter, *_period(start, end)],
-    )
+    where = [UsageRecord.tenant_id == tenant_id, adapter_name() == adapter, *_period(start, end)]
+    if version is not None:
+        where.append(UsageRecord.adapter_version == version)
+    query, ranked = _grouped_stats([bucket], where)
     points = [
         LatencyPoint(datetime.fromisoformat(row.group_0).replace(tzinfo=timezone.utc), _stats(row))
         for row in session.execute(query)

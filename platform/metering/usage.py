@@ -151,6 +151,8 @@ class UsageGroup(str, enum.Enum):
     adapter = "adapter"  # the adapter's name ("base" for none)
     version = "version"  # adapter name and version number
     alias = "alias"  # adapter name and the alias the requests followed (none for name@N)
+    # adapter name, alias and the version that served: a split alias's versions apart (canary and stable)
+    alias_version = "alias_version"
     key = "key"
     day = "day"
 
@@ -168,8 +170,8 @@ class UsageTotals:
     mean_time_to_first_token_ms: float | None
     mean_duration_ms: float
     adapter: str | None = None  # by adapter, version or alias: the name, "base" for the base model
-    version: int | None = None  # by version: None for the base, checkpoints and server-local adapters
-    alias: str | None = None  # by alias: None for requests that named no alias
+    version: int | None = None  # by version (or alias_version): None for the base, checkpoints, server-local adapters
+    alias: str | None = None  # by alias (or alias_version): None for requests that named no alias
     api_key_id: str | None = None  # by key
     api_key_prefix: str | None = None
     day: str | None = None  # by day: "YYYY-MM-DD" in UTC
@@ -182,6 +184,8 @@ def _group_columns(session: Session, group_by: UsageGroup) -> dict[str, ColumnEl
         UsageGroup.adapter: {"adapter": adapter},
         UsageGroup.version: {"adapter": adapter, "version": UsageRecord.adapter_version},
         UsageGroup.alias: {"adapter": adapter, "alias": UsageRecord.adapter_alias},
+        UsageGroup.alias_version: {"adapter": adapter, "alias": UsageRecord.adapter_alias,
+                                   "version": UsageRecord.adapter_version},
         UsageGroup.key: {"api_key_id": UsageRecord.api_key_id},
         UsageGroup.day: {"day": _utc_day(session)},
     }[group_by]

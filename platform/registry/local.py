@@ -67,8 +67,10 @@ class LocalAdapterLookup:
         named = self.resolve_named(model, tenant_id)
         return None if named is None else named.handle
 
-    def resolve_named(self, model: str, tenant_id: uuid.UUID | None = None) -> NamedAdapter | None:
-        """Server-local adapters have one name each: no versions, no aliases."""
+    def resolve_named(
+        self, model: str, tenant_id: uuid.UUID | None = None, *, routing_key: str | None = None
+    ) -> NamedAdapter | None:
+        """Server-local adapters have one name each: no versions, no aliases (so no splits: routing_key is unused)."""
         if model in self.base_names:
             return None
         directory = self._find_directory(model)

@@ -29,7 +29,7 @@ from loraloom.platform.registry.fetch import version_uri
 from loraloom.platform.registry.local import LocalAdapterLookup
 from loraloom.platform.registry.named import NamedAdapter
 from loraloom.platform.registry.references import LATEST_ALIAS, AdapterReference, parse_reference
-from loraloom.platform.registry.resolution import ResolutionCache, ResolvedVersion, resolve_reference
+from loraloom.platform.registry.resolution import Resolution, ResolutionCache, ResolvedVersion, resolve_reference
 from loraloom.platform.registry.service import RegistryService
 from loraloom.platform.storage import BlobStore, content_key
 
@@ -42,8 +42,12 @@ class AdapterLookup(Protocol):
         (also for another tenant's adapter). tenant_id None: server-wide adapters only."""
         ...
 
-    def resolve_named(self, model: str, tenant_id: uuid.UUID | None = None) -> NamedAdapter | None:
-        """`resolve`, with the names the tenant knows the adapter by (for usage)."""
+    def resolve_named(
+        self, model: str, tenant_id: uuid.UUID | None = None, *, routing_key: str | None = None
+    ) -> NamedAdapter | None:
+        """`resolve`, with the names the tenant knows the adapter by (for usage). An alias split between
+        versions gives the version `routing_key` chooses (registry/splits.py: the request's user, else
+        its own key), or a random one without."""
         ...
 
     def list_adapters(self, tenant_id: uuid.UUID | None = None) -> list[AdapterHandle]:
@@ -87,15 +91,18 @@ class RegistryAdapterLookup:
         named = self.resolve_named(model, tenant_id)
         return None if named is None else named.handle
 
-    def resolve_named(self, model: str, tenant_id: uuid.UUID | None = None) -> NamedAdapter | None:
+    def resolve_named(
+        self, model: str, tenant_id: uuid.UUID | None = None, *, routing_key: str | None = None
+    ) -> NamedAdapter | None:
         if model in self.local.base_names:
             return None
         if model.startswith(CHECKPOINT_ID_PREFIX) and tenant_id is not None:
             return NamedAdapter(self._checkpoint(model, tenant_id), name=model)
         reference = parse_reference(model)
         if reference is not None and tenant_id is not None:
-            resolved = self._registry_version(reference, tenant_id)
-            if resolved is not None:
+            resolution = self._registry_version(reference, tenant_id)
+            if resolution is not None:
+                resolved = resolution.choose(routing_key)
                 template = None if resolved.template_sha256 is None else self._template(resolved.template_sha256)
                 return NamedAdapter(
                     resolved.handle(self.store), name=resolved.adapter_name, version=resolved.number,
@@ -112,8 +119,8 @@ class RegistryAdapterLookup:
         with self.store.open(content_key(sha256)) as blob:
             return blob.read().decode("utf-8")
 
-    def _registry_version(self, reference: AdapterReference, tenant_id: uuid.UUID) -> ResolvedVersion | None:
-        def load() -> ResolvedVersion | None:
+    def _registry_version(self, reference: AdapterReference, tenant_id: uuid.UUID) -> Resolution | None:
+        def load() -> Resolution | None:
             with self.session_factory() as session:
                 return resolve_reference(session, tenant_id=tenant_id, reference=reference)
 

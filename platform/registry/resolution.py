@@ -1,5 +1,9 @@
 """Reference -> immutable version, for the request path, with a cache in front of the database.
 
+A reference resolves to a `Resolution`: one version, or for an alias split between versions
+(splits.py) every version of the split with its weight; the version a request gets is chosen
+from it after the cache, per request, so a split is cached (and invalidated) as one answer.
+
 The runtime adapter key of a registry version is its tenant and content digest (files.runtime_key):
 versions of one tenant holding the same bytes share a key, hence a slot; other tenants never do.
 The cache holds answers (found or not) per (tenant, reference); every change to an
@@ -17,11 +21,12 @@ from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sqlalchemy import select
+from sqlalchemy import Select, select
 from sqlalchemy.orm import Session, selectinload
 
 from loraloom.engine import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE, AdapterHandle, runtime_key
 from loraloom.platform.db.models import Adapter, AdapterVersion, AdapterVersionStatus, Alias
+from loraloom.platform.registry import splits
 from loraloom.platform.registry.chat_templates import CHAT_TEMPLATE_FILE
 from loraloom.platform.registry.fetch import version_uri
 from loraloom.platform.registry.references import AdapterReference
@@ -68,35 +73,76 @@ class ResolvedVersion:
         )
 
 
-def resolve_reference(session: Session, *, tenant_id: uuid.UUID, reference: AdapterReference) -> ResolvedVersion | None:
-    """The ready version `reference` names in the tenant, or None: one query, files included."""
-    query = (
+@dataclass(frozen=True)
+class Resolution:
+    """What a reference names now: one version (weights (1,)), or an alias's split, its versions in
+    number order with their weights."""
+
+    versions: tuple[ResolvedVersion, ...]
+    weights: tuple[int, ...]
+    alias: str | None = None  # the alias followed; None for `name@N`
+
+    @property
+    def is_split(self) -> bool:
+        return len(self.versions) > 1
+
+    def choose(self, key: str | None) -> ResolvedVersion:
+        """The version a request with routing key `key` (splits.routing_key; None: a fresh draw) gets."""
+        if not self.is_split:
+            return self.versions[0]
+        first = self.versions[0]
+        scope = f"{first.tenant_id}\x00{first.adapter_name}:{self.alias}"
+        numbers = [version.number for version in self.versions]
+        return self.versions[splits.choose(numbers, self.weights, scope=scope, key=key)]
+
+
+def resolve_reference(session: Session, *, tenant_id: uuid.UUID, reference: AdapterReference) -> Resolution | None:
+    """The ready version(s) `reference` names in the tenant, or None."""
+    if reference.target_alias is None:
+        row = session.execute(
+            _ready_versions(tenant_id, reference.name).where(AdapterVersion.number == reference.version)
+        ).one_or_none()
+        return None if row is None else Resolution((ResolvedVersion.of(*row),), (1,))
+    alias = session.scalar(
+        select(Alias)
+        .join(Adapter, Alias.adapter_id == Adapter.id)
+        .where(Adapter.tenant_id == tenant_id, Adapter.name == reference.name, Alias.name == reference.target_alias)
+        .options(selectinload(Alias.split))
+    )
+    if alias is None:
+        return None
+    weights = {row.version_id: row.weight for row in alias.split} or {alias.version_id: 1}
+    rows = session.execute(
+        _ready_versions(tenant_id, reference.name).where(AdapterVersion.id.in_(weights)).order_by(AdapterVersion.number)
+    ).all()
+    # Every version of a split is ready: deleting one is refused or removes the alias (versions.delete_version).
+    if not rows:
+        return None
+    return Resolution(
+        tuple(ResolvedVersion.of(*row) for row in rows), tuple(weights[row[0].id] for row in rows),
+        alias=reference.target_alias,
+    )
+
+
+def _ready_versions(tenant_id: uuid.UUID, name: str) -> Select[tuple[AdapterVersion, Adapter]]:
+    return (
         select(AdapterVersion, Adapter)
         .join(Adapter, AdapterVersion.adapter_id == Adapter.id)
-        .where(
-            Adapter.tenant_id == tenant_id,
-            Adapter.name == reference.name,
-            AdapterVersion.status == AdapterVersionStatus.ready,
-        )
+        .where(Adapter.tenant_id == tenant_id, Adapter.name == name,
+               AdapterVersion.status == AdapterVersionStatus.ready)
         .options(selectinload(AdapterVersion.files))
     )
-    if reference.target_alias is None:
-        query = query.where(AdapterVersion.number == reference.version)
-    else:
-        query = query.join(Alias, Alias.version_id == AdapterVersion.id).where(Alias.name == reference.target_alias)
-    row = session.execute(query).one_or_none()
-    return None if row is None else ResolvedVersion.of(*row)
 
 
 @dataclass(frozen=True)
 class _Entry:
-    resolved: ResolvedVersion | None
+    resolved: Resolution | None
     adapter_name: str
     expires_at: float
 
 
 class ResolutionCache:
-    """A bounded LRU of (tenant, reference text) -> ResolvedVersion | None. Thread-safe:
+    """A bounded LRU of (tenant, reference text) -> Resolution | None. Thread-safe:
     lookups run in the web server's worker threads, notifications arrive on the listener's.
     It is the change listener's subscriber (db/change_listener.py's ChangeSubscriber)."""
 
@@ -114,8 +160,8 @@ class ResolutionCache:
         self._lock = threading.Lock()
 
     def get_or_load(
-        self, tenant_id: uuid.UUID, reference: AdapterReference, load: Callable[[], ResolvedVersion | None]
-    ) -> ResolvedVersion | None:
+        self, tenant_id: uuid.UUID, reference: AdapterReference, load: Callable[[], Resolution | None]
+    ) -> Resolution | None:
         cache_key = (tenant_id, str(reference))
         with self._lock:
             entry = self._entries.get(cache_key)

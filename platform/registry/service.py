@@ -21,10 +21,11 @@ from sqlalchemy.orm import Session
 from loraloom.engine import AdapterHandle
 from loraloom.platform.db.change_listener import ChangeListener, InProcessChangeListener, change_listener_for
 from loraloom.platform.db.models import Alias
-from loraloom.platform.registry.aliases import move_alias, remove_alias
+from loraloom.platform.registry.aliases import move_alias, promote_alias, remove_alias, rollback_alias, split_alias
 from loraloom.platform.registry.leftovers import remove_upload_leftovers
 from loraloom.platform.registry.publish import Published
 from loraloom.platform.registry.resolution import ResolutionCache, ResolvedVersion
+from loraloom.platform.registry.splits import Share
 from loraloom.platform.registry.staging import UploadedPart, UploadLimits
 from loraloom.platform.registry.uploads import (
     PlannedFile,
@@ -103,6 +104,37 @@ class RegistryService:
         row, version = move_alias(
             session, tenant_id=tenant_id, name=name, alias=alias, number=number, actor_key_id=actor_key_id
         )
+        self._changed(tenant_id, name)
+        return row, version.handle(self.store)
+
+    def split_alias(
+        self, session: Session, *, tenant_id: uuid.UUID, name: str, alias: str, shares: Sequence[Share],
+        actor_key_id: uuid.UUID | None,
+    ) -> tuple[Alias, list[AdapterHandle]]:
+        """Split the alias's requests between versions by weight; returns the alias and the handles of its
+        versions, for the caller to prefetch."""
+        row, versions = split_alias(
+            session, tenant_id=tenant_id, name=name, alias=alias, shares=shares, actor_key_id=actor_key_id
+        )
+        self._changed(tenant_id, name)
+        return row, [version.handle(self.store) for version in versions]
+
+    def promote_alias(
+        self, session: Session, *, tenant_id: uuid.UUID, name: str, alias: str, number: int | None,
+        actor_key_id: uuid.UUID | None,
+    ) -> tuple[Alias, AdapterHandle]:
+        """End the alias's split on version `number` (None: the split's newest)."""
+        row, version = promote_alias(
+            session, tenant_id=tenant_id, name=name, alias=alias, number=number, actor_key_id=actor_key_id
+        )
+        self._changed(tenant_id, name)
+        return row, version.handle(self.store)
+
+    def rollback_alias(
+        self, session: Session, *, tenant_id: uuid.UUID, name: str, alias: str, actor_key_id: uuid.UUID | None
+    ) -> tuple[Alias, AdapterHandle]:
+        """End the alias's split on the version it named before the split."""
+        row, version = rollback_alias(session, tenant_id=tenant_id, name=name, alias=alias, actor_key_id=actor_key_id)
         self._changed(tenant_id, name)
         return row, version.handle(self.store)
 

@@ -11,7 +11,7 @@ import uuid
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session, selectinload
 
-from loraloom.platform.db.aliases import delete_alias, set_alias
+from loraloom.platform.db.aliases import aliases_naming, delete_alias, set_alias
 from loraloom.platform.db.changes import announce_adapter_change
 from loraloom.platform.db.locking import for_update
 from loraloom.platform.db.models import (
@@ -87,7 +87,8 @@ def list_versions(
 
 
 def version_aliases(session: Session, *, version: AdapterVersion) -> list[str]:
-    return sorted(session.scalars(select(Alias.name).where(Alias.version_id == version.id)))
+    """The aliases whose requests may run on the version (a split's versions all name it)."""
+    return sorted(alias.name for alias in aliases_naming(session, version_id=version.id))
 
 
 def delete_version(
@@ -107,7 +108,7 @@ def delete_version(
     # here, so the delete is refused) or waits and then finds the version deleted.
     adapter = find_adapter(session, tenant_id=tenant_id, name=name, lock=True)
     version = find_version(session, tenant_id=tenant_id, name=name, number=number)
-    aliases = list(session.scalars(select(Alias).where(Alias.version_id == version.id)))
+    aliases = aliases_naming(session, version_id=version.id)  # a split holding it too
     pinned = sorted(alias.name for alias in aliases if alias.name != LATEST_ALIAS)
     if pinned and not force:
         raise RegistryConflictError(

@@ -1,9 +1,12 @@
 """Fine-tuning datasets: validate a JSONL file at upload, tokenize it for training.
 
-Three formats, one per file, detected from the first line that names one:
+Four formats, one per file, detected from the first line that names one:
   chat         {"messages": [{"role": "system"|"user"|"assistant", "content": str, "weight": 0|1}, ...]}
   instruction  {"prompt": str, "completion": str}
   text         {"text": str}
+  preference   {"input": {"messages": [...]}, "preferred_output": [...], "non_preferred_output": [...]}
+               (DPO's; preference_data.py checks and tokenizes it)
+The first three train supervised jobs, the last DPO jobs (methods.py); an upload may be any of them.
 
 Every line is checked (a bad line found hours into a job wastes the job), and
 the report lists the first MAX_REPORTED_ERRORS problems with line numbers plus a
@@ -13,6 +16,7 @@ what the trainer will see:
   chat         loss on the content + end-of-turn token of assistant messages with weight 1
   instruction  prompt encoded as /v1/completions encodes it; loss on completion + EOS
   text         loss on every token (+ EOS)
+  preference   the served prompt, and each answer through its end-of-turn token (PreferenceExample)
 """
 from __future__ import annotations
 
@@ -26,6 +30,14 @@ from pathlib import Path
 from loraloom.engine import ChatTemplateError, Tokenizer
 from loraloom.platform.json_input import JsonInputError, parse_json
 from loraloom.platform.training.errors import TrainingInputError
+from loraloom.platform.training.line_errors import InvalidLine as _InvalidLine
+from loraloom.platform.training.line_errors import json_type as _json_type
+from loraloom.platform.training.methods import SUPERVISED, check_file_method
+from loraloom.platform.training.preference_data import (
+    PreferenceExample,
+    check_preference_record,
+    encode_preference,
+)
 
 MAX_REPORTED_ERRORS = 20
 TRAINING_ROLES = ("system", "user", "assistant")
@@ -36,6 +48,7 @@ class DatasetFormat(str, enum.Enum):
     CHAT = "chat"
     INSTRUCTION = "instruction"
     TEXT = "text"
+    PREFERENCE = "preference"
 
 
 # The fields each format requires; they also identify a line's format.
@@ -43,6 +56,7 @@ FORMAT_FIELDS = {
     DatasetFormat.CHAT: ("messages",),
     DatasetFormat.INSTRUCTION: ("prompt", "completion"),
     DatasetFormat.TEXT: ("text",),
+    DatasetFormat.PREFERENCE: ("input", "preferred_output", "non_preferred_output"),
 }
 
 
@@ -63,6 +77,18 @@ class TokenizedExample:
     @property
     def num_trained_tokens(self) -> int:
         return sum(self.loss_mask)
+
+    @property
+    def token_count(self) -> int:
+        """Tokens through the model per training pass (what trained_tokens counts)."""
+        return len(self.input_ids)
+
+    @property
+    def longest_sequence(self) -> int:
+        return len(self.input_ids)
+
+
+Example = TokenizedExample | PreferenceExample
 
 
 @dataclass(frozen=True)
@@ -100,30 +126,32 @@ class DatasetValidationError(TrainingInputError):
         self.report = report
 
 
-class _InvalidLine(Exception):
-    """One line's first problem; the scan adds the line number."""
-
-    def __init__(self, reason: str, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.reason = reason
-        self.message = message
-        self.param = param
-
-
 def validate_dataset(source: bytes | Path, tokenizer: Tokenizer, max_seq_len: int) -> DatasetReport:
     """Check every line of a JSONL dataset; the report says whether it is usable and why not."""
     report, _ = _scan(_read(source), tokenizer, max_seq_len, keep_examples=False)
     return report
 
 
-def load_dataset(
-    source: bytes | Path, tokenizer: Tokenizer, max_seq_len: int, param: str
-) -> tuple[DatasetReport, list[TokenizedExample]]:
-    """The tokenized examples of a valid dataset; raise DatasetValidationError (naming `param`,
-    the request field the file came from) if any line is invalid."""
+def read_dataset(
+    source: bytes | Path, tokenizer: Tokenizer, max_seq_len: int, *, param: str
+) -> tuple[DatasetReport, list[Example]]:
+    """The tokenized examples of a valid dataset in any format (an upload); raise DatasetValidationError
+    (naming `param`, the request field the file came from) if any line is invalid."""
     report, examples = _scan(_read(source), tokenizer, max_seq_len, keep_examples=True)
     if not report.ok:
         raise DatasetValidationError(report, param)
+    return report, examples
+
+
+def load_dataset(
+    source: bytes | Path, tokenizer: Tokenizer, max_seq_len: int, *, param: str, method: str = SUPERVISED
+) -> tuple[DatasetReport, list[Example]]:
+    """A job's examples: TokenizedExample for a supervised job, PreferenceExample for a DPO one. Raise
+    DatasetValidationError for invalid lines, and TrainingInputError naming `param` for a file whose
+    format is not the one `method` trains on."""
+    report, examples = read_dataset(source, tokenizer, max_seq_len, param=param)
+    assert report.format is not None, "a valid dataset has a format"
+    check_file_method(report.format, method, param)
     return report, examples
 
 
@@ -133,11 +161,11 @@ def _read(source: bytes | Path) -> bytes:
 
 def _scan(
     data: bytes, tokenizer: Tokenizer, max_seq_len: int, keep_examples: bool
-) -> tuple[DatasetReport, list[TokenizedExample]]:
+) -> tuple[DatasetReport, list[Example]]:
     encoder = _ExampleEncoder(tokenizer)
     errors: list[LineError] = []
     counts: Counter[str] = Counter()
-    examples: list[TokenizedExample] = []
+    examples: list[Example] = []
     file_format: DatasetFormat | None = None
     format_line = 0
     num_lines = num_tokens = num_trained_tokens = 0
@@ -160,10 +188,10 @@ def _scan(
                 )
             _check_fields(record, line_format)
             example = encoder.encode(line_format, record, line_number)
-            if len(example.input_ids) > max_seq_len:
+            if example.longest_sequence > max_seq_len:
                 raise _InvalidLine(
                     "too_long",
-                    f"the example is {len(example.input_ids)} tokens long, above max_seq_len {max_seq_len}; "
+                    f"the example is {example.longest_sequence} tokens long, above max_seq_len {max_seq_len}; "
                     "shorten or split it",
                 )
         except _InvalidLine as invalid:
@@ -171,7 +199,7 @@ def _scan(
             if len(errors) < MAX_REPORTED_ERRORS:
                 errors.append(LineError(line_number, invalid.reason, invalid.message, invalid.param))
             continue
-        num_tokens += len(example.input_ids)
+        num_tokens += example.token_count
         num_trained_tokens += example.num_trained_tokens
         if keep_examples:
             examples.append(example)
@@ -219,7 +247,7 @@ def _detect_format(record: dict) -> DatasetFormat:
         raise _InvalidLine(
             "unknown_format",
             f"the object has fields {sorted(record)}; expected 'messages' (chat), 'prompt' and 'completion' "
-            "(instruction) or 'text' (text)",
+            "(instruction), 'text' (text) or 'input', 'preferred_output' and 'non_preferred_output' (preference)",
         )
     if len(matches) > 1:
         raise _InvalidLine(
@@ -243,6 +271,8 @@ def _check_fields(record: dict, line_format: DatasetFormat) -> None:
             )
     if line_format is DatasetFormat.CHAT:
         _check_messages(record["messages"])
+    elif line_format is DatasetFormat.PREFERENCE:
+        check_preference_record(record)
     else:
         for field in FORMAT_FIELDS[line_format]:
             _check_content(record[field], field)
@@ -325,11 +355,6 @@ def _check_message(message: object, param: str) -> None:
             )
 
 
-def _json_type(value: object) -> str:
-    names = {dict: "object", list: "array", str: "string", bool: "boolean", int: "number", float: "number"}
-    return "null" if value is None else names.get(type(value), type(value).__name__)
-
-
 # --- tokens and loss masks ---------------------------------------------------------------
 
 
@@ -349,7 +374,9 @@ class _ExampleEncoder:
         # Any of these ends an assistant turn in a chat template (e.g. <|im_end|>, <|eot_id|>).
         self.end_of_turn_texts = [tokenizer.id_to_token(token_id) for token_id in tokenizer.eos_token_ids]
 
-    def encode(self, line_format: DatasetFormat, record: dict, line: int) -> TokenizedExample:
+    def encode(self, line_format: DatasetFormat, record: dict, line: int) -> Example:
+        if line_format is DatasetFormat.PREFERENCE:
+            return encode_preference(self, record, line)
         if line_format is DatasetFormat.CHAT:
             segments, add_special_tokens = self._chat_segments(record["messages"]), False  # the template has BOS
         elif line_format is DatasetFormat.INSTRUCTION:
@@ -368,9 +395,10 @@ class _ExampleEncoder:
         loss_mask[0] = False  # nothing predicts the first token
         return TokenizedExample(line=line, input_ids=tuple(input_ids), loss_mask=tuple(loss_mask))
 
-    def _render(self, messages: list[dict], add_generation_prompt: bool) -> str:
+    def render(self, messages: list[dict], add_generation_prompt: bool, tools: list[dict] | None = None) -> str:
         try:
-            return self.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt)
+            return self.tokenizer.apply_chat_template(messages, add_generation_prompt=add_generation_prompt,
+                                                      tools=tools)
         except ChatTemplateError as error:
             raise _InvalidLine("chat_template_error", str(error), "messages") from error
 
@@ -381,26 +409,26 @@ class _ExampleEncoder:
         generation prompt (what the model is served) and with the answer (what it must say).
         """
         plain = [{"role": message["role"], "content": message["content"]} for message in messages]
-        full = self._render(plain, add_generation_prompt=False)
+        full = self.render(plain, add_generation_prompt=False)
         segments: list[tuple[str, bool]] = []
         cursor = 0
         for index, message in enumerate(messages):
             if message["role"] != "assistant" or message.get("weight", 1) == 0:
                 continue
-            prompt = self._render(plain[:index], add_generation_prompt=True)
-            turn = self._render(plain[:index + 1], add_generation_prompt=False)
+            prompt = self.render(plain[:index], add_generation_prompt=True)
+            turn = self.render(plain[:index + 1], add_generation_prompt=False)
             if not (turn.startswith(prompt) and full.startswith(turn)):
                 raise RuntimeError(
                     "training: the base model's chat template does not render a conversation as a prefix of its "
                     "continuation, so assistant tokens cannot be located for the loss mask"
                 )
-            start, end = self._answer_span(turn, len(prompt), message["content"])
+            start, end = self.answer_span(turn, len(prompt), message["content"])
             segments += [(full[cursor:start], False), (full[start:end], True)]
             cursor = end
         segments.append((full[cursor:], False))
         return [(text, trained) for text, trained in segments if text]
 
-    def _answer_span(self, turn: str, answer_start: int, content: str) -> tuple[int, int]:
+    def answer_span(self, turn: str, answer_start: int, content: str) -> tuple[int, int]:
         """[start, end) of the content and the end-of-turn token that follows it in `turn`."""
         start = turn.find(content, answer_start)
         length = len(content)

@@ -22,7 +22,8 @@ from sqlalchemy.orm import Session
 from loraloom.platform.db.locking import for_update
 from loraloom.platform.db.models import FineTuningJob, FineTuningJobStatus, TenantLimits
 
-ACTIVE = (FineTuningJobStatus.running, FineTuningJobStatus.cancel_requested)
+# A worker holds the job: running, or asked to stop (it ends the job at its next step).
+ACTIVE = (FineTuningJobStatus.running, FineTuningJobStatus.cancel_requested, FineTuningJobStatus.pause_requested)
 # Any number that no other advisory lock of this database uses: "loraloom training claims".
 CLAIM_LOCK_ID = 0x6C6C7463
 

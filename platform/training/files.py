@@ -2,7 +2,8 @@
 
 A file is checked line by line against the served base's tokenizer and context length
 (datasets.py) before anything is stored, so a job never fails late on bad data; the row
-keeps the counts the validation found.
+keeps the counts the validation found. Any format is accepted (chat, instruction, text for
+supervised jobs; preference for DPO): the job checks that its files suit its method.
 """
 from __future__ import annotations
 
@@ -19,7 +20,7 @@ from loraloom.platform.db.models import FineTuningJob, TrainingFile
 from loraloom.platform.db.pages import Page, newest_first
 from loraloom.platform.registry.blobs import claimed_blobs, collect_blob
 from loraloom.platform.storage import BlobStore, content_key
-from loraloom.platform.training.datasets import load_dataset
+from loraloom.platform.training.datasets import read_dataset
 from loraloom.platform.training.errors import TrainingConflictError, TrainingInputError, TrainingNotFoundError
 from loraloom.platform.training.job_state import new_id
 
@@ -53,7 +54,7 @@ def create_file(
             code="file_too_large", param="file",
             message=f"file: larger than the limit of {max_bytes} bytes; split the dataset",
         )
-    report, examples = load_dataset(data, tokenizer, max_seq_len, param="file")
+    report, examples = read_dataset(data, tokenizer, max_seq_len, param="file")
     assert report.format is not None, "a valid dataset has a format"
     with claimed_blobs(session, store, [hashlib.sha256(data).hexdigest()]):
         ref = store.put_stream(io.BytesIO(data))
@@ -67,7 +68,7 @@ def create_file(
             format=report.format.value,
             line_count=report.num_lines,
             token_count=report.num_tokens,
-            max_example_tokens=max(len(example.input_ids) for example in examples),
+            max_example_tokens=max(example.longest_sequence for example in examples),
             created_by_key_id=actor_key_id,
         )
         session.add(row)

@@ -3,16 +3,20 @@
 Validation errors are pydantic's, located at the field (`loc == ("learning_rate",)`),
 so the API reports them as `hyperparameters.learning_rate: ...` with that `param`.
 Strict types: "3", 3.5 or true is not an epoch count.
+
+`Hyperparameters` are a supervised job's; `DpoHyperparameters` add DPO's `beta` (methods.py
+says which class a method takes).
 """
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from loraloom.engine import LORA_MODULE_PARENTS, EngineConfig
 from loraloom.platform.training.errors import TrainingInputError
+from loraloom.platform.training.schedule import AUTO, AUTO_EVALUATIONS
 
 # An adapter is only useful if the engine can load it: its rank must fit a GPU slot.
 MAX_LORA_RANK = EngineConfig.max_lora_rank
@@ -22,8 +26,11 @@ ALL_TARGET_MODULES = tuple(LORA_MODULE_PARENTS)
 DEFAULT_LEARNING_RATE = 2e-4
 MAX_LEARNING_RATE = 0.1
 # OpenAI's fine-tuning spelling, accepted beside ours: "auto" (our default) for these, and
-# learning_rate_multiplier, a factor of DEFAULT_LEARNING_RATE.
+# learning_rate_multiplier, a factor of DEFAULT_LEARNING_RATE. (eval_interval keeps "auto" as its value.)
 OPENAI_AUTO_FIELDS = ("n_epochs", "batch_size", "learning_rate_multiplier")
+# DPO's beta: OpenAI's default, and bounds that keep the loss's sigmoid off its flat ends.
+DEFAULT_BETA = 0.1
+MAX_BETA = 2.0
 LEARNING_RATE_MULTIPLIER = "learning_rate_multiplier"
 # Names other trainers (PEFT, transformers, other APIs) use for ours: a refusal names ours.
 OTHER_SPELLINGS = {
@@ -35,6 +42,7 @@ OTHER_SPELLINGS = {
 
 class Hyperparameters(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    auto_fields: ClassVar[tuple[str, ...]] = OPENAI_AUTO_FIELDS
 
     n_epochs: int = Field(default=3, ge=1, le=100, description="Passes over the training file.")
     batch_size: int = Field(default=8, ge=1, le=256, description="Examples per optimizer step.")
@@ -55,6 +63,19 @@ class Hyperparameters(BaseModel):
     max_seq_len: int = Field(
         default=1024, ge=16, le=MAX_SEQ_LEN, description="Longest example in tokens; longer ones are rejected."
     )
+    eval_interval: int | Literal["auto"] = Field(
+        default=AUTO,
+        description="Optimizer steps between two evaluations of the validation file (the last step is always "
+        f"evaluated). \"auto\": {AUTO_EVALUATIONS} evaluations over the job, evenly spaced.",
+    )
+
+    @field_validator("eval_interval", mode="plain")
+    @classmethod
+    def _interval_or_auto(cls, value: Any) -> int | str:
+        # A plain validator: a union's errors would be located at its members ("eval_interval.int").
+        if value == AUTO or (type(value) is int and value >= 1):
+            return value
+        raise ValueError(f"must be an integer >= 1 (steps between evaluations) or \"auto\", got {value!r}")
 
     @field_validator("target_modules")
     @classmethod
@@ -73,11 +94,26 @@ class Hyperparameters(BaseModel):
     def _openai_spelling(cls, data: Any, handler: Any) -> Any:
         """OpenAI's spelling in ours, before the fields are checked; unknown fields named with the supported one."""
         if isinstance(data, dict):
-            data = _ours(data)
+            data = _ours(data, cls.auto_fields)
         try:
             return handler(data)
         except ValidationError as error:
-            raise ValidationError.from_exception_data(error.title, [_with_our_name(detail) for detail in error.errors()])
+            raise ValidationError.from_exception_data(
+                error.title, [_with_our_name(detail, tuple(cls.model_fields)) for detail in error.errors()]
+            )
+
+
+class DpoHyperparameters(Hyperparameters):
+    """A DPO job's: the supervised ones plus beta, OpenAI's `method.dpo.hyperparameters`."""
+
+    auto_fields: ClassVar[tuple[str, ...]] = OPENAI_AUTO_FIELDS + ("beta",)
+
+    beta: float = Field(
+        default=DEFAULT_BETA, gt=0.0, le=MAX_BETA,
+        description="How far the policy may move from the reference model: the DPO loss is "
+        "-log sigmoid(beta x the gain in log-probability margin of the preferred answer). \"auto\" means "
+        f"{DEFAULT_BETA:g}.",
+    )
 
 
 def check_rank_is_served(hyperparameters: Hyperparameters, max_lora_rank: int) -> None:
@@ -91,8 +127,8 @@ def check_rank_is_served(hyperparameters: Hyperparameters, max_lora_rank: int) -
         )
 
 
-def _ours(data: dict[str, Any]) -> dict[str, Any]:
-    ours = {key: value for key, value in data.items() if not (key in OPENAI_AUTO_FIELDS and value == "auto")}
+def _ours(data: dict[str, Any], auto_fields: tuple[str, ...]) -> dict[str, Any]:
+    ours = {key: value for key, value in data.items() if not (key in auto_fields and value == "auto")}
     if LEARNING_RATE_MULTIPLIER not in ours:
         return ours
     multiplier = ours.pop(LEARNING_RATE_MULTIPLIER)
@@ -114,7 +150,7 @@ def _error(field: str, value: Any, message: str) -> ValidationError:
     )
 
 
-def _with_our_name(detail: dict[str, Any]) -> dict[str, Any]:
+def _with_our_name(detail: dict[str, Any], fields: tuple[str, ...]) -> dict[str, Any]:
     """An error as raised again: an unknown field's message names the field to use instead."""
     again = {"type": detail["type"], "loc": detail["loc"], "input": detail["input"]}
     if "ctx" in detail:
@@ -122,7 +158,8 @@ def _with_our_name(detail: dict[str, Any]) -> dict[str, Any]:
     if detail["type"] == "extra_forbidden" and len(detail["loc"]) == 1:
         name = detail["loc"][0]
         hint = (f"use {OTHER_SPELLINGS[name]}" if name in OTHER_SPELLINGS
-                else f"the hyperparameters are {', '.join(Hyperparameters.model_fields)} and OpenAI's "
+                else "beta is a DPO hyperparameter: give it in method.dpo.hyperparameters" if name == "beta"
+                else f"the hyperparameters are {', '.join(fields)} and OpenAI's "
                      f"{LEARNING_RATE_MULTIPLIER}")
         again["type"] = PydanticCustomError("extra_forbidden", "Extra inputs are not permitted: {hint}", {"hint": hint})
         again.pop("ctx", None)

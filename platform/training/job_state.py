@@ -2,7 +2,12 @@
 
     queued --claim--> running --finish--> succeeded | failed | cancelled
                          |  \\--cancel--> cancel_requested --finish--> cancelled
+                         |  \\--pause---> pause_requested --finish--> paused
                          \\--heartbeat stale, or a system fault--> queued again (bounded) | failed
+    queued --pause--> paused;  paused | failed | cancelled --resume--> queued (lifecycle.py)
+
+`paused` is a rest state: no worker holds the job and no reaper looks at it; a run that dies
+while its pause is pending ends the job paused, as a run whose cancel is pending ends it cancelled.
 
 Every transition is one UPDATE whose WHERE clause states the status it expects, so two
 processes racing for a job (a redelivered message, two reapers, a cancel during a claim)
@@ -126,15 +131,24 @@ def beat(factory: sessionmaker[Session], claim: Claim) -> bool:
         return bool(session.execute(update(FineTuningJob).where(_owned(claim)).values(heartbeat_at=utcnow())).rowcount)
 
 
-def cancel_requested(factory: sessionmaker[Session], claim: Claim) -> bool:
-    """Asked between steps: has the user cancelled? Raises LostOwnershipError if the job was taken away."""
+STOP_REQUESTS = (FineTuningJobStatus.cancel_requested, FineTuningJobStatus.pause_requested)
+
+
+def stop_request(factory: sessionmaker[Session], claim: Claim) -> FineTuningJobStatus | None:
+    """Asked between steps: has the user cancelled or paused the job? The request's status, or None.
+    Raises LostOwnershipError if the job was taken away."""
     with factory() as session:
         row = session.execute(
             select(FineTuningJob.status, FineTuningJob.run_token).where(FineTuningJob.id == claim.job_id)
         ).one_or_none()
     if row is None or row.run_token != claim.run_token or row.status not in ACTIVE:
         raise LostOwnershipError(f"job {claim.job_id} is no longer owned by this run")
-    return row.status is FineTuningJobStatus.cancel_requested
+    return row.status if row.status in STOP_REQUESTS else None
+
+
+def cancel_requested(factory: sessionmaker[Session], claim: Claim) -> bool:
+    """Asked between steps: is the run to stop (cancelled or paused)?"""
+    return stop_request(factory, claim) is not None
 
 
 def record_checkpoint(
@@ -219,10 +233,14 @@ def requeue_or_fail(
 ) -> FineTuningJobStatus | None:
     """A run ended without finishing its job (its worker died, or a system fault): queue the job
     again while attempts remain, else fail it naming `reason`; a job whose cancel was pending
-    ends cancelled. Commits. None when someone else moved the job first."""
+    ends cancelled, one whose pause was pending paused. Commits. None when someone else moved the job first."""
     if job.status is FineTuningJobStatus.cancel_requested:
         new_status, level, message = FineTuningJobStatus.cancelled, "warn", f"{reason}; the job is cancelled"
         values: dict[str, Any] = {"finished_at": utcnow()}
+    elif job.status is FineTuningJobStatus.pause_requested:
+        new_status, level = FineTuningJobStatus.paused, "warn"
+        message = f"{reason}; the job is paused (resume it to continue from its last checkpoint)"
+        values = {"heartbeat_at": None, "worker_id": None}
     elif job.attempts < job.max_attempts:
         new_status, level = FineTuningJobStatus.queued, "warn"
         message = f"{reason}; requeued (attempt {job.attempts} of {job.max_attempts} failed)"

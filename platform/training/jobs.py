@@ -22,14 +22,19 @@ from loraloom.platform.db.models import (
     FineTuningJob,
     FineTuningJobEvent,
     FineTuningJobStatus,
+    TrainingFile,
     utcnow,
 )
 from loraloom.platform.db.pages import Page, fetch_page, newest_first
 from loraloom.platform.registry.references import check_adapter_name
+from loraloom.platform.storage import BlobStore
+from loraloom.platform.training import start_checkpoint
 from loraloom.platform.training.errors import TrainingConflictError, TrainingInputError, TrainingNotFoundError
 from loraloom.platform.training.files import FINE_TUNE_PURPOSE, find_file
 from loraloom.platform.training.hyperparameters import Hyperparameters, check_rank_is_served
+from loraloom.platform.training.job_options import check_early_stopping
 from loraloom.platform.training.job_state import SYSTEM_ERROR, add_event, new_id
+from loraloom.platform.training.methods import SUPERVISED, check_file_method
 
 EVENT_ID_PREFIX = "ftevent-"
 # An event cursor: an event id, or its number (at most MAX_INT64, which no pattern states).
@@ -69,39 +74,35 @@ def create_job(
     hyperparameters: Hyperparameters,
     max_attempts: int,
     send: Callable[[str], None],
+    method: str = SUPERVISED,
+    metadata: dict[str, str] | None = None,
+    early_stopping_patience: int | None = None,
+    from_checkpoint: str | None = None,
+    store: BlobStore | None = None,
 ) -> FineTuningJob:
     """Check the request against the files and the served base, add the job as queued and send it
     to the workers. Raises TrainingInputError naming the field at fault. `model` may also be `base`, as in
-    requests; the job records the served name. No `suffix`: a new name is generated."""
-    if model == BASE_NAME:
-        model = served.name
-    if model != served.name:
-        raise TrainingInputError(
-            code="model_not_available", param="model",
-            message=f"model: {model!r} cannot be fine-tuned here; this server trains adapters for {served.name!r} "
-                    f"(or send {BASE_NAME!r})",
-        )
+    requests; the job records the served name. No `suffix`: a new name is generated. `hyperparameters` are
+    the `method`'s (job_options.choose_hyperparameters); `store` reads a `from_checkpoint`'s adapter config."""
     if suffix is None:
         suffix = generated_suffix()
-    try:
-        check_adapter_name(suffix, reserved=served.reserved_names)
-    except ValueError as error:
-        raise TrainingInputError(code="invalid_suffix", param="suffix",
-                                 message=str(error).replace("name: ", "suffix: ", 1)) from None
-    check_rank_is_served(hyperparameters, served.max_lora_rank)
-    for param, file_id in (("training_file", training_file), ("validation_file", validation_file)):
-        if file_id is not None:
-            _check_file(session, tenant_id, param, file_id, hyperparameters.max_seq_len)
+    check_job_inputs(session, tenant_id=tenant_id, served=served, model=model, training_file=training_file,
+                     validation_file=validation_file, suffix=suffix, hyperparameters=hyperparameters, method=method,
+                     early_stopping_patience=early_stopping_patience, from_checkpoint=from_checkpoint, store=store)
     job = FineTuningJob(
         id=new_id("ftjob"),
         tenant_id=tenant_id,
         created_by_key_id=actor_key_id,
-        model=model,
+        model=served.name,
         training_file=training_file,
         validation_file=validation_file,
         suffix=suffix,
         seed=seed if seed is not None else secrets.randbelow(MAX_SEED),
         hyperparameters=hyperparameters.model_dump(),
+        method=method,
+        job_metadata=metadata,
+        early_stopping_patience=early_stopping_patience,
+        from_checkpoint=from_checkpoint,
         status=FineTuningJobStatus.queued,
         max_attempts=max_attempts,
     )
@@ -112,11 +113,49 @@ def create_job(
     try:
         send(job.id)
     except Exception as error:  # the broker is unreachable: say so rather than leave the job queued for ever
-        _fail_unsent(session, job, error)
+        fail_unsent(session, job, error)
     return job
 
 
-def _check_file(session: Session, tenant_id: uuid.UUID, param: str, file_id: str, max_seq_len: int) -> None:
+def check_job_inputs(
+    session: Session, *, tenant_id: uuid.UUID, served: ServedModel, model: str, training_file: str,
+    validation_file: str | None, suffix: str | None, hyperparameters: Hyperparameters, method: str,
+    early_stopping_patience: int | None, from_checkpoint: str | None, store: BlobStore | None,
+) -> list[TrainingFile]:
+    """Everything a worker would refuse later, checked now (creating a job and estimating one check
+    the same): the base, the adapter name, the rank, the files (the caller's, of the method's format)
+    and the start checkpoint. Returns the files' rows, training file first."""
+    if model not in (BASE_NAME, served.name):
+        raise TrainingInputError(
+            code="model_not_available", param="model",
+            message=f"model: {model!r} cannot be fine-tuned here; this server trains adapters for {served.name!r} "
+                    f"(or send {BASE_NAME!r})",
+        )
+    if suffix is not None:
+        try:
+            check_adapter_name(suffix, reserved=served.reserved_names)
+        except ValueError as error:
+            raise TrainingInputError(code="invalid_suffix", param="suffix",
+                                     message=str(error).replace("name: ", "suffix: ", 1)) from None
+    check_rank_is_served(hyperparameters, served.max_lora_rank)
+    check_early_stopping(early_stopping_patience, validation_file)
+    rows = [_check_file(session, tenant_id, param, file_id, hyperparameters.max_seq_len, method)
+            for param, file_id in (("training_file", training_file), ("validation_file", validation_file))
+            if file_id is not None]
+    if from_checkpoint is not None:
+        if store is None:
+            raise ValueError("check_job_inputs: a from_checkpoint needs the blob store to read its adapter config")
+        checkpoint = find_checkpoint(session, tenant_id=tenant_id, checkpoint_id=from_checkpoint)
+        if checkpoint is None:
+            raise start_checkpoint.not_found(from_checkpoint)
+        start_checkpoint.check_base(checkpoint, session.get(FineTuningJob, checkpoint.job_id).model, served.name)
+        start_checkpoint.check_fits(store, checkpoint, hyperparameters)
+    return rows
+
+
+def _check_file(
+    session: Session, tenant_id: uuid.UUID, param: str, file_id: str, max_seq_len: int, method: str
+) -> TrainingFile:
     try:
         row = find_file(session, tenant_id=tenant_id, file_id=file_id)
     except TrainingNotFoundError:
@@ -133,9 +172,11 @@ def _check_file(session: Session, tenant_id: uuid.UUID, param: str, file_id: str
             message=f"hyperparameters.max_seq_len: {param} {file_id} has an example of {row.max_example_tokens} "
                     f"tokens, above max_seq_len {max_seq_len}; raise max_seq_len or shorten the example",
         )
+    check_file_method(row.format, method, param)
+    return row
 
 
-def _fail_unsent(session: Session, job: FineTuningJob, error: Exception) -> None:
+def fail_unsent(session: Session, job: FineTuningJob, error: Exception) -> None:
     message = f"The job could not be sent to the training queue ({type(error).__name__}: {error}); create it again"
     session.execute(
         update(FineTuningJob)
@@ -161,16 +202,12 @@ def list_jobs(session: Session, *, tenant_id: uuid.UUID, limit: int, after: str 
     return newest_first(session, query, FineTuningJob, cursor, limit)
 
 
-def cancel_job(session: Session, *, tenant_id: uuid.UUID, job_id: str) -> FineTuningJob:
-    """A queued job is cancelled at once; a running one is asked to stop (cancel_requested), and its
-    worker saves a checkpoint and ends it `cancelled` at the next step."""
-    job = find_job(session, tenant_id=tenant_id, job_id=job_id)
-    transitions = (
-        (FineTuningJobStatus.validating_files, FineTuningJobStatus.cancelled, "The job was cancelled before it ran"),
-        (FineTuningJobStatus.queued, FineTuningJobStatus.cancelled, "The job was cancelled before it ran"),
-        (FineTuningJobStatus.running, FineTuningJobStatus.cancel_requested,
-         "Cancellation requested; the job stops after its current step"),
-    )
+Transition = tuple[FineTuningJobStatus, FineTuningJobStatus, str]  # (from, to, the event's message)
+
+
+def move_job(session: Session, job: FineTuningJob, transitions: tuple[Transition, ...]) -> bool:
+    """The first transition whose `from` is the job's status now, as a compare-and-set; commits it with
+    its event. False when none applies (the caller says why from the refreshed job)."""
     for current, new, message in transitions:
         values = {"status": new, **({"finished_at": utcnow()} if new.finished else {})}
         moved = session.execute(
@@ -180,9 +217,25 @@ def cancel_job(session: Session, *, tenant_id: uuid.UUID, job_id: str) -> FineTu
             add_event(session, job.id, message)
             session.commit()
             session.refresh(job)
-            return job
+            return True
     session.refresh(job)
-    if job.status is FineTuningJobStatus.cancel_requested:
+    return False
+
+
+def cancel_job(session: Session, *, tenant_id: uuid.UUID, job_id: str) -> FineTuningJob:
+    """A queued or paused job is cancelled at once; a running one (or one pausing) is asked to stop
+    (cancel_requested), and its worker saves a checkpoint and ends it `cancelled` at the next step."""
+    job = find_job(session, tenant_id=tenant_id, job_id=job_id)
+    transitions = (
+        (FineTuningJobStatus.validating_files, FineTuningJobStatus.cancelled, "The job was cancelled before it ran"),
+        (FineTuningJobStatus.queued, FineTuningJobStatus.cancelled, "The job was cancelled before it ran"),
+        (FineTuningJobStatus.paused, FineTuningJobStatus.cancelled, "The paused job was cancelled"),
+        (FineTuningJobStatus.running, FineTuningJobStatus.cancel_requested,
+         "Cancellation requested; the job stops after its current step"),
+        (FineTuningJobStatus.pause_requested, FineTuningJobStatus.cancel_requested,
+         "Cancellation requested; the job stops after its current step"),
+    )
+    if move_job(session, job, transitions) or job.status is FineTuningJobStatus.cancel_requested:
         return job
     raise TrainingConflictError(f"fine-tuning job {job_id} has already {job.status.value}; there is nothing to cancel")
 

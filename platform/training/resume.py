@@ -3,14 +3,18 @@ worker died, a system fault) continues where the lost run stopped instead of sta
 
 What continuing needs besides the LoRA weights: AdamW's moments and step counts, the learning
 rate schedule's position, the RNG state the next step's dropout draws from, the step reached and
-the tokens trained so far. The data position follows from the step (the example order of every
-epoch is drawn from the job's seed). Stored as safetensors plus JSON metadata, never a pickle,
-like every other file the platform reads back.
+the tokens trained so far (validation tokens included), and with early stopping its counters
+and the best weights so far (early_stopping.py: a resumed run must return the best of all its
+evaluations, those before the checkpoint too). The data position follows from the step (the
+example order of every epoch is drawn from the job's seed). A DPO run's reference
+log-probabilities are not saved: they are recomputed exactly from the starting weights (dpo.py).
+Stored as safetensors plus JSON metadata, never a pickle, like every other file the platform
+reads back.
 """
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -21,12 +25,15 @@ TRAINING_STATE_FILE = "training_state.safetensors"
 _OPTIMIZER_PREFIX = "optimizer."
 _CPU_RNG = "rng.cpu"
 _CUDA_RNG = "rng.cuda"
+_BEST_WEIGHTS_PREFIX = "best_weights."
 
 
 @dataclass(frozen=True)
 class RunPosition:
     step: int  # optimizer steps finished
     trained_tokens: int  # up to and including that step
+    early_stopping: dict | None = None  # EarlyStopping's counters, when the run stops early
+    best_weights: dict[str, torch.Tensor] = field(default_factory=dict)  # and its best LoRA weights so far
 
 
 def save_training_state(
@@ -39,6 +46,8 @@ def save_training_state(
         for index, values in optimizer_state["state"].items()
         for name, value in values.items()
     }
+    tensors.update({f"{_BEST_WEIGHTS_PREFIX}{name}": value.detach().cpu().contiguous()
+                    for name, value in position.best_weights.items()})
     tensors[_CPU_RNG] = torch.get_rng_state()
     if device.type == "cuda":
         tensors[_CUDA_RNG] = torch.cuda.get_rng_state(device)
@@ -48,6 +57,8 @@ def save_training_state(
         "param_groups": json.dumps(optimizer_state["param_groups"]),
         "scheduler": json.dumps(scheduler.state_dict()),
     }
+    if position.early_stopping is not None:
+        metadata["early_stopping"] = json.dumps(position.early_stopping)  # floats round-trip exactly
     save_file(tensors, str(path), metadata=metadata)
 
 
@@ -70,4 +81,8 @@ def load_training_state(
     torch.set_rng_state(tensors[_CPU_RNG])
     if device.type == "cuda" and _CUDA_RNG in tensors:
         torch.cuda.set_rng_state(tensors[_CUDA_RNG], device)
-    return RunPosition(step=int(metadata["step"]), trained_tokens=int(metadata["trained_tokens"]))
+    early_stopping = json.loads(metadata["early_stopping"]) if "early_stopping" in metadata else None
+    best_weights = {key.removeprefix(_BEST_WEIGHTS_PREFIX): value for key, value in tensors.items()
+                    if key.startswith(_BEST_WEIGHTS_PREFIX)}
+    return RunPosition(step=int(metadata["step"]), trained_tokens=int(metadata["trained_tokens"]),
+                       early_stopping=early_stopping, best_weights=best_weights)

@@ -4,7 +4,10 @@ Runs in the worker's child process (a fresh one per job), where torch may be imp
 Failures are told apart for the user: TrainingInputError is their input's fault (the job
 fails with its code and param; retrying cannot help), the time limit is its own code, and
 anything else is a system fault, retried on another run while attempts remain. A retry
-resumes from the job's last checkpoint (weights, optimizer, schedule, RNG, data position).
+resumes from the job's last checkpoint (weights, optimizer, schedule, RNG, data position), as
+does the run of a resumed job. A run asked to stop (cancel or pause) ends after its current
+step with a checkpoint, the job `cancelled` or `paused`. A run that trained the whole job and
+succeeded adds its throughput to the model's measured rate (throughput.py), which estimates use.
 What a system fault's message tells the user never includes SQL or server paths: those go
 to the worker's log.
 """
@@ -12,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -23,25 +27,17 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from loraloom.engine import ADAPTER_CONFIG_FILE, ADAPTER_WEIGHTS_FILE, file_sha256
 from loraloom.platform.db import create_db_engine, create_session_factory
-from loraloom.platform.db.models import AdapterVersionSource, FineTuningJob, FineTuningJobStatus, TrainingFile
+from loraloom.platform.db.models import AdapterVersionSource, FineTuningJob, FineTuningJobStatus
 from loraloom.platform.registry.blobs import claimed_blobs
 from loraloom.platform.settings import Settings
-from loraloom.platform.storage import (
-    BlobNotFoundError,
-    BlobStore,
-    BlobVerificationError,
-    content_key,
-    storage_from_settings,
-)
+from loraloom.platform.storage import storage_from_settings
 from loraloom.platform.training.dispatch import next_job
 from loraloom.platform.training.errors import TrainingInputError
-from loraloom.platform.training.hyperparameters import Hyperparameters, check_rank_is_served
+from loraloom.platform.training.hyperparameters import check_rank_is_served
 from loraloom.platform.training.job_state import (
     SYSTEM_ERROR,
     Claim,
     LostOwnershipError,
-    ResumePoint,
-    add_event,
     beat,
     cancel_requested,
     claim_next_job,
@@ -49,9 +45,17 @@ from loraloom.platform.training.job_state import (
     record_checkpoint,
     record_step,
     requeue_or_fail,
-    resume_point,
     set_checkpoint_metrics,
+    stop_request,
 )
+from loraloom.platform.training.run_inputs import (
+    fetch_resume_point,
+    fetch_start_checkpoint,
+    job_event,
+    load_spec,
+    read_file,
+)
+from loraloom.platform.training.throughput import record_run
 
 logger = logging.getLogger(__name__)
 TIME_LIMIT_EXCEEDED = "time_limit_exceeded"
@@ -165,40 +169,6 @@ def _fail(factory: sessionmaker[Session], claim: Claim, error: tuple[str, str, s
             session.commit()
 
 
-@dataclass(frozen=True)
-class _JobSpec:
-    tenant_id: Any
-    actor_key_id: Any
-    model: str
-    training_file: str
-    validation_file: str | None
-    suffix: str
-    seed: int
-    hyperparameters: Hyperparameters
-
-
-def _load_spec(factory: sessionmaker[Session], claim: Claim) -> _JobSpec:
-    with factory() as session:
-        job = session.get(FineTuningJob, claim.job_id)
-        assert job is not None, "a claimed job exists"
-        return _JobSpec(
-            tenant_id=job.tenant_id, actor_key_id=job.created_by_key_id, model=job.model,
-            training_file=job.training_file, validation_file=job.validation_file, suffix=job.suffix, seed=job.seed,
-            # Not strict: JSON has no float/int distinction (PostgreSQL may hand back 32 for 32.0).
-            hyperparameters=Hyperparameters.model_validate(job.hyperparameters, strict=False),
-        )
-
-
-def _read_file(factory: sessionmaker[Session], store: BlobStore, spec: _JobSpec, file_id: str, param: str) -> bytes:
-    with factory() as session:
-        row = session.get(TrainingFile, file_id)
-    if row is None or row.tenant_id != spec.tenant_id:
-        raise TrainingInputError(code="file_not_found", param=param,
-                                 message=f"{param}: file {file_id} was deleted before the job ran; upload it again")
-    with store.open(content_key(row.sha256)) as blob:
-        return blob.read()
-
-
 def _train_and_publish(factory: sessionmaker[Session], claim: Claim, context: WorkerContext) -> None:
     # Imported here: torch, transformers and peft load only in the worker's child process.
     from loraloom.engine import ModelConfig, Tokenizer
@@ -209,7 +179,7 @@ def _train_and_publish(factory: sessionmaker[Session], claim: Claim, context: Wo
     from loraloom.platform.training.trainer import TrainingMetrics, TrainStatus, train_lora
 
     settings, model_dir = context.settings, context.model_dir
-    spec = _load_spec(factory, claim)
+    spec = load_spec(factory, claim)
     if spec.model != model_dir.name:
         raise RuntimeError(f"this worker trains on {model_dir.name!r}, but the job is for {spec.model!r}; "
                            "start the worker with --model pointing at the served base")
@@ -221,13 +191,13 @@ def _train_and_publish(factory: sessionmaker[Session], claim: Claim, context: Wo
     def examples(file_id: str | None, param: str):
         if file_id is None:
             return []
-        data = _read_file(factory, store, spec, file_id, param)
-        return load_dataset(data, tokenizer, hyperparameters.max_seq_len, param=param)[1]
+        data = read_file(factory, store, spec, file_id, param)
+        return load_dataset(data, tokenizer, hyperparameters.max_seq_len, param=param, method=spec.method)[1]
 
     train_examples = examples(spec.training_file, "training_file")
     eval_examples = examples(spec.validation_file, "validation_file")
-    _event(factory, f"Training on {len(train_examples)} examples for {hyperparameters.n_epochs} epoch(s)"
-                    f"{f', evaluating on {len(eval_examples)}' if eval_examples else ''}", claim)
+    job_event(factory, claim, f"Training on {len(train_examples)} examples for {hyperparameters.n_epochs} epoch(s)"
+                              f"{f', evaluating on {len(eval_examples)}' if eval_examples else ''}")
     last_metrics: dict[str, Any] = {}
 
     # Step -> the checkpoint saved at it, whose metrics the trainer reports right after.
@@ -265,9 +235,14 @@ def _train_and_publish(factory: sessionmaker[Session], claim: Claim, context: Wo
             checkpoints_awaiting_metrics[step] = checkpoint_id
 
     work_dir = settings.training_work_dir / claim.job_id / f"attempt-{claim.attempt}"
-    resume = _fetch_resume_point(factory, store, claim, work_dir)
+    resume = fetch_resume_point(factory, store, claim, work_dir)
     if resume is not None:
         last_metrics.update(resume[0].metrics)
+    # A resumed run's weights come from its own checkpoint; only a run from step 1 starts from another job's.
+    start_from = None
+    if spec.from_checkpoint is not None and resume is None:
+        start_from = fetch_start_checkpoint(factory, store, claim, spec, work_dir)
+    started = time.monotonic()
     result = train_lora(
         base_model_dir=model_dir,
         train_examples=train_examples,
@@ -280,15 +255,17 @@ def _train_and_publish(factory: sessionmaker[Session], claim: Claim, context: Wo
         save_checkpoint=save_checkpoint,
         checkpoint_every=settings.training_checkpoint_every,
         resume_from=resume[1] if resume is not None else None,
+        method=spec.method,
+        early_stopping_patience=spec.early_stopping_patience,
+        start_from=start_from,
     )
+    run_seconds = time.monotonic() - started
     if result.status is TrainStatus.CANCELLED:
-        with factory() as session:
-            if finish_job(session, claim, FineTuningJobStatus.cancelled, trained_tokens=result.trained_tokens,
-                          metrics=last_metrics or None,
-                          message=f"The job was cancelled after step {result.steps} of {result.total_steps}"):
-                session.commit()
+        _end_stopped(factory, claim, result, last_metrics)
         return
-    if cancel_requested(factory, claim):  # asked during the last step: keep the work as a checkpoint only
+    if stop_request(factory, claim) is FineTuningJobStatus.cancel_requested:
+        # Cancelled during the last step: keep the work as a checkpoint only. (A pause asked then has
+        # nothing left to pause: the job completes.)
         if result.steps % settings.training_checkpoint_every:  # else the last step saved one already
             save_checkpoint(result.steps, result.adapter_dir)
         with factory() as session:
@@ -313,34 +290,26 @@ def _train_and_publish(factory: sessionmaker[Session], claim: Claim, context: Wo
         else:
             logger.warning("job %s: registered %s but the job was taken away meanwhile", claim.job_id, reference,
                            extra={"job_id": claim.job_id})
+            return
+    if resume is None:  # a run of the whole job: its time is what an estimate of such a job should say
+        record_run(factory, spec.model, tokens=result.trained_tokens, seconds=run_seconds)
 
 
-def _fetch_resume_point(
-    factory: sessionmaker[Session], store: BlobStore, claim: Claim, work_dir: Path
-) -> tuple[ResumePoint, Path] | None:
-    """The job's last checkpoint with its training state, downloaded for train_lora's resume_from;
-    None when this run starts from step 1 (the first run, or no checkpoint can be resumed)."""
-    from loraloom.platform.training.resume import TRAINING_STATE_FILE
-
-    point = resume_point(factory, claim.job_id)
-    if point is None:
-        return None
-    directory = work_dir / f"resume-{point.step}"
-    try:
-        for name, sha256 in ((ADAPTER_CONFIG_FILE, point.config_sha256), (ADAPTER_WEIGHTS_FILE, point.weights_sha256),
-                             (TRAINING_STATE_FILE, point.training_state_sha256)):
-            store.get_to_path(content_key(sha256), directory / name)
-    except (BlobNotFoundError, BlobVerificationError):
-        logger.exception("job %s: checkpoint %s cannot be read back", claim.job_id, point.checkpoint_id,
-                         extra={"job_id": claim.job_id})
-        _event(factory, f"Checkpoint {point.checkpoint_id} could not be read back; training starts over from step 1",
-               claim, level="warn")
-        return None
-    _event(factory, f"Resuming from checkpoint {point.checkpoint_id} at step {point.step}", claim,
-           data={"checkpoint": point.checkpoint_id, "step": point.step})
-    return point, directory
-
-
-def _event(factory: sessionmaker[Session], message: str, claim: Claim, **fields: Any) -> None:
-    with factory.begin() as session:
-        add_event(session, claim.job_id, message, **fields)
+def _end_stopped(factory: sessionmaker[Session], claim: Claim, result: Any, last_metrics: dict[str, Any]) -> None:
+    """The run stopped between steps on the user's request: end the job paused or cancelled, as asked.
+    Its checkpoint of the steps done (the trainer saved it) is where a resume continues."""
+    paused = stop_request(factory, claim) is FineTuningJobStatus.pause_requested
+    with factory() as session:
+        if paused:
+            ended = finish_job(
+                session, claim, FineTuningJobStatus.paused, finished_at=None, trained_tokens=result.trained_tokens,
+                metrics=last_metrics or None,
+                message=f"The job was paused after step {result.steps} of {result.total_steps}; resume it with "
+                        f"POST /v1/fine_tuning/jobs/{claim.job_id}/resume",
+            )
+        else:
+            ended = finish_job(session, claim, FineTuningJobStatus.cancelled, trained_tokens=result.trained_tokens,
+                               metrics=last_metrics or None,
+                               message=f"The job was cancelled after step {result.steps} of {result.total_steps}")
+        if ended:
+            session.commit()

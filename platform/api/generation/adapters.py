@@ -1,7 +1,13 @@
 """Which adapter a generation request runs on: the one its `adapter_id` (LoRAX) or else its `model`
-names, resolved for the caller's tenant, and which of the two fields named it."""
+names, resolved for the caller's tenant, and which of the two fields named it.
+
+An alias split between versions (a canary rollout) gives each request one version: by its `user`
+when it sends one (sticky), else drawn for the request; both fields resolve with the same key, so they
+agree. The response's `model` then names the version that served (`name@N`), as OpenAI names the
+snapshot behind an alias."""
 from __future__ import annotations
 
+import functools
 import uuid
 from dataclasses import dataclass
 
@@ -13,6 +19,7 @@ from loraloom.platform.metering.usage import UsageMeter
 from loraloom.platform.registry.errors import AdapterNotFoundError, InvalidAdapterError
 from loraloom.platform.registry.lookup import AdapterLookup
 from loraloom.platform.registry.named import NamedAdapter
+from loraloom.platform.registry.splits import routing_key
 
 
 @dataclass(frozen=True)
@@ -22,6 +29,9 @@ class ResolvedAdapter:
 
     named: NamedAdapter | None
     field: str
+    # The response's `model`: the request's, except that an alias (`name:prod`, or a bare registry name,
+    # which follows `latest`) in `model` is answered with the version that served it (`name@N`).
+    response_model: str
 
 
 async def resolve_adapter(
@@ -29,16 +39,28 @@ async def resolve_adapter(
 ) -> ResolvedAdapter:
     name, field = (body.model, "model") if body.adapter_id is None else (body.adapter_id, "adapter_id")
     meter.adapter_reference = name  # before resolving: a reference that fails to resolve is logged too
-    adapter = await _resolve(lookup, name, field, tenant_id)
+    key = routing_key(body.user)
+    adapter = await _resolve(lookup, name, field, tenant_id, key)
+    model = adapter
     if field == "adapter_id":
-        check_model_agrees(body, adapter, await _resolve(lookup, body.model, "model", tenant_id))
-    return ResolvedAdapter(adapter, field)
+        model = await _resolve(lookup, body.model, "model", tenant_id, key)
+        check_model_agrees(body, adapter, model)
+    return ResolvedAdapter(adapter, field, response_model=served_model_name(body.model, model))
 
 
-async def _resolve(lookup: AdapterLookup, name: str, field: str, tenant_id: uuid.UUID) -> NamedAdapter | None:
+def served_model_name(requested: str, model: NamedAdapter | None) -> str:
+    """`name@N` when `model` followed an alias to a registry version; else the request's `model` as sent."""
+    if model is not None and model.alias is not None and model.version is not None:
+        return model.handle.name
+    return requested
+
+
+async def _resolve(
+    lookup: AdapterLookup, name: str, field: str, tenant_id: uuid.UUID, key: str
+) -> NamedAdapter | None:
     try:
         # A lookup may hash files or query a database: keep it off the event loop.
-        return await run_in_threadpool(lookup.resolve_named, name, tenant_id)
+        return await run_in_threadpool(functools.partial(lookup.resolve_named, name, tenant_id, routing_key=key))
     except AdapterNotFoundError as error:
         raise APIError(404, str(error), param=field, code="model_not_found") from None
     except InvalidAdapterError as error:

@@ -51,7 +51,8 @@ class GenerationPlan:
 
 @dataclass(frozen=True)
 class ResponseHead:
-    """What the response and each of its chunks carry: OpenAI's id, created (Unix seconds) and model."""
+    """What the response and each of its chunks carry: OpenAI's id, created (Unix seconds) and model (the
+    request's, or the version that served an alias: generation/adapters.py)."""
 
     id: str
     created: int
@@ -75,8 +76,8 @@ async def start_generation(request: Request, engine: EngineClient, plan: Generat
         raise
     params = sampling_params(body, max_tokens=max_tokens, logprobs=plan.logprobs, defaults=engine.generation_defaults,
                              grammar=grammar)
-    head = ResponseHead(id=f"{plan.id_prefix}-{uuid.uuid4().hex}", created=int(time.time()), model=body.model,
-                        num_choices=body.n)
+    head = ResponseHead(id=f"{plan.id_prefix}-{uuid.uuid4().hex}", created=int(time.time()),
+                        model=plan.adapter.response_model, num_choices=body.n)
     # Revoking the key (or its expiry) ends the generation, from its queueing to its last token.
     revocation = request.app.state.key_watch.watch(meter.caller.api_key_id)
     return Generation(request, engine, plan, meter, head, choice_params(params, body.n), revocation)

@@ -1,4 +1,5 @@
-"""The adapter registry over HTTP: /v1/adapters, their versions, aliases and alias history.
+"""The adapter registry over HTTP: /v1/adapters, their versions, aliases (one version, or split between
+versions by weight, then promoted or rolled back) and alias history.
 
 Everything is scoped to the caller's tenant; another tenant's adapter is a 404 exactly
 like a missing one. Reading and changing need a developer or admin key (an inference key
@@ -26,8 +27,9 @@ from loraloom.platform.api.schemas.adapters import (
     AliasHistoryList,
     AliasMoveBody,
     AliasNamePath,
-    MovableAliasPath,
     AliasObject,
+    AliasPromoteBody,
+    MovableAliasPath,
     Deleted,
     PresignedFileObject,
     UploadCompleteBody,
@@ -242,11 +244,61 @@ def put_alias(
     engine: EngineDep,
     background: BackgroundTasks,
 ) -> AliasObject:
-    """Point the alias at a version (promote, rollback); recorded in the alias's history.
-    The version is prefetched into the engine's host cache after the response."""
-    row, version = registry.move_alias(
-        session, tenant_id=caller.tenant_id, name=name, alias=alias, number=body.version,
+    """Point the alias at a version (`version`), or split its requests between versions by weight (`split`: a
+    canary rollout; then promote or roll back); recorded in the alias's history. The versions are prefetched
+    into the engine's host cache after the response."""
+    shares = body.shares()
+    if shares is None:
+        assert body.version is not None  # shares() refuses a body with neither
+        row, version = registry.move_alias(
+            session, tenant_id=caller.tenant_id, name=name, alias=alias, number=body.version,
+            actor_key_id=caller.api_key_id,
+        )
+        handles = [version]
+    else:
+        row, handles = registry.split_alias(
+            session, tenant_id=caller.tenant_id, name=name, alias=alias, shares=shares, actor_key_id=caller.api_key_id,
+        )
+    for handle in handles:
+        background.add_task(_prefetch, engine, handle)
+    return AliasObject.of(row, name)
+
+
+@router.post("/v1/adapters/{name}/aliases/{alias}/promote", response_model=AliasObject)
+def promote_alias_route(
+    name: AdapterNamePath,
+    alias: MovableAliasPath,
+    caller: DeveloperDep,
+    session: SessionDep,
+    registry: RegistryDep,
+    engine: EngineDep,
+    background: BackgroundTasks,
+    body: AliasPromoteBody | None = None,
+) -> AliasObject:
+    """End the alias's split on one of its versions: `version`, by default the split's newest (the canary).
+    409 when the alias is not split. Recorded in the alias's history."""
+    row, version = registry.promote_alias(
+        session, tenant_id=caller.tenant_id, name=name, alias=alias, number=None if body is None else body.version,
         actor_key_id=caller.api_key_id,
+    )
+    background.add_task(_prefetch, engine, version)
+    return AliasObject.of(row, name)
+
+
+@router.post("/v1/adapters/{name}/aliases/{alias}/rollback", response_model=AliasObject)
+def rollback_alias_route(
+    name: AdapterNamePath,
+    alias: MovableAliasPath,
+    caller: DeveloperDep,
+    session: SessionDep,
+    registry: RegistryDep,
+    engine: EngineDep,
+    background: BackgroundTasks,
+) -> AliasObject:
+    """End the alias's split on the version the alias named before the split. 409 when the alias is not split,
+    or was created split. Recorded in the alias's history."""
+    row, version = registry.rollback_alias(
+        session, tenant_id=caller.tenant_id, name=name, alias=alias, actor_key_id=caller.api_key_id
     )
     background.add_task(_prefetch, engine, version)
     return AliasObject.of(row, name)
@@ -265,14 +317,4 @@ def get_alias_history(
     name: AdapterNamePath, alias: AliasNamePath, caller: DeveloperDep, session: SessionDep, registry: RegistryDep
 ) -> AliasHistoryList:
     moves = alias_history(session, tenant_id=caller.tenant_id, name=name, alias=alias)
-    return AliasHistoryList(
-        data=[
-            AliasHistoryEntry(
-                from_version=move.from_version,
-                to_version=move.to_version,
-                changed_at=move.changed_at,
-                changed_by_key_id=move.changed_by_key_id,
-            )
-            for move in moves
-        ]
-    )
+    return AliasHistoryList(data=[AliasHistoryEntry.of(move) for move in moves])

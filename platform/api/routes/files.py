@@ -29,7 +29,8 @@ def upload_file(
     registry: RegistryDep,
     engine: EngineDep,
     settings: SettingsDep,
-    file: Annotated[UploadFile, File(description="A JSONL dataset: chat, instruction or text format.")],
+    file: Annotated[UploadFile, File(description="A JSONL dataset: chat, instruction or text format (supervised), "
+                                     "or preference pairs (DPO).")],
     purpose: Annotated[str, Form(description="fine-tune")],
 ) -> FileObject:
     row = create_file(

@@ -1,4 +1,4 @@
-"""GET /v1/usage: metered tokens of the caller's tenant, grouped by adapter (name, version or alias),
+"""GET /v1/usage: metered tokens of the caller's tenant, grouped by adapter (name, version, alias or both),
 API key or UTC day. Adapters appear under the names users know, never the engine's runtime key."""
 from __future__ import annotations
 
@@ -30,7 +30,8 @@ def get_usage(
     caller: DeveloperDep,
     group_by: Annotated[UsageGroup, Query(
         description="`adapter` (by name), `version` (name and version number), `alias` (name and the alias the "
-        "requests followed), `key` (API key) or `day` (UTC)"
+        "requests followed), `alias_version` (name, alias and the version that served: an alias split between "
+        "versions shows each apart), `key` (API key) or `day` (UTC)"
     )] = UsageGroup.day,
     start: Annotated[IsoTime | None, Query(description="Inclusive; ISO 8601, UTC when no offset is given")] = None,
     end: Annotated[IsoTime | None, Query(description="Exclusive; ISO 8601, UTC when no offset is given")] = None,

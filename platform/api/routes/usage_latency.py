@@ -15,6 +15,7 @@ from loraloom.platform.api.errors import ERROR_RESPONSES, APIError
 from loraloom.platform.api.routes.usage import as_utc
 from loraloom.platform.api.routes.usage_series import MAX_BUCKETS, STEP
 from loraloom.platform.api.schemas.common import IsoTime
+from loraloom.platform.db.models import MAX_INT64
 from loraloom.platform.metering.latency import LatencyStats, TopOrder, latency_series, top_adapters
 from loraloom.platform.metering.usage_series import Granularity
 
@@ -54,6 +55,7 @@ class LatencyPointObject(LatencyFigures):
 class LatencySeries(BaseModel):
     object: Literal["list"] = "list"
     adapter: str
+    version: int | None = Field(default=None, description="The version asked for; null: all the adapter's versions.")
     granularity: Granularity
     start: datetime
     end: datetime | None
@@ -93,15 +95,18 @@ def get_latency_series(
     granularity: Annotated[Granularity, Query(description="hour or day (UTC)")] = Granularity.hour,
     start: StartQuery = None,
     end: EndQuery = None,
+    version: Annotated[int | None, Query(ge=1, le=MAX_INT64, description="Only this version's requests (name@N), "
+                                         "e.g. a canary's next to its stable's while an alias splits between them; "
+                                         "default: all the adapter's versions")] = None,
 ) -> LatencySeries:
     start, end = _period(start, end)
     if (end or datetime.now(timezone.utc)) - start > STEP[granularity] * MAX_BUCKETS[granularity]:
         raise APIError(400, f"start: at most {MAX_BUCKETS[granularity]} {granularity.value} buckets per request; "
                             "narrow the range or use granularity=day", param="start")
     points = latency_series(session, tenant_id=caller.tenant_id, adapter=adapter, granularity=granularity,
-                            start=start, end=end)
+                            start=start, end=end, version=version)
     return LatencySeries(
-        adapter=adapter, granularity=granularity, start=start, end=end,
+        adapter=adapter, version=version, granularity=granularity, start=start, end=end,
         data=[LatencyPointObject(start=point.start, **LatencyFigures.figures(point.stats)) for point in points],
     )
 

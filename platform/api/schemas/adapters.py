@@ -8,9 +8,12 @@ from typing import Annotated, Any, Literal
 from fastapi import Path
 from pydantic import BaseModel, Field
 
+from loraloom.engine import RequestFieldError
 from loraloom.platform.api.schemas.common import ListObject, PageObject, StrictBody, documented_pattern
-from loraloom.platform.db.models import MAX_INT64, Adapter, AdapterVersion, Alias
+from loraloom.platform.db.models import MAX_INT64, Adapter, AdapterVersion, Alias, AliasAction
+from loraloom.platform.registry.aliases import AliasMove, alias_split
 from loraloom.platform.registry.references import ADAPTER_NAME_PATTERN, ALIAS_NAME_PATTERN, LATEST_ALIAS
+from loraloom.platform.registry.splits import MAX_SPLIT_VERSIONS, MAX_SPLIT_WEIGHT, MIN_SPLIT_VERSIONS, Share
 from loraloom.platform.registry.validation import base_model_warning
 from loraloom.platform.settings import ToolParserName
 
@@ -132,7 +135,8 @@ class AdapterObject(BaseModel):
     name: str
     description: str
     tags: list[str]
-    aliases: dict[str, int] = Field(description="Alias -> version number, `latest` included.")
+    aliases: dict[str, int] = Field(description="Alias -> version number, `latest` included (a split alias: its "
+                                    "version with the largest weight; GET .../aliases/{alias} shows the split).")
     latest_version: LatestVersionSummary | None = Field(
         description="The version `latest` points at (rank, alpha, target modules, size); null while the adapter "
         "has no ready version."
@@ -169,15 +173,61 @@ class Deleted(BaseModel):
     deleted: Literal[True] = True
 
 
+class SplitShareBody(StrictBody):
+    version: int = Field(ge=1, le=MAX_INT64, description="A version of the adapter (name@N).")
+    weight: int = Field(ge=1, le=MAX_SPLIT_WEIGHT, description="Its share of the requests is weight / the split's "
+                        "total weight (90 and 10: 90% and 10%).")
+
+
+SPLIT_DESCRIPTION = (
+    f"Split the alias's requests between {MIN_SPLIT_VERSIONS} to {MAX_SPLIT_VERSIONS} distinct versions by weight "
+    "(a canary rollout). A request with `user` gets the same version every time while the split stays the same "
+    "(a hash of tenant, alias and user; changing a weight moves only the users it must); one without draws per "
+    "request. Not for `latest`."
+)
+
+
 class AliasMoveBody(StrictBody):
-    version: int = Field(ge=1, le=MAX_INT64, description="The version number the alias should point at.")
+    """Either `version` (point the alias at one version) or `split` (spread it over versions by weight)."""
+
+    version: int | None = Field(default=None, ge=1, le=MAX_INT64, description="The version number the alias should "
+                                "point at (its split, if it had one, ends).")
+    split: list[SplitShareBody] | None = Field(default=None, min_length=MIN_SPLIT_VERSIONS,
+                                               max_length=MAX_SPLIT_VERSIONS, description=SPLIT_DESCRIPTION)
+
+    def shares(self) -> list[Share] | None:
+        """The split asked for, or None for one version; refuses a body with both or neither."""
+        if (self.version is None) == (self.split is None):
+            field = "split" if self.split is not None else "version"
+            raise RequestFieldError(field, 'send either {"version": N} or {"split": [{"version": N, "weight": W}, '
+                                    "...]}, " + ("not both" if self.split is not None else "one of them"))
+        return None if self.split is None else [Share(share.version, share.weight) for share in self.split]
+
+
+class AliasPromoteBody(StrictBody):
+    version: int | None = Field(default=None, ge=1, le=MAX_INT64, description="The split's version the alias should "
+                                "name from now on; by default its newest (the canary).")
+
+
+class SplitShareObject(BaseModel):
+    version: int
+    weight: int
+
+
+def _share_objects(shares: tuple[Share, ...] | None) -> list[SplitShareObject] | None:
+    return None if shares is None else [SplitShareObject(version=s.version, weight=s.weight) for s in shares]
 
 
 class AliasObject(BaseModel):
     object: Literal["adapter.alias"] = "adapter.alias"
     adapter: str
     alias: str
-    version: int
+    version: int = Field(description="The version the alias names; while it is split, the split's version with the "
+                         "largest weight (the older on a tie).")
+    split: list[SplitShareObject] | None = Field(
+        default=None, description="The versions the alias's requests are split between, by version, with their "
+        "weights; null while it names one version."
+    )
     updated_at: datetime
     updated_by_key_id: uuid.UUID | None
 
@@ -187,6 +237,7 @@ class AliasObject(BaseModel):
             adapter=adapter_name,
             alias=alias.name,
             version=alias.version.number,
+            split=_share_objects(alias_split(alias)),
             updated_at=alias.updated_at,
             updated_by_key_id=alias.updated_by_key_id,
         )
@@ -194,10 +245,21 @@ class AliasObject(BaseModel):
 
 class AliasHistoryEntry(BaseModel):
     object: Literal["adapter.alias.move"] = "adapter.alias.move"
+    action: AliasAction = Field(description="What the change did: `set` (one version), `split`, `promote` (a split "
+                                "became one of its versions), `rollback` (a split went back to the version before "
+                                "it), `delete`.")
     from_version: int | None = Field(description="None: the alias was created by this move.")
-    to_version: int | None = Field(description="None: the alias was deleted by this move.")
+    to_version: int | None = Field(description="None: the alias was deleted by this move. For a split, its version "
+                                   "with the largest weight.")
+    split: list[SplitShareObject] | None = Field(default=None, description="The split this change set; null otherwise.")
     changed_at: datetime
     changed_by_key_id: uuid.UUID | None
+
+    @classmethod
+    def of(cls, move: AliasMove) -> AliasHistoryEntry:
+        return cls(action=move.action, from_version=move.from_version, to_version=move.to_version,
+                   split=_share_objects(move.split), changed_at=move.changed_at,
+                   changed_by_key_id=move.changed_by_key_id)
 
 
 class AliasHistoryList(ListObject[AliasHistoryEntry]):

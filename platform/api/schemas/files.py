@@ -18,7 +18,7 @@ class FileObject(BaseModel):
     purpose: str
     status: Literal["processed"] = Field(default="processed", description="Files are validated at upload.")
     status_details: None = None
-    format: str = Field(description="chat, instruction or text.")
+    format: str = Field(description="chat, instruction or text (for supervised jobs), or preference (for DPO jobs).")
     line_count: int = Field(description="Examples in the file.")
     token_count: int = Field(description="Tokens of all examples with the served base's tokenizer.")
 

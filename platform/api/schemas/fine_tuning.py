@@ -1,14 +1,63 @@
-"""/v1/fine_tuning/jobs: jobs, their events and checkpoints, in OpenAI's shapes."""
+"""/v1/fine_tuning/jobs: jobs, their events and checkpoints, in OpenAI's shapes; and the estimate of a job."""
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, StringConstraints, model_validator
 
 from loraloom.platform.api.schemas.common import IdPageObject, PageObject, StrictBody, unix_seconds
 from loraloom.platform.db.models import FineTuningCheckpoint, FineTuningJob, FineTuningJobEvent
-from loraloom.platform.training.hyperparameters import Hyperparameters
+from loraloom.platform.training.estimate import Estimate
+from loraloom.platform.training.hyperparameters import DpoHyperparameters, Hyperparameters
+from loraloom.platform.training.job_options import (
+    MAX_METADATA_KEY_CHARS,
+    MAX_METADATA_PAIRS,
+    MAX_METADATA_VALUE_CHARS,
+    choose_hyperparameters,
+)
 from loraloom.platform.training.jobs import event_id
+from loraloom.platform.training.methods import METHODS, SUPERVISED
+
+Metadata = Annotated[
+    dict[Annotated[str, StringConstraints(max_length=MAX_METADATA_KEY_CHARS)],
+         Annotated[str, StringConstraints(max_length=MAX_METADATA_VALUE_CHARS)]],
+    Field(max_length=MAX_METADATA_PAIRS, description=f"Your labels for the job: up to {MAX_METADATA_PAIRS} string "
+          f"pairs, keys up to {MAX_METADATA_KEY_CHARS} characters, values up to {MAX_METADATA_VALUE_CHARS}."),
+]
+
+
+class SupervisedMethod(StrictBody):
+    hyperparameters: Hyperparameters | None = Field(default=None, description="Default: every default.")
+
+
+class DpoMethod(StrictBody):
+    hyperparameters: DpoHyperparameters | None = Field(default=None, description="Default: every default.")
+
+
+class Method(StrictBody):
+    """OpenAI's `method`: the training objective, and its hyperparameters under the key named by `type`."""
+
+    type: Literal["supervised", "dpo"] = Field(
+        description="supervised: learn the assistant answers of chat, instruction or text files. dpo: learn to "
+        "prefer the chosen answer of preference pairs over the rejected one.")
+    supervised: SupervisedMethod | None = None
+    dpo: DpoMethod | None = None
+
+    @model_validator(mode="after")
+    def _only_its_own_key(self) -> Method:
+        for other in METHODS:
+            if other != self.type and getattr(self, other) is not None:
+                raise ValueError(f"method.{other} is given for a {self.type} job; put its settings in method.{self.type}")
+        return self
+
+    def hyperparameters(self) -> Hyperparameters | None:
+        given = getattr(self, self.type)
+        return None if given is None else given.hyperparameters
+
+
+class EarlyStopping(StrictBody):
+    patience: int = Field(ge=1, le=1000, description="Evaluations in a row without a better validation loss "
+                          "after which training stops (needs a validation_file).")
 
 
 class JobCreateBody(StrictBody):
@@ -18,11 +67,30 @@ class JobCreateBody(StrictBody):
     suffix: str | None = Field(default=None, description="The adapter the result is registered under, as its next "
                                "version. Default: a new name, `ft-` and 8 hex digits.")
     seed: int | None = Field(default=None, ge=0, le=2**31 - 1, description="Same seed, same data: same adapter.")
-    hyperparameters: Hyperparameters = Field(
-        default_factory=Hyperparameters,
-        description="Ours, or OpenAI's spelling: `\"auto\"` for n_epochs, batch_size or learning_rate_multiplier "
-        "means the default, and learning_rate_multiplier scales the default learning rate.",
+    hyperparameters: Hyperparameters | None = Field(
+        default=None,
+        description="A supervised job's (as method.supervised.hyperparameters; give them in one place). Ours, or "
+        "OpenAI's spelling: `\"auto\"` for n_epochs, batch_size or learning_rate_multiplier means the default, and "
+        "learning_rate_multiplier scales the default learning rate.",
     )
+    method: Method | None = Field(default=None, description="Default: supervised.")
+    metadata: Metadata | None = None
+    early_stopping: EarlyStopping | None = Field(default=None, description="Stop once the validation loss stops "
+                                                 "improving; the job's adapter is then the best evaluation's weights.")
+    from_checkpoint: str | None = Field(
+        default=None, max_length=40, description="A checkpoint id (ftckpt-...) of one of your jobs: the LoRA weights "
+        "start from it (the optimizer and schedule start afresh). Its rank and target modules must be this job's.")
+
+    def method_type(self) -> str:
+        return SUPERVISED if self.method is None else self.method.type
+
+    def chosen_hyperparameters(self) -> Hyperparameters:
+        """The method's hyperparameters; raises TrainingInputError (param `hyperparameters`) if given twice."""
+        of_method = None if self.method is None else self.method.hyperparameters()
+        return choose_hyperparameters(self.method_type(), self.hyperparameters, of_method)
+
+    def early_stopping_patience(self) -> int | None:
+        return None if self.early_stopping is None else self.early_stopping.patience
 
 
 class JobError(BaseModel):
@@ -59,6 +127,10 @@ class JobObject(BaseModel):
         description="The last step's metrics (step, total_steps, train_loss, eval_loss, tokens_per_second, "
         "eta_seconds...), updated after every step while the job runs."
     )
+    method: dict[str, Any] = Field(description="OpenAI's shape: the type, and under it the hyperparameters used.")
+    metadata: dict[str, str] | None
+    early_stopping: EarlyStopping | None
+    from_checkpoint: str | None
 
     @classmethod
     def of(cls, job: FineTuningJob) -> JobObject:
@@ -72,6 +144,11 @@ class JobObject(BaseModel):
             validation_file=job.validation_file, trained_tokens=job.trained_tokens, error=error, seed=job.seed,
             suffix=job.suffix, attempts=job.attempts, max_attempts=job.max_attempts, metrics=job.metrics,
             result_files=[job.fine_tuned_model] if job.fine_tuned_model is not None else [],
+            method={"type": job.method, job.method: {"hyperparameters": job.hyperparameters}},
+            metadata=job.job_metadata,
+            early_stopping=None if job.early_stopping_patience is None else EarlyStopping(
+                patience=job.early_stopping_patience),
+            from_checkpoint=job.from_checkpoint,
         )
 
 
@@ -116,3 +193,33 @@ class CheckpointObject(BaseModel):
 
 class CheckpointList(IdPageObject[CheckpointObject]):
     pass
+
+
+class EstimateObject(BaseModel):
+    """What a job would train and how long it would take, before it is created."""
+
+    object: Literal["fine_tuning.estimate"] = "fine_tuning.estimate"
+    model: str
+    method: str
+    trained_tokens: int = Field(description="n_epochs x the training file's tokens + evaluations x the validation "
+                                "file's: the finished job's trained_tokens, unless it stops early.")
+    training_tokens: int = Field(description="The training file's tokens (one epoch).")
+    validation_tokens: int = Field(description="The validation file's tokens (one evaluation).")
+    n_epochs: int
+    total_steps: int
+    evaluations: int = Field(description="How many times the validation file is evaluated.")
+    estimated_seconds: float = Field(description="trained_tokens / tokens_per_second.")
+    tokens_per_second: float = Field(description="This server's training rate for the model.")
+    rate_source: Literal["measured", "default"] = Field(
+        description="measured: a moving average over this server's finished jobs of the model; default: no job of "
+        "it has finished here yet, a rough guess.")
+
+    @classmethod
+    def of(cls, estimate: Estimate, *, model: str, method: str) -> EstimateObject:
+        return cls(
+            model=model, method=method, trained_tokens=estimate.trained_tokens,
+            training_tokens=estimate.training_tokens, validation_tokens=estimate.validation_tokens,
+            n_epochs=estimate.n_epochs, total_steps=estimate.total_steps, evaluations=estimate.evaluations,
+            estimated_seconds=estimate.estimated_seconds, tokens_per_second=estimate.rate.tokens_per_second,
+            rate_source="measured" if estimate.rate.measured else "default",
+        )

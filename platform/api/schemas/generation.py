@@ -184,7 +184,9 @@ class GenerationRequest(StrictBody):
                    json_schema_extra=documented_bounds(integer={"minimum": 1, "maximum": MAX_CHOICES}))
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
-    user: str | None = Field(default=None, description="Accepted and ignored (OpenAI's older end-user id).")
+    user: str | None = Field(default=None, description="OpenAI's end-user id. Here it keeps a user on one version of "
+                             "an alias split between versions (a canary rollout): the same user gets the same "
+                             "version while the split stays the same; without it each request draws one.")
     cache_salt: str | None = Field(default=None, description="Extension (vLLM): isolates this request's prefix "
                                    "cache within the tenant. " + CACHE_KEY_DESCRIPTION,
                                    json_schema_extra=documented_bounds(string={"maxLength": MAX_CACHE_KEY_CHARS}))

@@ -69,9 +69,9 @@ class MetadataField(BaseModel):
         return metadata
 
 
-# Every field, of any endpoint, that is accepted and ignored; `user` (OpenAI's older end-user id) too.
-# Dotted: a field of a nested object.
-IGNORED_FIELDS = (*IgnoredChatFields.model_fields, "user", "stream_options.include_obfuscation")
+# Every field, of any endpoint, that is accepted and ignored (not `user`: it keeps a user on one version of a
+# split alias, registry/splits.py). Dotted: a field of a nested object.
+IGNORED_FIELDS = (*IgnoredChatFields.model_fields, "stream_options.include_obfuscation")
 
 
 def ignored_field_names(body: BaseModel) -> list[str]:

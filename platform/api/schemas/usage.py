@@ -1,4 +1,4 @@
-"""GET /v1/usage: metered tokens per adapter (by name, version or alias), API key or UTC day."""
+"""GET /v1/usage: metered tokens per adapter (by name, version, alias, or alias and version), API key or UTC day."""
 from __future__ import annotations
 
 import dataclasses
@@ -13,16 +13,16 @@ from loraloom.platform.metering.usage import UsageGroup, UsageTotals
 class UsageBucket(BaseModel):
     adapter: str | None = Field(
         default=None,
-        description="group_by=adapter, version or alias: the adapter's name (a fine-tuning checkpoint's id, a "
-        "server-local adapter's name), `base` for the base model",
+        description="group_by=adapter, version, alias or alias_version: the adapter's name (a fine-tuning "
+        "checkpoint's id, a server-local adapter's name), `base` for the base model",
     )
     version: int | None = Field(
-        default=None, description="group_by=version: the registry version number; null for the base model, "
-        "checkpoints and server-local adapters"
+        default=None, description="group_by=version or alias_version: the registry version that served; null for "
+        "the base model, checkpoints and server-local adapters"
     )
     alias: str | None = Field(
-        default=None, description="group_by=alias: the alias the requests followed (`latest` for a bare name); "
-        "null for requests that named `name@N`, the base model or a non-registry adapter"
+        default=None, description="group_by=alias or alias_version: the alias the requests followed (`latest` for "
+        "a bare name); null for requests that named `name@N`, the base model or a non-registry adapter"
     )
     api_key_id: str | None = Field(default=None, description="group_by=key")
     api_key_prefix: str | None = None

@@ -15,7 +15,9 @@ from loraloom.platform.db.models.adapters import (
     AdapterVersionSource,
     AdapterVersionStatus,
     Alias,
+    AliasAction,
     AliasHistory,
+    AliasSplit,
 )
 from loraloom.platform.db.models.base import (
     MAX_INT64,
@@ -35,12 +37,14 @@ from loraloom.platform.db.models.training import (
     FineTuningJobEvent,
     FineTuningJobStatus,
     TrainingFile,
+    TrainingThroughput,
 )
 
 __all__ = [
     "MAX_DECLARED_BASE_CHARS", "MAX_INT64", "MUTABLE_VERSION_COLUMNS", "NAMING_CONVENTION", "PER_MINUTE_AND_CONCURRENT",
     "Adapter", "AdapterVersion", "AdapterVersionFile", "AdapterVersionSource", "AdapterVersionStatus", "Alias",
-    "AliasHistory", "ApiKey", "ApiKeyLimits", "ApiKeyRole", "AuditLogEntry", "Base", "BigIntId", "BlobClaim",
+    "AliasAction", "AliasHistory", "AliasSplit", "ApiKey", "ApiKeyLimits", "ApiKeyRole", "AuditLogEntry", "Base",
+    "BigIntId", "BlobClaim",
     "BlobLock", "FineTuningCheckpoint", "FineTuningJob", "FineTuningJobEvent", "FineTuningJobStatus", "JSONDocument",
-    "Tenant", "TenantLimits", "TrainingFile", "UTCDateTime", "UsageRecord", "UsageStatus", "utcnow",
+    "Tenant", "TenantLimits", "TrainingFile", "TrainingThroughput", "UTCDateTime", "UsageRecord", "UsageStatus", "utcnow",
 ]

@@ -1,6 +1,7 @@
 """The adapter registry: tenant -> adapters -> versions -> files; aliases point a name at one version
-of the same adapter. Versions are immutable once written (see _refuse_changes_to_immutable_columns);
-only their status moves (pending -> ready | failed)."""
+of the same adapter, or split its traffic between several by weight (alias_splits). Versions are
+immutable once written (see _refuse_changes_to_immutable_columns); only their status moves
+(pending -> ready | failed)."""
 from __future__ import annotations
 
 import enum
@@ -24,7 +25,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Mapped, Mapper, mapped_column, relationship
 
-from loraloom.platform.db.models.base import Base, BigIntId, enum_column, utcnow
+from loraloom.platform.db.models.base import Base, BigIntId, JSONDocument, enum_column, utcnow
 
 
 MAX_DECLARED_BASE_CHARS = 1024  # a local training path can be long; a longer one is stored cut
@@ -135,9 +136,21 @@ class AdapterVersionFile(Base):
     version: Mapped[AdapterVersion] = relationship(back_populates="files")
 
 
+class AliasAction(str, enum.Enum):
+    """What a change of an alias did, as its history shows it."""
+
+    set = "set"  # pointed at one version (created, moved, `latest` following uploads)
+    split = "split"  # split its traffic between versions by weight
+    promote = "promote"  # a split became one of its versions
+    rollback = "rollback"  # a split went back to the version the alias named before it
+    delete = "delete"
+
+
 class Alias(Base):
     """A movable name for one version, e.g. support-bot:prod. Every move is recorded in
-    alias_history (see aliases.py)."""
+    alias_history (see aliases.py). With rows in alias_splits the alias's requests are spread
+    over those versions by weight; version_id is then the split's version with the largest weight,
+    so that everything reading one version per alias still reads a meaningful one."""
 
     __tablename__ = "aliases"
     __table_args__ = (
@@ -157,6 +170,28 @@ class Alias(Base):
     version: Mapped[AdapterVersion] = relationship(
         primaryjoin="Alias.version_id == AdapterVersion.id", foreign_keys="Alias.version_id"
     )
+    # Empty for an alias naming one version.
+    split: Mapped[list[AliasSplit]] = relationship(
+        order_by="AliasSplit.version_number", cascade="all, delete-orphan", passive_deletes=True
+    )
+
+
+class AliasSplit(Base):
+    """One version of a split alias and its integer weight (its share is weight / the split's total)."""
+
+    __tablename__ = "alias_splits"
+    __table_args__ = (
+        # As for aliases: a split may only name versions of its own adapter, enforced by the database.
+        ForeignKeyConstraint(["adapter_id", "version_id"], ["adapter_versions.adapter_id", "adapter_versions.id"]),
+        CheckConstraint("weight >= 1", name="weight_positive"),
+    )
+
+    alias_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("aliases.id", ondelete="CASCADE"), primary_key=True)
+    version_id: Mapped[uuid.UUID] = mapped_column(primary_key=True)
+    adapter_id: Mapped[uuid.UUID]
+    # Copied from the version (immutable, never reused): orders the split and names it without a join.
+    version_number: Mapped[int]
+    weight: Mapped[int]
 
 
 class AliasHistory(Base):
@@ -173,6 +208,12 @@ class AliasHistory(Base):
     to_version_id: Mapped[uuid.UUID | None] = mapped_column(ForeignKey("adapter_versions.id"))  # None: deleted
     changed_by_key_id: Mapped[uuid.UUID | None] = mapped_column(ForeignKey("api_keys.id", ondelete="SET NULL"))
     changed_at: Mapped[datetime] = mapped_column(default=utcnow)
+    action: Mapped[AliasAction] = mapped_column(
+        enum_column(AliasAction, "alias_action"), default=AliasAction.set
+    )
+    # The split this change set, as [{"version": N, "weight": W}, ...] by version; None: it set one version
+    # (to_version_id) or deleted the alias. Numbers, not ids: a version's number is never reused.
+    split: Mapped[list[dict[str, int]] | None] = mapped_column(JSONDocument)
 
 
 MUTABLE_VERSION_COLUMNS = frozenset({"status", "status_detail"})

@@ -6,14 +6,16 @@ import uuid
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import BigInteger, ForeignKey, Index, String, Text, UniqueConstraint
+from sqlalchemy import BigInteger, Double, ForeignKey, Index, String, Text, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column
 
 from loraloom.platform.db.models.base import Base, BigIntId, JSONDocument, enum_column, utcnow
 
 
 class FineTuningJobStatus(str, enum.Enum):
-    """OpenAI's statuses, plus cancel_requested: the worker has been asked to stop and has not yet."""
+    """OpenAI's statuses (paused among them), plus cancel_requested and pause_requested: the worker has
+    been asked to stop and has not yet. `paused` is a rest state like the finished ones: no worker holds
+    the job, and only a resume (back to queued) moves it on."""
 
     validating_files = "validating_files"
     queued = "queued"
@@ -22,6 +24,8 @@ class FineTuningJobStatus(str, enum.Enum):
     failed = "failed"
     cancel_requested = "cancel_requested"
     cancelled = "cancelled"
+    pause_requested = "pause_requested"
+    paused = "paused"
 
     @property
     def finished(self) -> bool:
@@ -41,7 +45,7 @@ class TrainingFile(Base):
     purpose: Mapped[str] = mapped_column(String(32))
     size_bytes: Mapped[int] = mapped_column(BigInteger)
     sha256: Mapped[str] = mapped_column(String(64), index=True)  # indexed: "is this blob still referenced?"
-    format: Mapped[str] = mapped_column(String(16))  # chat | instruction | text
+    format: Mapped[str] = mapped_column(String(16))  # chat | instruction | text | preference
     line_count: Mapped[int]
     token_count: Mapped[int]
     # Jobs check their max_seq_len against it without reading the file again.
@@ -90,6 +94,15 @@ class FineTuningJob(Base):
         ForeignKey("adapter_versions.id", ondelete="SET NULL")
     )
     fine_tuned_model: Mapped[str | None] = mapped_column(String(256))  # "suffix@N", a reference to serve
+    # OpenAI's `method.type`: supervised | dpo. The hyperparameters above are that method's.
+    method: Mapped[str] = mapped_column(String(16), default="supervised")
+    # The user's own labels (OpenAI's `metadata`: up to 16 string pairs). "metadata" is taken by the
+    # declarative base, hence the attribute's name.
+    job_metadata: Mapped[dict[str, Any] | None] = mapped_column("metadata", JSONDocument)
+    early_stopping_patience: Mapped[int | None]  # evaluations without a better validation loss before stopping
+    # The checkpoint whose LoRA weights the job starts from (ftckpt-..., of the same tenant). No foreign key,
+    # as with the files: the job keeps naming it when it is gone.
+    from_checkpoint: Mapped[str | None] = mapped_column(String(40))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     started_at: Mapped[datetime | None]
     finished_at: Mapped[datetime | None]
@@ -127,3 +140,15 @@ class FineTuningCheckpoint(Base):
     # Never served; None for checkpoints saved before training states were kept.
     training_state_sha256: Mapped[str | None] = mapped_column(String(64))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
+
+
+class TrainingThroughput(Base):
+    """Per base model, the training speed measured on this deployment: a moving average over the jobs
+    that succeeded (tokens trained per second of a run), which a job's estimate divides its tokens by."""
+
+    __tablename__ = "training_throughput"
+
+    model: Mapped[str] = mapped_column(String(256), primary_key=True)
+    tokens_per_second: Mapped[float] = mapped_column(Double)
+    runs: Mapped[int]  # runs averaged so far
+    updated_at: Mapped[datetime] = mapped_column(default=utcnow)

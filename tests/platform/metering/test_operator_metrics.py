@@ -163,6 +163,6 @@ def test_the_training_families_are_part_of_the_scrape(server):
     samples = server.scrape()
     assert counts_by(samples, "loraloom_training_jobs", "status") == {
         (status,): 0 for status in ("validating_files", "queued", "running", "succeeded", "failed",
-                                    "cancel_requested", "cancelled")}
+                                    "cancel_requested", "cancelled", "pause_requested", "paused")}
     assert counts_by(samples, "loraloom_training_queue_wait_seconds_count") == {(): 0}
 

@@ -57,7 +57,7 @@ def test_training_jobs_throughput_tokens_and_queue_wait(session_factory):
     metrics = scrape(session_factory)
     jobs = {labels[0][1]: value for (name, labels), value in metrics.items() if name == "loraloom_training_jobs"}
     assert jobs == {"validating_files": 0, "queued": 2, "running": 2, "succeeded": 1, "failed": 0,
-                    "cancel_requested": 0, "cancelled": 1}
+                    "cancel_requested": 0, "cancelled": 1, "pause_requested": 0, "paused": 0}
     assert metrics[("loraloom_training_tokens_per_second", ())] == 25.0 + 7.5
     assert metrics[("loraloom_training_trained_tokens_total", ())] == 1234
     wait = "loraloom_training_queue_wait_seconds"

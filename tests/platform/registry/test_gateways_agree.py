@@ -152,3 +152,35 @@ def test_a_change_through_one_gateway_holds_on_the_others_next_request(
     assert a.client.delete(f"/v1/keys/{victim_id}", headers=admin).status_code == 200
     revoked = b.chat(bearer(victim), "bot:prod")
     assert revoked.status_code == 401 and revoked.json()["error"]["code"] == "api_key_revoked", revoked.text
+
+
+def test_a_split_set_through_one_gateway_picks_the_same_version_for_each_user_on_both(
+    gateways, postgres_database_url, tmp_path, peft_adapter, other_peft_adapter
+):
+    a, b = gateways
+    developer = bearer(make_key(gateway_settings(tmp_path, "a", postgres_database_url), tenant="acme", role="developer"))
+    users = [f"user-{index}" for index in range(20)]
+
+    def served(gateway: Gateway, user: str) -> str:
+        response = gateway.client.post("/v1/completions", headers=developer, json={
+            "model": "bot:prod", "prompt": "Hello", "max_tokens": 1, "user": user})
+        assert response.status_code == 200, response.text
+        return response.json()["model"]
+
+    wait_until(lambda: b.metric("loraloom_adapter_change_listening") == 1, "B's listener", NOTIFICATION_WAIT_S)
+    push(a, developer, "bot", peft_adapter)
+    push(a, developer, "bot", other_peft_adapter)
+    assert a.client.put("/v1/adapters/bot/aliases/prod", json={"version": 1}, headers=developer).status_code == 200
+    wait_until(lambda: b.notifications() >= 3, "B to hear the pushes and the alias", NOTIFICATION_WAIT_S)
+    assert {served(b, user) for user in users} == {"bot@1"}  # B caches prod at version 1
+
+    split = {"split": [{"version": 1, "weight": 1}, {"version": 2, "weight": 1}]}
+    assert a.client.put("/v1/adapters/bot/aliases/prod", json=split, headers=developer).status_code == 200
+    wait_until(lambda: b.notifications() >= 4, "B to hear the split", NOTIFICATION_WAIT_S)
+    on_a = {user: served(a, user) for user in users}
+    assert set(on_a.values()) == {"bot@1", "bot@2"}  # 20 users at 50/50: all on one side once in 500,000 runs
+    assert {user: served(b, user) for user in users} == on_a  # the same user, the same version, on either gateway
+
+    assert a.client.post("/v1/adapters/bot/aliases/prod/promote", headers=developer).json()["version"] == 2
+    wait_until(lambda: b.notifications() >= 5, "B to hear the promotion", NOTIFICATION_WAIT_S)
+    assert {served(b, user) for user in users} == {"bot@2"}

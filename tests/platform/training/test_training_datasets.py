@@ -56,7 +56,7 @@ MALFORMED = {
     "not_json": (lines(GOOD_TEXT, GOOD_TEXT, b'{"text": "a"'), 3, "invalid_json", None),
     "array_line": (lines(GOOD_TEXT, b'["text", "a"]'), 2, "not_an_object", None),
     "string_line": (lines(b'"just text"', GOOD_TEXT), 1, "not_an_object", None),
-    "unknown_format": (lines(GOOD_TEXT, {"input": "a", "output": "b"}), 2, "unknown_format", None),
+    "unknown_format": (lines(GOOD_TEXT, {"question": "a", "answer": "b"}), 2, "unknown_format", None),
     "two_formats_in_one_line": (lines({"text": "a", "prompt": "b", "completion": "c"}), 1, "ambiguous_format", None),
     "mixed_formats": (lines(GOOD_CHAT, GOOD_CHAT, GOOD_INSTRUCTION), 3, "mixed_formats", None),
     "missing_completion": (lines(GOOD_INSTRUCTION, {"prompt": "a"}), 2, "missing_field", "completion"),

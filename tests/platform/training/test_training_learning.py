@@ -55,7 +55,8 @@ def test_trained_adapter_answers_what_the_base_cannot(model_dir: Path, tmp_path:
         base_model_dir=model_dir,
         train_examples=examples,
         eval_examples=examples[:6],
-        hyperparameters=HYPERPARAMETERS,
+        # Evaluated with each checkpoint only: the 135M model's evaluations are slow on 2 cores.
+        hyperparameters=HYPERPARAMETERS.model_copy(update={"eval_interval": 4 * steps_per_epoch}),
         seed=0,
         output_dir=tmp_path / "job",
         on_metrics=metrics.append,

@@ -116,8 +116,8 @@ def test_checkpoints_metrics_and_final_adapter(tiny_llama_dir: Path, tmp_path: P
     examples = make_examples(6, seed=3)
     eval_examples = make_examples(3, seed=4)
     recorder = Recorder()
-    result = run(tiny_llama_dir, tmp_path, examples, SMALL, recorder=recorder, eval_examples=eval_examples,
-                 checkpoint_every=2)
+    result = run(tiny_llama_dir, tmp_path, examples, SMALL.model_copy(update={"eval_interval": 2}),
+                 recorder=recorder, eval_examples=eval_examples, checkpoint_every=2)
     assert result.status is TrainStatus.SUCCEEDED
     assert (result.steps, result.total_steps) == (6, 6)  # 2 epochs x ceil(6 / 2) batches
     assert [step for step, _ in recorder.checkpoints] == [2, 4, 6]
@@ -130,7 +130,9 @@ def test_checkpoints_metrics_and_final_adapter(tiny_llama_dir: Path, tmp_path: P
     assert all(m.total_steps == 6 and m.tokens_per_second > 0 and m.eta_seconds >= 0 for m in metrics)
     assert metrics[-1].eta_seconds == 0
     assert result.eval_loss == metrics[-1].eval_loss and result.train_loss == metrics[-1].train_loss
-    assert result.trained_tokens == 2 * sum(len(example.input_ids) for example in examples)
+    # Every epoch's training tokens, and the validation file's at each of the 3 evaluations.
+    assert result.trained_tokens == (2 * sum(len(example.input_ids) for example in examples)
+                                     + 3 * sum(len(example.input_ids) for example in eval_examples))
 
     model_config = ModelConfig.from_dir(tiny_llama_dir)
     for directory in [path for _, path in recorder.checkpoints] + [result.adapter_dir]:

@@ -1,0 +1,57 @@
+"""How fast this deployment trains, per base model: what an estimate divides a job's tokens by.
+
+Each job that succeeds in one run reports its tokens and the run's wall time (model loading,
+evaluations and checkpoints included: what the user waits for); the rate is a moving average of
+those, so it follows a change of hardware within a few jobs. Before any job of a model has
+succeeded here, estimates use DEFAULT_TOKENS_PER_SECOND and say so (`measured` false).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from sqlalchemy import update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session, sessionmaker
+
+from loraloom.platform.db.models import TrainingThroughput, utcnow
+
+# A guess for a small model on one GPU; it is replaced by the first measurement.
+DEFAULT_TOKENS_PER_SECOND = 2000.0
+# The weight of the newest run in the moving average.
+SMOOTHING = 0.3
+
+
+@dataclass(frozen=True)
+class Rate:
+    tokens_per_second: float
+    measured: bool  # False: DEFAULT_TOKENS_PER_SECOND, no job of this model has been measured here
+    runs: int  # runs averaged
+
+
+def training_rate(session: Session, model: str) -> Rate:
+    row = session.get(TrainingThroughput, model)
+    if row is None:
+        return Rate(tokens_per_second=DEFAULT_TOKENS_PER_SECOND, measured=False, runs=0)
+    return Rate(tokens_per_second=row.tokens_per_second, measured=True, runs=row.runs)
+
+
+def record_run(factory: sessionmaker[Session], model: str, *, tokens: int, seconds: float) -> None:
+    """Fold one run's throughput into the model's rate."""
+    if tokens <= 0 or seconds <= 0:
+        return
+    measured = tokens / seconds
+    for _ in range(2):  # a first row inserted by two workers at once: the loser updates the winner's
+        with factory() as session:
+            if session.get(TrainingThroughput, model) is None:
+                session.add(TrainingThroughput(model=model, tokens_per_second=measured, runs=1))
+            else:
+                # One statement, so that runs finishing together each count.
+                session.execute(update(TrainingThroughput).where(TrainingThroughput.model == model).values(
+                    tokens_per_second=TrainingThroughput.tokens_per_second * (1 - SMOOTHING) + measured * SMOOTHING,
+                    runs=TrainingThroughput.runs + 1, updated_at=utcnow(),
+                ))
+            try:
+                session.commit()
+                return
+            except IntegrityError:
+                session.rollback()
