@@ -53,6 +53,8 @@ def console_server(data_dir: Path, log: Path) -> Iterator[Console]:
         "globex-admin": make_key(settings, tenant="globex", role="admin"),
         # A tenant of its own for tests that need to know every adapter or job listed (sorting, keyboard).
         "umbrella-developer": make_key(settings, tenant="umbrella", role="developer"),
+        # The fine-tuning controls' and the canary's tests: jobs and adapters no other test counts.
+        "initech-developer": make_key(settings, tenant="initech", role="developer"),
     }
     env = {name: value for name, value in os.environ.items() if not name.startswith("LORALOOM_")}
     env.update(LORALOOM_DATA_DIR=str(data_dir), LORALOOM_RECORD_FLUSH_INTERVAL_MS="20",

@@ -13,6 +13,8 @@ from playwright.sync_api import expect
 # A real training run on two shared, busy cores; under pytest-timeout's 900 s per test, so that a
 # stuck job fails here with what the page showed.
 JOB_TIMEOUT_MS = 600_000
+# Evaluated with each checkpoint (eval_interval), so that validation loss comes while the job runs.
+EVAL_EVERY = CHECKPOINT_EVERY
 EPOCHS, STEPS = 10, 40  # 8 examples / 2 per step x 10 epochs: long enough (~1 s a step) to watch it run
 PART_OF_THE_STEPS = re.compile(r"^([1-9]|[1-3][0-9])$")  # 1 to STEPS - 1 points: drawn while it runs
 LINES = [
@@ -49,7 +51,7 @@ def test_dataset_report_then_a_job_with_a_live_loss_chart_to_a_version_that_answ
     form.get_by_label("Seed").fill("7")
     expect(form.get_by_label("n_epochs")).to_have_value("3")  # the server's default, from its OpenAPI document
     for field, value in {"n_epochs": str(EPOCHS), "batch_size": "2", "lora_r": "4", "max_seq_len": "64",
-                         "learning_rate": "0.001"}.items():
+                         "learning_rate": "0.001", "eval_interval": str(EVAL_EVERY)}.items():
         form.get_by_label(field, exact=True).fill(value)
     form.get_by_role("button", name="Start training").click()
 
@@ -59,13 +61,15 @@ def test_dataset_report_then_a_job_with_a_live_loss_chart_to_a_version_that_answ
     # Progress while it runs: the step of the total, with the time left.
     expect(page.get_by_test_id("job-step")).to_contain_text(f"of {STEPS}")
     expect(page.get_by_role("definition").filter(has_text=re.compile(r"^\d+ (s|min|h)"))).not_to_have_count(0)
-    # Validation loss at each checkpoint as it comes (every CHECKPOINT_EVERY steps), before the end...
+    # Validation loss at each evaluation as it comes (every EVAL_EVERY steps), before the end...
     evaluated = page.get_by_test_id("eval-points")
-    expect(evaluated).to_have_attribute("data-count", re.compile(f"^[1-{STEPS // CHECKPOINT_EVERY - 1}]$"),
+    expect(evaluated).to_have_attribute("data-count", re.compile(f"^[1-{STEPS // EVAL_EVERY - 1}]$"),
                                         timeout=JOB_TIMEOUT_MS)
     expect(page.get_by_test_id("job-status")).to_have_text("succeeded", timeout=JOB_TIMEOUT_MS)
     expect(chart).to_have_attribute("data-points", str(STEPS))  # ...and every one once it ends
-    expect(evaluated).to_have_attribute("data-count", str(STEPS // CHECKPOINT_EVERY))
+    # The token accuracy beside the loss, every step.
+    expect(page.get_by_role("img", name="Accuracy per step")).to_have_attribute("data-points", str(STEPS))
+    expect(evaluated).to_have_attribute("data-count", str(STEPS // EVAL_EVERY))
     expect(page.get_by_role("definition").filter(has_text="codes.jsonl")).to_have_count(2)  # training, validation
     job_id = page.get_by_role("heading", level=1).inner_text()
 

@@ -8,6 +8,7 @@ export const queryKeys = {
     all: ["adapters"] as const,
     one: (name: string) => ["adapters", name] as const,
     versions: (name: string) => ["adapters", name, "versions"] as const,
+    alias: (name: string, alias: string) => ["adapters", name, "aliases", alias] as const,
     aliasHistory: (name: string, alias: string) => ["adapters", name, "aliases", alias, "history"] as const,
   },
   models: {
@@ -36,10 +37,14 @@ export const queryKeys = {
     // With the job's status: each change of status fetches them again.
     events: (id: string, status: string | undefined) => ["jobs", id, "events", status] as const,
     checkpoints: (id: string, status: string | undefined) => ["jobs", id, "checkpoints", status] as const,
+    /** What a job of this create body would train and how long (the rate follows the jobs that finish). */
+    estimate: (body: object) => ["jobs", "estimate", body] as const,
   },
   engineStatus: ["engine-status"] as const,
   usage: {
     byAdapter: (tenant: string, start: string) => ["usage", tenant, "adapter", start] as const,
+    /** The caller's tenant's usage per adapter, alias and the version that served, since `start` (a canary's figures). */
+    byAliasVersion: (start: string) => ["usage", "alias-version", start] as const,
     series: (params: object) => ["usage", "series", params] as const,
     latency: (params: object) => ["usage", "latency", params] as const,
     top: (params: object) => ["usage", "top", params] as const,

@@ -94,8 +94,9 @@ export interface paths {
         get: operations["get_alias_v1_adapters__name__aliases__alias__get"];
         /**
          * Put Alias
-         * @description Point the alias at a version (promote, rollback); recorded in the alias's history.
-         *     The version is prefetched into the engine's host cache after the response.
+         * @description Point the alias at a version (`version`), or split its requests between versions by weight (`split`: a
+         *     canary rollout; then promote or roll back); recorded in the alias's history. The versions are prefetched
+         *     into the engine's host cache after the response.
          */
         put: operations["put_alias_v1_adapters__name__aliases__alias__put"];
         post?: never;
@@ -117,6 +118,48 @@ export interface paths {
         get: operations["get_alias_history_v1_adapters__name__aliases__alias__history_get"];
         put?: never;
         post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/adapters/{name}/aliases/{alias}/promote": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Promote Alias Route
+         * @description End the alias's split on one of its versions: `version`, by default the split's newest (the canary).
+         *     409 when the alias is not split. Recorded in the alias's history.
+         */
+        post: operations["promote_alias_route_v1_adapters__name__aliases__alias__promote_post"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/adapters/{name}/aliases/{alias}/rollback": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Rollback Alias Route
+         * @description End the alias's split on the version the alias named before the split. 409 when the alias is not split,
+         *     or was created split. Recorded in the alias's history.
+         */
+        post: operations["rollback_alias_route_v1_adapters__name__aliases__alias__rollback_post"];
         delete?: never;
         options?: never;
         head?: never;
@@ -373,6 +416,27 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/v1/fine_tuning/estimate": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Post Estimate
+         * @description A job's create body, checked as creating the job would check it, answered with what the job would
+         *     train (its trained_tokens, steps and evaluations) and how long that would take here. Creates nothing.
+         */
+        post: operations["post_estimate_v1_fine_tuning_estimate_post"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
     "/v1/fine_tuning/jobs": {
         parameters: {
             query?: never;
@@ -457,6 +521,48 @@ export interface paths {
         get: operations["get_events_v1_fine_tuning_jobs__job_id__events_get"];
         put?: never;
         post?: never;
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/fine_tuning/jobs/{job_id}/pause": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Post Pause
+         * @description A queued job is paused at once; a running one becomes pause_requested and its worker stops after
+         *     the current step, saves a checkpoint and ends it paused. 409 for a job in any other state.
+         */
+        post: operations["post_pause_v1_fine_tuning_jobs__job_id__pause_post"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
+    "/v1/fine_tuning/jobs/{job_id}/resume": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Post Resume
+         * @description A paused, failed or cancelled job is queued again; its run continues from its last checkpoint
+         *     (weights, optimizer, schedule, RNG and data position). 409 for a job in any other state.
+         */
+        post: operations["post_resume_v1_fine_tuning_jobs__job_id__resume_post"];
         delete?: never;
         options?: never;
         head?: never;
@@ -791,7 +897,7 @@ export interface components {
         AdapterObject: {
             /**
              * Aliases
-             * @description Alias -> version number, `latest` included.
+             * @description Alias -> version number, `latest` included (a split alias: its version with the largest weight; GET .../aliases/{alias} shows the split).
              */
             aliases: {
                 [key: string]: number;
@@ -826,8 +932,16 @@ export interface components {
              */
             updated_at: string;
         };
+        /**
+         * AliasAction
+         * @description What a change of an alias did, as its history shows it.
+         * @enum {string}
+         */
+        AliasAction: "set" | "split" | "promote" | "rollback" | "delete" | "job_promote" | "gated_promote" | "gate_refused";
         /** AliasHistoryEntry */
         AliasHistoryEntry: {
+            /** @description What the change did: `set` (one version), `split`, `promote` (a split became one of its versions), `rollback` (a split went back to the version before it), `delete`; a fine-tuning job's `promote`: `job_promote` (moved without a gate), `gated_promote` (moved: its version's validation loss was lower, or nothing to compare), `gate_refused` (not moved: to_version and split are what it still names). */
+            action: components["schemas"]["AliasAction"];
             /**
              * Changed At
              * Format: date-time
@@ -840,6 +954,8 @@ export interface components {
              * @description None: the alias was created by this move.
              */
             from_version: number | null;
+            /** @description A gated promotion's comparison; null otherwise. */
+            gate?: components["schemas"]["PromotionGateObject"] | null;
             /**
              * Object
              * @default adapter.alias.move
@@ -847,10 +963,20 @@ export interface components {
              */
             object: "adapter.alias.move";
             /**
+             * Split
+             * @description The split this change set; null otherwise.
+             */
+            split?: components["schemas"]["SplitShareObject"][] | null;
+            /**
              * To Version
-             * @description None: the alias was deleted by this move.
+             * @description None: the alias was deleted by this move. For a split, its version with the largest weight.
              */
             to_version: number | null;
+            /**
+             * Training Job Id
+             * @description The fine-tuning job whose promotion this is.
+             */
+            training_job_id?: string | null;
         };
         /** AliasHistoryList */
         AliasHistoryList: {
@@ -863,13 +989,21 @@ export interface components {
              */
             object: "list";
         };
-        /** AliasMoveBody */
+        /**
+         * AliasMoveBody
+         * @description Either `version` (point the alias at one version) or `split` (spread it over versions by weight).
+         */
         AliasMoveBody: {
             /**
-             * Version
-             * @description The version number the alias should point at.
+             * Split
+             * @description Split the alias's requests between 2 to 16 distinct versions by weight (a canary rollout). A request with `user` gets the same version every time while the split stays the same (a hash of tenant, alias and user; changing a weight moves only the users it must); one without draws per request. Not for `latest`.
              */
-            version: number;
+            split?: components["schemas"]["SplitShareBody"][] | null;
+            /**
+             * Version
+             * @description The version number the alias should point at (its split, if it had one, ends).
+             */
+            version?: number | null;
         };
         /** AliasObject */
         AliasObject: {
@@ -884,14 +1018,30 @@ export interface components {
              */
             object: "adapter.alias";
             /**
+             * Split
+             * @description The versions the alias's requests are split between, by version, with their weights; null while it names one version.
+             */
+            split?: components["schemas"]["SplitShareObject"][] | null;
+            /**
              * Updated At
              * Format: date-time
              */
             updated_at: string;
             /** Updated By Key Id */
             updated_by_key_id: string | null;
-            /** Version */
+            /**
+             * Version
+             * @description The version the alias names; while it is split, the split's version with the largest weight (the older on a tie).
+             */
             version: number;
+        };
+        /** AliasPromoteBody */
+        AliasPromoteBody: {
+            /**
+             * Version
+             * @description The split's version the alias should name from now on; by default its newest (the canary).
+             */
+            version?: number | null;
         };
         /**
          * ApiKeyRole
@@ -929,7 +1079,7 @@ export interface components {
         Body_upload_file_v1_files_post: {
             /**
              * File
-             * @description A JSONL dataset: chat, instruction or text format.
+             * @description A JSONL dataset: chat, instruction or text format (supervised), or preference pairs (DPO).
              */
             file: string;
             /**
@@ -1162,7 +1312,7 @@ export interface components {
             top_p?: number | null;
             /**
              * User
-             * @description Accepted and ignored (OpenAI's older end-user id).
+             * @description OpenAI's end-user id. Here it keeps a user on one version of an alias split between versions (a canary rollout): the same user gets the same version while the split stays the same; without it each request draws one.
              */
             user?: string | null;
             /**
@@ -1282,6 +1432,13 @@ export interface components {
             object: "fine_tuning.job.checkpoint";
             /** Step Number */
             step_number: number;
+        };
+        /** ComparedVersionObject */
+        ComparedVersionObject: {
+            /** Valid Loss */
+            valid_loss: number;
+            /** Version */
+            version: number;
         };
         /**
          * Completion
@@ -1451,7 +1608,7 @@ export interface components {
             top_p?: number | null;
             /**
              * User
-             * @description Accepted and ignored (OpenAI's older end-user id).
+             * @description OpenAI's end-user id. Here it keeps a user on one version of an alias split between versions (a canary rollout): the same user gets the same version while the split stays the same; without it each request draws one.
              */
             user?: string | null;
         };
@@ -1549,6 +1706,84 @@ export interface components {
             version: number;
         };
         /**
+         * DpoHyperparameters
+         * @description A DPO job's: the supervised ones plus beta, OpenAI's `method.dpo.hyperparameters`.
+         */
+        DpoHyperparameters: {
+            /**
+             * Batch Size
+             * @description Examples per optimizer step.
+             * @default 8
+             */
+            batch_size?: number;
+            /**
+             * Beta
+             * @description How far the policy may move from the reference model: the DPO loss is -log sigmoid(beta x the gain in log-probability margin of the preferred answer). "auto" means 0.1.
+             * @default 0.1
+             */
+            beta?: number;
+            /**
+             * Eval Interval
+             * @description Optimizer steps between two evaluations of the validation file (the last step is always evaluated). "auto": 12 evaluations over the job, evenly spaced.
+             * @default auto
+             */
+            eval_interval?: unknown;
+            /**
+             * Learning Rate
+             * @description Peak AdamW learning rate (linear warmup, then linear decay). OpenAI's learning_rate_multiplier is accepted instead: this default (0.0002) times it; "auto" for it, n_epochs or batch_size means the default.
+             * @default 0.0002
+             */
+            learning_rate?: number;
+            /**
+             * Lora Alpha
+             * @description LoRA scaling numerator (alpha / r).
+             * @default 32
+             */
+            lora_alpha?: number;
+            /**
+             * Lora Dropout
+             * @description Dropout on the LoRA input.
+             * @default 0.05
+             */
+            lora_dropout?: number;
+            /**
+             * Lora R
+             * @description LoRA rank.
+             * @default 16
+             */
+            lora_r?: number;
+            /**
+             * Max Seq Len
+             * @description Longest example in tokens; longer ones are rejected.
+             * @default 1024
+             */
+            max_seq_len?: number;
+            /**
+             * N Epochs
+             * @description Passes over the training file.
+             * @default 3
+             */
+            n_epochs?: number;
+            /**
+             * Target Modules
+             * @description Projections to adapt, any of q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj.
+             */
+            target_modules?: string[];
+        };
+        /** DpoMethod */
+        DpoMethod: {
+            /** @description Default: every default. */
+            hyperparameters?: components["schemas"]["DpoHyperparameters"] | null;
+        };
+        /** EarlyStopping */
+        EarlyStopping: {
+            /**
+             * Patience
+             * @description Evaluations in a row without a better validation loss after which training stops (needs a validation_file).
+             */
+            patience: number;
+        };
+        /**
          * EngineStatus
          * @description The caller's tenant's view: nothing here moves with another tenant's traffic, except where the
          *     tenant's own requests and adapters are (waiting rather than running, in the host cache rather than
@@ -1562,7 +1797,7 @@ export interface components {
             adapters: components["schemas"]["ResidentAdapter"][];
             /**
              * Device
-             * @description The torch device the engine serves on (cpu, cuda, cuda:N): on cpu, an adapter 'slot' is a slot of the engine's LoRA weight table in host memory, not GPU memory.
+             * @description The torch device the engine serves on (cpu, cuda, cuda:N): on cpu, an adapter 'slot' is a slot of the engine's LoRA weight table in host memory, not GPU memory; none: this server runs no engine (serve --no-engine, the control plane), and the counts are zero.
              */
             device: string;
             /** Model */
@@ -1605,6 +1840,62 @@ export interface components {
         /** ErrorResponse */
         ErrorResponse: {
             error: components["schemas"]["ErrorDetail"];
+        };
+        /**
+         * EstimateObject
+         * @description What a job would train and how long it would take, before it is created.
+         */
+        EstimateObject: {
+            /**
+             * Estimated Seconds
+             * @description trained_tokens / tokens_per_second.
+             */
+            estimated_seconds: number;
+            /**
+             * Evaluations
+             * @description How many times the validation file is evaluated.
+             */
+            evaluations: number;
+            /** Method */
+            method: string;
+            /** Model */
+            model: string;
+            /** N Epochs */
+            n_epochs: number;
+            /**
+             * Object
+             * @default fine_tuning.estimate
+             * @constant
+             */
+            object: "fine_tuning.estimate";
+            /**
+             * Rate Source
+             * @description measured: a moving average over this server's finished jobs of the model; default: no job of it has finished here yet, a rough guess.
+             * @enum {string}
+             */
+            rate_source: "measured" | "default";
+            /**
+             * Tokens Per Second
+             * @description This server's training rate for the model.
+             */
+            tokens_per_second: number;
+            /** Total Steps */
+            total_steps: number;
+            /**
+             * Trained Tokens
+             * @description n_epochs x the training file's tokens + evaluations x the validation file's: the finished job's trained_tokens, unless it stops early.
+             */
+            trained_tokens: number;
+            /**
+             * Training Tokens
+             * @description The training file's tokens (one epoch).
+             */
+            training_tokens: number;
+            /**
+             * Validation Tokens
+             * @description The validation file's tokens (one evaluation).
+             */
+            validation_tokens: number;
         };
         /** EventList */
         EventList: {
@@ -1689,7 +1980,7 @@ export interface components {
             filename: string;
             /**
              * Format
-             * @description chat, instruction or text.
+             * @description chat, instruction or text (for supervised jobs), or preference (for DPO jobs).
              */
             format: string;
             /** Id */
@@ -1778,6 +2069,12 @@ export interface components {
              */
             batch_size?: number;
             /**
+             * Eval Interval
+             * @description Optimizer steps between two evaluations of the validation file (the last step is always evaluated). "auto": 12 evaluations over the job, evenly spaced.
+             * @default auto
+             */
+            eval_interval?: unknown;
+            /**
              * Learning Rate
              * @description Peak AdamW learning rate (linear warmup, then linear decay). OpenAI's learning_rate_multiplier is accepted instead: this default (0.0002) times it; "auto" for it, n_epochs or batch_size means the default.
              * @default 0.0002
@@ -1821,8 +2118,21 @@ export interface components {
         };
         /** JobCreateBody */
         JobCreateBody: {
-            /** @description Ours, or OpenAI's spelling: `"auto"` for n_epochs, batch_size or learning_rate_multiplier means the default, and learning_rate_multiplier scales the default learning rate. */
-            hyperparameters?: components["schemas"]["Hyperparameters"];
+            /** @description Stop once the validation loss stops improving; the job's adapter is then the best evaluation's weights. */
+            early_stopping?: components["schemas"]["EarlyStopping"] | null;
+            /**
+             * From Checkpoint
+             * @description A checkpoint id (ftckpt-...) of one of your jobs: the LoRA weights start from it (the optimizer and schedule start afresh). Its rank and target modules must be this job's.
+             */
+            from_checkpoint?: string | null;
+            /** @description A supervised job's (as method.supervised.hyperparameters; give them in one place). Ours, or OpenAI's spelling: `"auto"` for n_epochs, batch_size or learning_rate_multiplier means the default, and learning_rate_multiplier scales the default learning rate. */
+            hyperparameters?: components["schemas"]["Hyperparameters"] | null;
+            /** Metadata */
+            metadata?: {
+                [key: string]: string;
+            } | null;
+            /** @description Default: supervised. */
+            method?: components["schemas"]["Method"] | null;
             /**
              * Model
              * @description The base model: the one this server serves, by its name or as `base`.
@@ -1880,6 +2190,7 @@ export interface components {
             attempts: number;
             /** Created At */
             created_at: number;
+            early_stopping: components["schemas"]["EarlyStopping"] | null;
             error: components["schemas"]["JobError"] | null;
             /**
              * Fine Tuned Model
@@ -1888,6 +2199,8 @@ export interface components {
             fine_tuned_model: string | null;
             /** Finished At */
             finished_at: number | null;
+            /** From Checkpoint */
+            from_checkpoint: string | null;
             /** Hyperparameters */
             hyperparameters: {
                 [key: string]: unknown;
@@ -1896,6 +2209,17 @@ export interface components {
             id: string;
             /** Max Attempts */
             max_attempts: number;
+            /** Metadata */
+            metadata: {
+                [key: string]: string;
+            } | null;
+            /**
+             * Method
+             * @description OpenAI's shape: the type, and under it the hyperparameters used.
+             */
+            method: {
+                [key: string]: unknown;
+            };
             /**
              * Metrics
              * @description The last step's metrics (step, total_steps, train_loss, eval_loss, tokens_per_second, eta_seconds...), updated after every step while the job runs.
@@ -2117,6 +2441,11 @@ export interface components {
              * Format: date-time
              */
             start: string;
+            /**
+             * Version
+             * @description The version asked for; null: all the adapter's versions.
+             */
+            version?: number | null;
         };
         /**
          * LatestVersionSummary
@@ -2199,6 +2528,20 @@ export interface components {
              * Format: uuid
              */
             tenant_id: string;
+        };
+        /**
+         * Method
+         * @description OpenAI's `method`: the training objective, and its hyperparameters under the key named by `type`.
+         */
+        Method: {
+            dpo?: components["schemas"]["DpoMethod"] | null;
+            supervised?: components["schemas"]["SupervisedMethod"] | null;
+            /**
+             * Type
+             * @description supervised: learn the assistant answers of chat, instruction or text files. dpo: learn to prefer the chosen answer of preference pairs over the rejected one.
+             * @enum {string}
+             */
+            type: "supervised" | "dpo";
         };
         /** ModelCard */
         ModelCard: {
@@ -2324,6 +2667,32 @@ export interface components {
              * @description PUT the file's bytes here, with exactly `headers`.
              */
             url: string;
+        };
+        /**
+         * PromotionGateObject
+         * @description An evaluation-gated promotion's comparison, on the job's validation file with the job's own loss.
+         */
+        PromotionGateObject: {
+            /**
+             * Compared
+             * @description Each version the alias named, with its loss.
+             */
+            compared: components["schemas"]["ComparedVersionObject"][];
+            /**
+             * Current Valid Loss
+             * @description The lowest validation loss of the versions the alias named (each version of a split); null when the alias did not exist, and the job's version created it.
+             */
+            current_valid_loss: number | null;
+            /**
+             * New Valid Loss
+             * @description The job's version's validation loss (its full_valid_loss).
+             */
+            new_valid_loss: number;
+            /**
+             * New Version
+             * @description The job's version, which the gate moved the alias to or refused.
+             */
+            new_version: number;
         };
         /** PromptTokensDetails */
         PromptTokensDetails: {
@@ -2456,6 +2825,26 @@ export interface components {
              */
             store_tokens: number;
         };
+        /** SplitShareBody */
+        SplitShareBody: {
+            /**
+             * Version
+             * @description A version of the adapter (name@N).
+             */
+            version: number;
+            /**
+             * Weight
+             * @description Its share of the requests is weight / the split's total weight (90 and 10: 90% and 10%).
+             */
+            weight: number;
+        };
+        /** SplitShareObject */
+        SplitShareObject: {
+            /** Version */
+            version: number;
+            /** Weight */
+            weight: number;
+        };
         /** StreamOptions */
         StreamOptions: {
             /**
@@ -2468,6 +2857,11 @@ export interface components {
              * @default false
              */
             include_usage: boolean;
+        };
+        /** SupervisedMethod */
+        SupervisedMethod: {
+            /** @description Default: every default. */
+            hyperparameters?: components["schemas"]["Hyperparameters"] | null;
         };
         /** TenantCreate */
         TenantCreate: {
@@ -2734,12 +3128,12 @@ export interface components {
             aborted: number;
             /**
              * Adapter
-             * @description group_by=adapter, version or alias: the adapter's name (a fine-tuning checkpoint's id, a server-local adapter's name), `base` for the base model
+             * @description group_by=adapter, version, alias or alias_version: the adapter's name (a fine-tuning checkpoint's id, a server-local adapter's name), `base` for the base model
              */
             adapter?: string | null;
             /**
              * Alias
-             * @description group_by=alias: the alias the requests followed (`latest` for a bare name); null for requests that named `name@N`, the base model or a non-registry adapter
+             * @description group_by=alias or alias_version: the alias the requests followed (`latest` for a bare name); null for requests that named `name@N`, the base model or a non-registry adapter
              */
             alias?: string | null;
             /**
@@ -2772,7 +3166,7 @@ export interface components {
             total_tokens: number;
             /**
              * Version
-             * @description group_by=version: the registry version number; null for the base model, checkpoints and server-local adapters
+             * @description group_by=version or alias_version: the registry version that served; null for the base model, checkpoints and server-local adapters
              */
             version?: number | null;
         };
@@ -2780,7 +3174,7 @@ export interface components {
          * UsageGroup
          * @enum {string}
          */
-        UsageGroup: "adapter" | "version" | "alias" | "key" | "day";
+        UsageGroup: "adapter" | "version" | "alias" | "alias_version" | "key" | "day";
         /** UsageReport */
         UsageReport: {
             /** Data */
@@ -3538,6 +3932,186 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["AliasHistoryList"];
+                };
+            };
+            /** @description Bad Request */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Unauthorized */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Forbidden */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Not Found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Conflict */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Request Entity Too Large */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Internal Server Error */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+        };
+    };
+    promote_alias_route_v1_adapters__name__aliases__alias__promote_post: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The adapter's name. */
+                name: string;
+                /** @description The alias' name; not latest, which moves by itself. */
+                alias: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: {
+            content: {
+                "application/json": components["schemas"]["AliasPromoteBody"] | null;
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["AliasObject"];
+                };
+            };
+            /** @description Bad Request */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Unauthorized */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Forbidden */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Not Found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Conflict */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Request Entity Too Large */
+            413: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Internal Server Error */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+        };
+    };
+    rollback_alias_route_v1_adapters__name__aliases__alias__rollback_post: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                /** @description The adapter's name. */
+                name: string;
+                /** @description The alias' name; not latest, which moves by itself. */
+                alias: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["AliasObject"];
                 };
             };
             /** @description Bad Request */
@@ -5165,6 +5739,84 @@ export interface operations {
             };
         };
     };
+    post_estimate_v1_fine_tuning_estimate_post: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": components["schemas"]["JobCreateBody"];
+            };
+        };
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["EstimateObject"];
+                };
+            };
+            /** @description Bad Request */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Unauthorized */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Forbidden */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Not Found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Conflict */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Internal Server Error */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+        };
+    };
     get_jobs_v1_fine_tuning_jobs_get: {
         parameters: {
             query?: {
@@ -5577,6 +6229,158 @@ export interface operations {
                 };
                 content: {
                     "application/json": components["schemas"]["EventList"];
+                };
+            };
+            /** @description Bad Request */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Unauthorized */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Forbidden */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Not Found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Conflict */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Internal Server Error */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+        };
+    };
+    post_pause_v1_fine_tuning_jobs__job_id__pause_post: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                job_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["JobObject"];
+                };
+            };
+            /** @description Bad Request */
+            400: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Unauthorized */
+            401: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Forbidden */
+            403: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Not Found */
+            404: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Conflict */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+            /** @description Internal Server Error */
+            500: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ErrorResponse"];
+                };
+            };
+        };
+    };
+    post_resume_v1_fine_tuning_jobs__job_id__resume_post: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path: {
+                job_id: string;
+            };
+            cookie?: never;
+        };
+        requestBody?: never;
+        responses: {
+            /** @description Successful Response */
+            200: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["JobObject"];
                 };
             };
             /** @description Bad Request */
@@ -6689,7 +7493,7 @@ export interface operations {
     get_usage_v1_usage_get: {
         parameters: {
             query?: {
-                /** @description `adapter` (by name), `version` (name and version number), `alias` (name and the alias the requests followed), `key` (API key) or `day` (UTC) */
+                /** @description `adapter` (by name), `version` (name and version number), `alias` (name and the alias the requests followed), `alias_version` (name, alias and the version that served: an alias split between versions shows each apart), `key` (API key) or `day` (UTC) */
                 group_by?: components["schemas"]["UsageGroup"];
                 /** @description Inclusive; ISO 8601, UTC when no offset is given */
                 start?: string | null;
@@ -6780,6 +7584,8 @@ export interface operations {
                 start?: string | null;
                 /** @description Exclusive; ISO 8601, UTC without an offset. Default: now */
                 end?: string | null;
+                /** @description Only this version's requests (name@N), e.g. a canary's next to its stable's while an alias splits between them; default: all the adapter's versions */
+                version?: number | null;
             };
             header?: never;
             path?: never;

@@ -13,6 +13,8 @@ export type VersionFile = Schemas["VersionFile"];
 export type Version = Schemas["VersionObject"];
 export type VersionPage = Schemas["VersionList"];
 export type AliasMove = Schemas["AliasHistoryEntry"];
+/** One alias: the version it names, or the versions it splits its requests between with their weights. */
+export type AliasState = Schemas["AliasObject"];
 export type Model = Schemas["ModelCard"];
 export type Key = Schemas["KeyObject"];
 export type CreatedKey = Schemas["CreatedKey"];

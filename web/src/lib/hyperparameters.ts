@@ -21,10 +21,11 @@ interface JsonSchemaProperty {
   exclusiveMaximum?: number;
 }
 
-export function hyperparameterFields(openapi: unknown): FieldSpec[] {
+/** The fields of one schema: `Hyperparameters` (a supervised job's) or `DpoHyperparameters` (with beta). */
+export function hyperparameterFields(openapi: unknown, schema = "Hyperparameters"): FieldSpec[] {
   const schemas = (openapi as { components?: { schemas?: Record<string, { properties?: Record<string, JsonSchemaProperty> }> } })
     .components?.schemas;
-  const properties = schemas?.Hyperparameters?.properties ?? {};
+  const properties = schemas?.[schema]?.properties ?? {};
   return Object.entries(properties).map(([name, property]) => ({
     name,
     type: property.type === "array" ? "array" : property.type === "integer" ? "integer" : "number",

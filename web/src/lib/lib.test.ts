@@ -4,7 +4,6 @@ import { components } from "../api/openapi.json";
 import { adapterFiles, suggestedName } from "./dropped";
 import { formatAgo, formatBytes } from "./format";
 import { hyperparameterBody, hyperparameterFields } from "./hyperparameters";
-import { lossCurve } from "./loss";
 import { rate } from "./rate";
 import { placeOf, sharedSlots, totalsByAdapter } from "./residency";
 
@@ -57,20 +56,6 @@ describe("rate", () => {
     expect(rate([{ at: 0, total: 0 }])).toBeNull();
     expect(rate([{ at: 0, total: 10 }, { at: 2, total: 30 }])).toBe(10);
     expect(rate([{ at: 0, total: 30 }, { at: 2, total: 5 }])).toBeNull();
-  });
-});
-
-describe("lossCurve", () => {
-  it("orders steps and lets a retried run's report win", () => {
-    const metric = (created_at: number, step: number, train_loss: number, eval_loss?: number) => ({
-      object: "fine_tuning.job.event" as const, id: String(created_at), created_at, level: "info", message: "", type: "metrics",
-      data: { step, train_loss, eval_loss },
-    });
-    const curve = lossCurve([metric(3, 1, 0.5), metric(1, 1, 2.0), metric(2, 2, 1.5, 1.7),
-      { object: "fine_tuning.job.event", id: "x", created_at: 4, level: "info", message: "done", type: "message", data: null }]);
-    expect(curve.steps).toEqual([1, 2]);
-    expect(curve.train).toEqual([0.5, 1.5]);
-    expect(curve.eval).toEqual([null, 1.7]);
   });
 });
 

@@ -10,7 +10,7 @@ export interface Progress {
   tokensPerSecond: number | null;
 }
 
-const RUNNING = ["validating_files", "queued", "running", "cancel_requested"];
+const RUNNING = ["validating_files", "queued", "running", "cancel_requested", "pause_requested"];
 
 function numberField(metrics: Record<string, unknown>, name: string): number | null {
   const value = metrics[name];

@@ -1,11 +1,12 @@
 import { useMutation, useQuery, useQueryClient } from "@tanstack/react-query";
 import { createColumnHelper } from "@tanstack/react-table";
-import { useMemo, useState } from "react";
+import { useMemo } from "react";
 import { Link, useNavigate, useParams } from "react-router-dom";
 import { ok } from "../api/client";
 import { allPages } from "../api/queries";
 import { queryKeys } from "../api/queryKeys";
-import type { Adapter, Version, VersionPage } from "../api/types";
+import type { Version, VersionPage } from "../api/types";
+import { Aliases } from "../components/Aliases";
 import { ConfirmButton } from "../components/Confirm";
 import { DataTable } from "../components/DataTable";
 import { Empty, ErrorBox, Loading } from "../components/States";
@@ -135,100 +136,4 @@ function KeyName({ id }: { id: string | null }) {
   if (id === null) return <>—</>;
   const key = keys.data?.data.find((entry) => entry.id === id);
   return <span title={id}>{key ? `${key.name} (${key.prefix}…)` : id.slice(0, 8)}</span>;
-}
-
-function Aliases({ adapter, versions }: { adapter: Adapter; versions: Version[] }) {
-  const { me } = useSession();
-  const names = Object.keys(adapter.aliases).sort((a, b) => (a === "latest" ? -1 : b === "latest" ? 1 : a.localeCompare(b)));
-  return (
-    <section aria-label="Aliases">
-      <h2>Aliases</h2>
-      <ul className="aliases">
-        {names.map((alias) => (
-          <AliasItem key={alias} adapter={adapter.name} alias={alias} version={adapter.aliases[alias]} />
-        ))}
-      </ul>
-      {me.role !== "inference" && <Promote adapter={adapter.name} versions={versions} />}
-    </section>
-  );
-}
-
-function useMoveAlias(adapter: string, alias: string) {
-  const api = useApi();
-  const client = useQueryClient();
-  return useMutation({
-    mutationFn: (version: number) =>
-      ok(api.http.PUT("/v1/adapters/{name}/aliases/{alias}", { params: { path: { name: adapter, alias } }, body: { version } })),
-    onSuccess: () => client.invalidateQueries({ queryKey: queryKeys.adapters.all }),
-  });
-}
-
-function Promote({ adapter, versions }: { adapter: string; versions: Version[] }) {
-  const [alias, setAlias] = useState("prod");
-  const newest = versions.reduce((max, v) => Math.max(max, v.version), 0);
-  const [chosen, setChosen] = useState<number | null>(null);
-  const version = chosen ?? newest;
-  const move = useMoveAlias(adapter, alias);
-  return (
-    <div className="promote" role="group" aria-label="Promote">
-      <label>
-        Alias <input value={alias} onChange={(event) => setAlias(event.target.value)} size={12} aria-label="Alias name" />
-      </label>
-      <label>
-        version{" "}
-        <select aria-label="Version to promote" value={version} onChange={(event) => setChosen(Number(event.target.value))}>
-          {[...versions].sort((a, b) => b.version - a.version).map((v) => (
-            <option key={v.version} value={v.version}>v{v.version}</option>
-          ))}
-        </select>
-      </label>
-      <ConfirmButton
-        label="Promote"
-        question={`Point ${adapter}:${alias} at v${version}?`}
-        disabled={!alias || !version || move.isPending}
-        onConfirm={() => move.mutate(version)}
-      />
-      <ErrorBox error={move.error} />
-    </div>
-  );
-}
-
-function AliasItem({ adapter, alias, version }: { adapter: string; alias: string; version: number }) {
-  const api = useApi();
-  const { me } = useSession();
-  const history = useQuery({
-    queryKey: queryKeys.adapters.aliasHistory(adapter, alias),
-    queryFn: () => ok(api.http.GET("/v1/adapters/{name}/aliases/{alias}/history", { params: { path: { name: adapter, alias } } })),
-  });
-  const move = useMoveAlias(adapter, alias);
-  const moves = history.data?.data ?? [];
-  // Rollback: back to where the alias pointed before its latest move.
-  const previous = moves.length > 0 ? moves[moves.length - 1].from_version : null;
-  return (
-    <li data-alias={alias}>
-      <strong>{adapter}:{alias}</strong> → <span className="alias-version">v{version}</span>{" "}
-      {alias !== "latest" && me.role !== "inference" && previous !== null && (
-        <ConfirmButton
-          label={`Roll back to v${previous}`}
-          question={`Point ${adapter}:${alias} back at v${previous}?`}
-          disabled={move.isPending}
-          onConfirm={() => move.mutate(previous)}
-        />
-      )}
-      <ErrorBox error={move.error ?? history.error} />
-      {moves.length > 0 && (
-        <details>
-          <summary>History ({moves.length})</summary>
-          <ol className="history" aria-label={`${alias} history`}>
-            {moves.map((entry, index) => (
-              <li key={index}>
-                {formatDate(entry.changed_at)}: {entry.from_version === null ? "created" : `v${entry.from_version}`} →{" "}
-                {entry.to_version === null ? "deleted" : `v${entry.to_version}`}
-              </li>
-            ))}
-          </ol>
-        </details>
-      )}
-    </li>
-  );
 }

@@ -1,34 +1,32 @@
-import { useMutation, useQuery, useQueryClient } from "@tanstack/react-query";
-import { useMemo } from "react";
+import { useQuery } from "@tanstack/react-query";
 import { Link, useParams } from "react-router-dom";
 import { ok } from "../api/client";
 import { allPages, lastId, useFileNames } from "../api/queries";
 import { queryKeys } from "../api/queryKeys";
-import { ConfirmButton } from "../components/Confirm";
-import { LineChart } from "../components/LineChart";
-import { Empty, ErrorBox, Loading } from "../components/States";
+import { CheckpointList } from "../components/CheckpointList";
 import { FileName } from "../components/FileName";
+import { JobActions, useJobAction } from "../components/JobActions";
+import { JobCharts } from "../components/JobCharts";
 import { ProgressFacts } from "../components/JobProgress";
+import { Empty, ErrorBox, Loading } from "../components/States";
 import { formatDate, formatNumber } from "../lib/format";
-import { lossCurve } from "../lib/loss";
+import { RESTING } from "../lib/jobStatus";
 import { useApi, useSession } from "../session";
 
-const FINISHED = ["succeeded", "failed", "cancelled"];
 const LIVE_MS = 2000;
 
 export function JobPage() {
   const jobId = useParams().jobId!;
   const api = useApi();
   const { me } = useSession();
-  const client = useQueryClient();
   const path = { path: { job_id: jobId } };
   const job = useQuery({
     queryKey: queryKeys.jobs.one(jobId),
     queryFn: () => ok(api.http.GET("/v1/fine_tuning/jobs/{job_id}", { params: path })),
-    refetchInterval: (query) => (query.state.data && FINISHED.includes(query.state.data.status) ? false : LIVE_MS),
+    refetchInterval: (query) => (query.state.data && RESTING.includes(query.state.data.status) ? false : LIVE_MS),
   });
-  const running = !job.data || !FINISHED.includes(job.data.status);
-  // Events and checkpoints keep refreshing while the job runs, and once more after it ends.
+  const running = !job.data || !RESTING.includes(job.data.status);
+  // Events and checkpoints keep refreshing while the job runs, and once more after it stops.
   const events = useQuery({
     queryKey: queryKeys.jobs.events(jobId, job.data?.status),
     queryFn: () => allPages((after, limit) => ok(api.http.GET("/v1/fine_tuning/jobs/{job_id}/events",
@@ -43,20 +41,8 @@ export function JobPage() {
     refetchInterval: running ? LIVE_MS : false,
     placeholderData: (previous) => previous,
   });
-  const cancel = useMutation({
-    mutationFn: () => ok(api.http.POST("/v1/fine_tuning/jobs/{job_id}/cancel", { params: path })),
-    onSuccess: () => client.invalidateQueries({ queryKey: queryKeys.jobs.all }),
-  });
+  const act = useJobAction(jobId);
   const fileNames = useFileNames();
-  const curve = useMemo(() => lossCurve(events.data ?? []), [events.data]);
-  const evalPoints = curve.eval.filter((value) => value !== null).length;
-  const series = useMemo(
-    () => [
-      { label: "train loss", color: "#2563eb", values: curve.train },
-      { label: "eval loss", color: "#dc2626", values: curve.eval, points: true },
-    ],
-    [curve],
-  );
 
   if (job.isPending) return <Loading what={`Loading ${jobId}`} />;
   if (job.error) return <ErrorBox error={job.error} />;
@@ -69,12 +55,9 @@ export function JobPage() {
       <div className="title-row">
         <h1 className="beside">{j.id}</h1>
         <span className={`badge ${j.status}`} data-testid="job-status">{j.status}</span>
-        {!FINISHED.includes(j.status) && me.role !== "inference" && (
-          <span className="push-right"><ConfirmButton label="Cancel job" danger question="Cancel this job? It stops after the current step."
-            confirmLabel="Cancel job" dismissLabel="Keep it running" disabled={cancel.isPending || j.status === "cancel_requested"} onConfirm={() => cancel.mutate()} /></span>
-        )}
+        {me.role !== "inference" && <JobActions job={j} act={act} />}
       </div>
-      <ErrorBox error={cancel.error} />
+      <ErrorBox error={act.error} />
       {j.error && <ErrorBox error={new Error(`${j.error.code}: ${j.error.message}`)} title="Job failed" />}
       <dl className="facts">
         <dt>Adapter</dt><dd>{j.suffix}</dd>
@@ -94,6 +77,19 @@ export function JobPage() {
         <dt>Finished</dt><dd>{formatDate(j.finished_at)}</dd>
         <dt>Trained tokens</dt><dd>{formatNumber(j.trained_tokens)}</dd>
         <dt>Attempts</dt><dd>{j.attempts} of {j.max_attempts}</dd>
+        <dt>Method</dt><dd data-testid="job-method">{String(j.method.type)}</dd>
+        {j.early_stopping && <><dt>Early stopping</dt><dd>after {j.early_stopping.patience} evaluations without a better validation loss</dd></>}
+        {j.from_checkpoint && <><dt>Started from</dt><dd><code>{j.from_checkpoint}</code></dd></>}
+        {j.metadata && Object.keys(j.metadata).length > 0 && (
+          <>
+            <dt>Metadata</dt>
+            <dd>
+              <ul className="inline-list" aria-label="Metadata">
+                {Object.entries(j.metadata).map(([key, value]) => <li key={key}>{key} <code>{value}</code></li>)}
+              </ul>
+            </dd>
+          </>
+        )}
         <dt>Hyperparameters</dt>
         <dd>
           <ul className="inline-list" aria-label="Hyperparameters">
@@ -105,31 +101,13 @@ export function JobPage() {
           </ul>
         </dd>
       </dl>
-      <h2>Loss</h2>
-      {curve.steps.length === 0 ? (
-        <Empty>{running ? "Waiting for the first step…" : "No steps were reported."}</Empty>
-      ) : null}
-      <div hidden={curve.steps.length === 0}>
-        <LineChart label="Loss per step" x={curve.steps} series={series} xLabel="step" />
-        <p className="muted" data-testid="eval-points" data-count={evalPoints}>
-          {evalPoints === 0
-            ? "No validation loss yet: it is measured at each checkpoint and at the end, when the job has a validation file."
-            : `Validation loss at ${evalPoints} step${evalPoints === 1 ? "" : "s"} (the marked points).`}
-        </p>
-      </div>
+      <JobCharts events={events.data ?? []} running={running} />
       <h2>Checkpoints</h2>
       <ErrorBox error={checkpoints.error} />
       {(checkpoints.data ?? []).length === 0 ? (
         <Empty>{running ? "No checkpoints yet." : "This job kept no intermediate checkpoints; its result is the version above."}</Empty>
       ) : (
-        <ul aria-label="Checkpoints">
-          {checkpoints.data!.map((checkpoint) => (
-            <li key={checkpoint.id}>
-              step {checkpoint.step_number}: <code>{checkpoint.fine_tuned_model_checkpoint}</code>{" "}
-              <Link to={`/playground?model=${encodeURIComponent(checkpoint.fine_tuned_model_checkpoint)}`}>chat</Link>
-            </li>
-          ))}
-        </ul>
+        <CheckpointList checkpoints={checkpoints.data!} jobId={j.id} />
       )}
       <h2>Events</h2>
       <ErrorBox error={events.error} />
