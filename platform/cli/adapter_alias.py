@@ -69,11 +69,23 @@ def adapters_alias(client: httpx.Client, args: argparse.Namespace) -> None:
     elif args.alias_command == "show":
         print(describe_alias(call(client, "GET", path)))
         for move in call(client, "GET", f"{path}/history")["data"]:
-            print(f"{move['changed_at']}  {move['action']:<8}  {_history_target(args.name, move)}")
+            print(f"{move['changed_at']}  {move['action']:<8}  {_history_target(args.name, move)}{_promotion(move)}")
         return
     else:
         raise CommandError(f"unknown alias command {args.alias_command!r}")
     print(describe_alias(alias), file=sys.stderr)
+
+
+def _promotion(move: dict[str, Any]) -> str:
+    """A job's promotion: the job, and a gate's comparison of validation losses."""
+    if move.get("training_job_id") is None:
+        return ""
+    gate = move.get("gate")
+    if gate is None:
+        return f"  (job {move['training_job_id']})"
+    current = "none" if gate["current_valid_loss"] is None else f"{gate['current_valid_loss']:.4f}"
+    return (f"  (job {move['training_job_id']}: version {gate['new_version']} valid_loss {gate['new_valid_loss']:.4f}"
+            f" against {current})")
 
 
 def _history_target(name: str, move: dict[str, Any]) -> str:

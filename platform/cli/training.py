@@ -22,6 +22,7 @@ from loraloom.platform.cli.listing import add_json_option, field_columns, print_
 from loraloom.platform.cli.options import positive_int
 from loraloom.platform.training.hyperparameters import DpoHyperparameters, Hyperparameters
 from loraloom.platform.training.methods import DPO, METHODS, SUPERVISED
+from loraloom.platform.training.promotion import ALWAYS, PROMOTE_WHEN, VALID_LOSS_IMPROVES
 
 FOLLOW_POLL_S = 1.0
 # Where `follow` stops: the job has ended, or rests until it is resumed.
@@ -56,6 +57,11 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
                         help="start the LoRA weights from this checkpoint of one of your jobs (ftckpt-...)")
     create.add_argument("--metadata", type=key_value, action="append", metavar="KEY=VALUE",
                         help="a label kept with the job (repeatable, up to 16)")
+    create.add_argument("--promote-alias", metavar="ALIAS",
+                        help="on success, move this alias of the adapter (e.g. prod) to the job's version")
+    create.add_argument("--promote-when", choices=PROMOTE_WHEN,
+                        help=f"{VALID_LOSS_IMPROVES}: only if its validation loss is lower than the alias's version's "
+                             f"(needs --validation-file); {ALWAYS}: unconditionally. Default: {VALID_LOSS_IMPROVES}.")
     create.add_argument("--estimate", action="store_true",
                         help="only print the server's estimate of the job (tokens, steps, time); create nothing")
     create.add_argument("--follow", action="store_true", help="then follow it like `jobs follow`")
@@ -145,6 +151,11 @@ def create_body(client: httpx.Client, args: argparse.Namespace) -> dict[str, Any
     hyperparameters = {name: getattr(args, name) for name in fields if getattr(args, name) is not None}
     if args.method != DPO and getattr(args, "beta", None) is not None:
         raise CommandError("--beta is a DPO hyperparameter: add --method dpo")
+    if args.promote_when is not None and args.promote_alias is None:
+        raise CommandError("--promote-when says when to move --promote-alias: add --promote-alias ALIAS")
+    promote = None
+    if args.promote_alias is not None:
+        promote = {"alias": args.promote_alias, **({"when": args.promote_when} if args.promote_when else {})}
     body = {
         "model": args.model or served_base(client),
         "training_file": args.training_file,
@@ -155,6 +166,7 @@ def create_body(client: httpx.Client, args: argparse.Namespace) -> dict[str, Any
         "early_stopping": None if args.early_stopping_patience is None else {"patience": args.early_stopping_patience},
         "from_checkpoint": args.from_checkpoint,
         "metadata": dict(args.metadata) if args.metadata else None,
+        "promote": promote,
     }
     return {key: value for key, value in body.items() if value is not None}
 
@@ -197,8 +209,8 @@ def jobs_list(client: httpx.Client, args: argparse.Namespace) -> None:
 def jobs_get(client: httpx.Client, args: argparse.Namespace) -> None:
     job = call(client, "GET", f"/v1/fine_tuning/jobs/{segment(args.job_id)}")
     for field in ("id", "status", "model", "suffix", "fine_tuned_model", "training_file", "validation_file", "seed",
-                  "trained_tokens", "attempts", "method", "early_stopping", "from_checkpoint", "metadata", "metrics",
-                  "error"):
+                  "trained_tokens", "attempts", "method", "early_stopping", "from_checkpoint", "promote", "metadata",
+                  "metrics", "error"):
         print(f"{field}: {job[field]}")
 
 

@@ -3,11 +3,22 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 from sqlalchemy import or_, select
 from sqlalchemy.orm import Session
 
 from loraloom.platform.db.models import Adapter, AdapterVersion, Alias, AliasAction, AliasHistory, AliasSplit, utcnow
+
+
+@dataclass(frozen=True)
+class JobNote:
+    """What a fine-tuning job's promotion adds to its history row: the job, and the gate's comparison
+    (None when the job promotes unconditionally)."""
+
+    training_job_id: str
+    gate: dict[str, Any] | None = None
 
 
 def set_alias(
@@ -18,6 +29,7 @@ def set_alias(
     version: AdapterVersion,
     actor_key_id: uuid.UUID | None,
     action: AliasAction = AliasAction.set,
+    note: JobNote | None = None,
 ) -> Alias:
     """Create the alias or move it to `version` (ending its split, if it had one); a no-op (and no
     history) if it already names that version alone."""
@@ -25,9 +37,28 @@ def set_alias(
     alias = _find(session, adapter, name)
     if alias is not None and alias.version_id == version.id and not alias.split:
         return alias
-    alias = _point(session, adapter, name, alias, version, actor_key_id, action=action, split=None)
+    alias = _point(session, adapter, name, alias, version, actor_key_id, action=action, split=None, note=note)
     alias.split.clear()
     return alias
+
+
+def record_refusal(session: Session, *, alias: Alias, actor_key_id: uuid.UUID | None, note: JobNote) -> None:
+    """Record a promotion the gate refused: the alias stays (from and to its version, with the split it keeps)."""
+    split = [{"version": row.version_number, "weight": row.weight} for row in alias.split] or None
+    session.add(
+        AliasHistory(
+            adapter_id=alias.adapter_id,
+            alias_name=alias.name,
+            from_version_id=alias.version_id,
+            to_version_id=alias.version_id,
+            changed_by_key_id=actor_key_id,
+            changed_at=utcnow(),
+            action=AliasAction.gate_refused,
+            split=split,
+            training_job_id=note.training_job_id,
+            gate=note.gate,
+        )
+    )
 
 
 def set_split(
@@ -110,6 +141,7 @@ def _point(
     *,
     action: AliasAction,
     split: list[dict[str, int]] | None,
+    note: JobNote | None = None,
 ) -> Alias:
     """Point the alias (created if None) at `version`, recording the change."""
     now = utcnow()
@@ -130,6 +162,8 @@ def _point(
             changed_at=now,
             action=action,
             split=split,
+            training_job_id=None if note is None else note.training_job_id,
+            gate=None if note is None else note.gate,
         )
     )
     return alias

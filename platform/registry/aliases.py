@@ -1,6 +1,8 @@
 """Moving aliases: to one version, or split between versions by weight (a canary rollout, splits.py),
 which `promote` turns into one of its versions and `rollback` into the version the alias named before
-the split. Every change is in alias_history, with what it did and the split it set.
+the split. Every change is in alias_history, with what it did and the split it set; a fine-tuning job's
+promotion (training/promotion.py) moves an alias through `move_alias` too, or records with `keep_alias`
+that its gate left the alias where it was, each entry naming the job and the gate's comparison.
 
 `latest` belongs to the registry (it follows uploads and deletions); every other alias
 moves only when told to.
@@ -11,12 +13,13 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session, aliased
 
 from loraloom.engine import RequestFieldError
-from loraloom.platform.db.aliases import delete_alias, set_alias, set_split
+from loraloom.platform.db.aliases import JobNote, delete_alias, record_refusal, set_alias, set_split
 from loraloom.platform.db.changes import announce_adapter_change
 from loraloom.platform.db.models import (
     Adapter,
@@ -42,6 +45,20 @@ class AliasMove:
     changed_at: datetime
     action: AliasAction = AliasAction.set
     split: tuple[Share, ...] | None = None  # the split this change set
+    training_job_id: str | None = None  # the fine-tuning job whose promotion made the change
+    gate: dict[str, Any] | None = None  # that promotion's comparison of validation losses
+
+
+@dataclass(frozen=True)
+class AliasTarget:
+    """What an alias names: one version, or a split (then `version` is its largest-weight version)."""
+
+    version: int
+    split: tuple[Share, ...] | None
+
+    @property
+    def versions(self) -> tuple[int, ...]:
+        return (self.version,) if self.split is None else tuple(share.version for share in self.split)
 
 
 def alias_split(alias: Alias) -> tuple[Share, ...] | None:
@@ -59,15 +76,19 @@ def move_alias(
     alias: str,
     number: int,
     actor_key_id: uuid.UUID | None,
+    action: AliasAction = AliasAction.set,
+    note: JobNote | None = None,
 ) -> tuple[Alias, ResolvedVersion]:
     """Point `alias` at version `number` (creating the alias if new); returns the alias and the version
-    it now names, which the caller prefetches into the engines."""
+    it now names, which the caller prefetches into the engines. `action` and `note`: how history tells
+    the move (a job's promotion names its job and comparison)."""
     _check_movable(alias)
     # Locked before reading: the version's status (a concurrent delete) and the alias's current
     # version, which history records as from_version (concurrent moves must chain).
     adapter = find_adapter(session, tenant_id=tenant_id, name=name, lock=True)
     version = find_version(session, tenant_id=tenant_id, name=name, number=number)
-    row = set_alias(session, adapter=adapter, name=alias, version=version, actor_key_id=actor_key_id)
+    row = set_alias(session, adapter=adapter, name=alias, version=version, actor_key_id=actor_key_id,
+                    action=action, note=note)
     adapter.updated_at = utcnow()
     announce_adapter_change(session, tenant_id=tenant_id, adapter_name=name)
     session.commit()
@@ -144,6 +165,30 @@ def rollback_alias(
     return row, _committed(session, tenant_id, adapter, [version])[0]
 
 
+def keep_alias(
+    session: Session, *, tenant_id: uuid.UUID, name: str, alias: str, actor_key_id: uuid.UUID | None, note: JobNote
+) -> None:
+    """Record in the alias's history that a job's promotion left it where it is (`gate_refused`); commits."""
+    _check_movable(alias)
+    adapter = find_adapter(session, tenant_id=tenant_id, name=name, lock=True)
+    row = _find_alias(session, adapter=adapter, alias=alias)
+    record_refusal(session, alias=row, actor_key_id=actor_key_id, note=note)
+    session.commit()
+
+
+def alias_target(
+    session: Session, *, tenant_id: uuid.UUID, name: str, alias: str, lock: bool = False
+) -> AliasTarget | None:
+    """What the alias names now; None when the adapter or the alias does not exist. `lock`: hold the
+    adapter's row, so that a move in the same transaction starts from what this read."""
+    try:
+        adapter = find_adapter(session, tenant_id=tenant_id, name=name, lock=lock)
+    except RegistryNotFoundError:
+        return None
+    row = session.scalar(select(Alias).where(Alias.adapter_id == adapter.id, Alias.name == alias))
+    return None if row is None else AliasTarget(version=row.version.number, split=alias_split(row))
+
+
 def remove_alias(session: Session, *, tenant_id: uuid.UUID, name: str, alias: str, actor_key_id: uuid.UUID | None) -> None:
     _check_movable(alias)
     adapter = find_adapter(session, tenant_id=tenant_id, name=name, lock=True)
@@ -176,6 +221,8 @@ def alias_history(session: Session, *, tenant_id: uuid.UUID, name: str, alias: s
             changed_at=entry.changed_at,
             action=entry.action,
             split=None if entry.split is None else tuple(Share(s["version"], s["weight"]) for s in entry.split),
+            training_job_id=entry.training_job_id,
+            gate=entry.gate,
         )
         for entry, from_number, to_number in rows
     ]

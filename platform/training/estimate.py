@@ -21,6 +21,7 @@ from loraloom.platform.storage import BlobStore, content_key
 from loraloom.platform.training.datasets import load_dataset
 from loraloom.platform.training.hyperparameters import Hyperparameters
 from loraloom.platform.training.jobs import ServedModel, check_job_inputs
+from loraloom.platform.training.promotion import Promotion
 from loraloom.platform.training.schedule import evaluation_steps, total_steps
 from loraloom.platform.training.throughput import Rate, training_rate
 
@@ -56,7 +57,7 @@ def estimate_examples(
 def estimate_job(
     session: Session, *, store: BlobStore, tokenizer: Tokenizer, tenant_id: uuid.UUID, served: ServedModel,
     model: str, training_file: str, validation_file: str | None, suffix: str | None, hyperparameters: Hyperparameters,
-    method: str, early_stopping_patience: int | None, from_checkpoint: str | None,
+    method: str, early_stopping_patience: int | None, from_checkpoint: str | None, promote: Promotion | None = None,
 ) -> Estimate:
     """Check a create request as creating the job would, then estimate it. Raises TrainingInputError
     naming the field at fault."""
@@ -64,6 +65,7 @@ def estimate_job(
         session, tenant_id=tenant_id, served=served, model=model, training_file=training_file,
         validation_file=validation_file, suffix=suffix, hyperparameters=hyperparameters, method=method,
         early_stopping_patience=early_stopping_patience, from_checkpoint=from_checkpoint, store=store,
+        promote=promote,
     )
     examples = []
     for row, param in zip(rows, ("training_file", "validation_file")):
@@ -71,4 +73,4 @@ def estimate_job(
             data = blob.read()
         examples.append(load_dataset(data, tokenizer, hyperparameters.max_seq_len, param=param, method=method)[1])
     train_examples, eval_examples = examples[0], examples[1] if len(examples) > 1 else []
-    return estimate_examples(train_examples, eval_examples, hyperparameters, training_rate(session, served.name))
+    return estimate_examples(train_examples, eval_examples, hyperparameters, training_rate(session, tenant_id, served.name))

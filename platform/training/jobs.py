@@ -35,6 +35,7 @@ from loraloom.platform.training.hyperparameters import Hyperparameters, check_ra
 from loraloom.platform.training.job_options import check_early_stopping
 from loraloom.platform.training.job_state import SYSTEM_ERROR, add_event, new_id
 from loraloom.platform.training.methods import SUPERVISED, check_file_method
+from loraloom.platform.training.promotion import Promotion, check_promotion
 
 EVENT_ID_PREFIX = "ftevent-"
 # An event cursor: an event id, or its number (at most MAX_INT64, which no pattern states).
@@ -79,16 +80,19 @@ def create_job(
     early_stopping_patience: int | None = None,
     from_checkpoint: str | None = None,
     store: BlobStore | None = None,
+    promote: Promotion | None = None,
 ) -> FineTuningJob:
     """Check the request against the files and the served base, add the job as queued and send it
     to the workers. Raises TrainingInputError naming the field at fault. `model` may also be `base`, as in
     requests; the job records the served name. No `suffix`: a new name is generated. `hyperparameters` are
-    the `method`'s (job_options.choose_hyperparameters); `store` reads a `from_checkpoint`'s adapter config."""
+    the `method`'s (job_options.choose_hyperparameters); `store` reads a `from_checkpoint`'s adapter config.
+    `promote`: the alias of `suffix` the job moves to its version on success (promotion.py)."""
     if suffix is None:
         suffix = generated_suffix()
     check_job_inputs(session, tenant_id=tenant_id, served=served, model=model, training_file=training_file,
                      validation_file=validation_file, suffix=suffix, hyperparameters=hyperparameters, method=method,
-                     early_stopping_patience=early_stopping_patience, from_checkpoint=from_checkpoint, store=store)
+                     early_stopping_patience=early_stopping_patience, from_checkpoint=from_checkpoint, store=store,
+                     promote=promote)
     job = FineTuningJob(
         id=new_id("ftjob"),
         tenant_id=tenant_id,
@@ -103,6 +107,8 @@ def create_job(
         job_metadata=metadata,
         early_stopping_patience=early_stopping_patience,
         from_checkpoint=from_checkpoint,
+        promote_alias=None if promote is None else promote.alias,
+        promote_when=None if promote is None else promote.when,
         status=FineTuningJobStatus.queued,
         max_attempts=max_attempts,
     )
@@ -121,10 +127,11 @@ def check_job_inputs(
     session: Session, *, tenant_id: uuid.UUID, served: ServedModel, model: str, training_file: str,
     validation_file: str | None, suffix: str | None, hyperparameters: Hyperparameters, method: str,
     early_stopping_patience: int | None, from_checkpoint: str | None, store: BlobStore | None,
+    promote: Promotion | None = None,
 ) -> list[TrainingFile]:
     """Everything a worker would refuse later, checked now (creating a job and estimating one check
-    the same): the base, the adapter name, the rank, the files (the caller's, of the method's format)
-    and the start checkpoint. Returns the files' rows, training file first."""
+    the same): the base, the adapter name, the rank, the promotion, the files (the caller's, of the
+    method's format) and the start checkpoint. Returns the files' rows, training file first."""
     if model not in (BASE_NAME, served.name):
         raise TrainingInputError(
             code="model_not_available", param="model",
@@ -139,6 +146,7 @@ def check_job_inputs(
                                      message=str(error).replace("name: ", "suffix: ", 1)) from None
     check_rank_is_served(hyperparameters, served.max_lora_rank)
     check_early_stopping(early_stopping_patience, validation_file)
+    check_promotion(promote, validation_file)
     rows = [_check_file(session, tenant_id, param, file_id, hyperparameters.max_seq_len, method)
             for param, file_id in (("training_file", training_file), ("validation_file", validation_file))
             if file_id is not None]

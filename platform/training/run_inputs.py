@@ -19,6 +19,7 @@ from loraloom.platform.training.errors import TrainingInputError
 from loraloom.platform.training.job_options import hyperparameters_of
 from loraloom.platform.training.job_state import Claim, ResumePoint, add_event, resume_point
 from loraloom.platform.training.hyperparameters import Hyperparameters
+from loraloom.platform.training.promotion import Promotion
 
 logger = logging.getLogger(__name__)
 
@@ -36,6 +37,7 @@ class JobSpec:
     hyperparameters: Hyperparameters
     early_stopping_patience: int | None
     from_checkpoint: str | None
+    promote: Promotion | None = None
 
 
 def load_spec(factory: sessionmaker[Session], claim: Claim) -> JobSpec:
@@ -47,6 +49,7 @@ def load_spec(factory: sessionmaker[Session], claim: Claim) -> JobSpec:
             training_file=job.training_file, validation_file=job.validation_file, suffix=job.suffix, seed=job.seed,
             method=job.method, hyperparameters=hyperparameters_of(job.method, job.hyperparameters),
             early_stopping_patience=job.early_stopping_patience, from_checkpoint=job.from_checkpoint,
+            promote=None if job.promote_alias is None else Promotion(job.promote_alias, job.promote_when),
         )
 
 

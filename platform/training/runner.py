@@ -6,8 +6,11 @@ fails with its code and param; retrying cannot help), the time limit is its own 
 anything else is a system fault, retried on another run while attempts remain. A retry
 resumes from the job's last checkpoint (weights, optimizer, schedule, RNG, data position), as
 does the run of a resumed job. A run asked to stop (cancel or pause) ends after its current
-step with a checkpoint, the job `cancelled` or `paused`. A run that trained the whole job and
-succeeded adds its throughput to the model's measured rate (throughput.py), which estimates use.
+step with a checkpoint, the job `cancelled` or `paused`. A job with `promote` moves its alias between
+publishing its version and succeeding (promotion_gate.py; an evaluation gate measures the alias's versions
+before publishing), so a succeeded job's promotion is decided; it never fails the job. A run that trained
+the whole job and succeeded adds its throughput to the model's measured rate (throughput.py), which
+estimates use.
 What a system fault's message tells the user never includes SQL or server paths: those go
 to the worker's log.
 """
@@ -48,6 +51,8 @@ from loraloom.platform.training.job_state import (
     set_checkpoint_metrics,
     stop_request,
 )
+from loraloom.platform.training.promotion import VALID_LOSS_IMPROVES
+from loraloom.platform.training.promotion_gate import GateReading, JobPromotion, promote, read_gate
 from loraloom.platform.training.run_inputs import (
     fetch_resume_point,
     fetch_start_checkpoint,
@@ -273,6 +278,17 @@ def _train_and_publish(factory: sessionmaker[Session], claim: Claim, context: Wo
                           metrics=last_metrics or None, message="The job was cancelled after its last step"):
                 session.commit()
         return
+    promotion = None if spec.promote is None else JobPromotion(
+        job_id=claim.job_id, tenant_id=spec.tenant_id, adapter=spec.suffix, actor_key_id=spec.actor_key_id,
+        promotion=spec.promote)
+    reading: GateReading | None = None
+    if promotion is not None and promotion.promotion.when == VALID_LOSS_IMPROVES:
+        from loraloom.platform.training.gate_evaluation import version_losses
+
+        # Measured before publishing: a run that dies while measuring is retried without a version published.
+        reading = read_gate(factory, store, promotion, work_dir / "gate", lambda versions: version_losses(
+            base_model_dir=model_dir, eval_examples=eval_examples, hyperparameters=hyperparameters,
+            method=spec.method, seed=spec.seed, start_from=start_from, versions=versions))
     base = ServedBase(name=model_dir.name, config=ModelConfig.from_dir(model_dir),
                       max_lora_rank=context.max_lora_rank)
     with factory() as session:
@@ -282,6 +298,8 @@ def _train_and_publish(factory: sessionmaker[Session], claim: Claim, context: Wo
             actor_key_id=spec.actor_key_id,
         ).version
         reference = f"{spec.suffix}@{version.number}"
+        if promotion is not None:
+            promote(factory, promotion, number=version.number, new_loss=result.full_valid_loss, reading=reading)
         if finish_job(session, claim, FineTuningJobStatus.succeeded, result_version_id=version.id,
                       fine_tuned_model=reference, trained_tokens=result.trained_tokens, metrics=last_metrics or None,
                       message=f"The job has successfully completed: the adapter is {reference} ({spec.suffix}:latest); "
@@ -292,7 +310,7 @@ def _train_and_publish(factory: sessionmaker[Session], claim: Claim, context: Wo
                            extra={"job_id": claim.job_id})
             return
     if resume is None:  # a run of the whole job: its time is what an estimate of such a job should say
-        record_run(factory, spec.model, tokens=result.trained_tokens, seconds=run_seconds)
+        record_run(factory, spec.tenant_id, spec.model, tokens=result.trained_tokens, seconds=run_seconds)
 
 
 def _end_stopped(factory: sessionmaker[Session], claim: Claim, result: Any, last_metrics: dict[str, Any]) -> None:

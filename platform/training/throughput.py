@@ -1,12 +1,16 @@
-"""How fast this deployment trains, per base model: what an estimate divides a job's tokens by.
+"""How fast this deployment trains a tenant's jobs, per base model: what an estimate divides a job's
+tokens by.
 
 Each job that succeeds in one run reports its tokens and the run's wall time (model loading,
 evaluations and checkpoints included: what the user waits for); the rate is a moving average of
-those, so it follows a change of hardware within a few jobs. Before any job of a model has
-succeeded here, estimates use DEFAULT_TOKENS_PER_SECOND and say so (`measured` false).
+those, so it follows a change of hardware within a few jobs. It is kept per tenant: one rate for all
+would change whenever any tenant's job ended, telling every tenant when others train and how much.
+Before any job of the tenant on a model has succeeded here, estimates use DEFAULT_TOKENS_PER_SECOND
+and say so (`measured` false).
 """
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass
 
 from sqlalchemy import update
@@ -28,25 +32,26 @@ class Rate:
     runs: int  # runs averaged
 
 
-def training_rate(session: Session, model: str) -> Rate:
-    row = session.get(TrainingThroughput, model)
+def training_rate(session: Session, tenant_id: uuid.UUID, model: str) -> Rate:
+    row = session.get(TrainingThroughput, (tenant_id, model))
     if row is None:
         return Rate(tokens_per_second=DEFAULT_TOKENS_PER_SECOND, measured=False, runs=0)
     return Rate(tokens_per_second=row.tokens_per_second, measured=True, runs=row.runs)
 
 
-def record_run(factory: sessionmaker[Session], model: str, *, tokens: int, seconds: float) -> None:
-    """Fold one run's throughput into the model's rate."""
+def record_run(factory: sessionmaker[Session], tenant_id: uuid.UUID, model: str, *, tokens: int, seconds: float) -> None:
+    """Fold one run's throughput into the tenant's rate for the model."""
     if tokens <= 0 or seconds <= 0:
         return
     measured = tokens / seconds
     for _ in range(2):  # a first row inserted by two workers at once: the loser updates the winner's
         with factory() as session:
-            if session.get(TrainingThroughput, model) is None:
-                session.add(TrainingThroughput(model=model, tokens_per_second=measured, runs=1))
+            if session.get(TrainingThroughput, (tenant_id, model)) is None:
+                session.add(TrainingThroughput(tenant_id=tenant_id, model=model, tokens_per_second=measured, runs=1))
             else:
                 # One statement, so that runs finishing together each count.
-                session.execute(update(TrainingThroughput).where(TrainingThroughput.model == model).values(
+                mine = (TrainingThroughput.tenant_id == tenant_id) & (TrainingThroughput.model == model)
+                session.execute(update(TrainingThroughput).where(mine).values(
                     tokens_per_second=TrainingThroughput.tokens_per_second * (1 - SMOOTHING) + measured * SMOOTHING,
                     runs=TrainingThroughput.runs + 1, updated_at=utcnow(),
                 ))

@@ -168,10 +168,10 @@ def train_lora(
     eval_tokens = sum(example.token_count for example in eval_examples)
     rng_devices = [device] if device.type == "cuda" else []
     with torch.random.fork_rng(devices=rng_devices):  # seed the RNG without changing the caller's
-        model = _load_lora_model(Path(base_model_dir), hyperparameters, device, seed)
+        model = load_lora_model(Path(base_model_dir), hyperparameters, device, seed)
         if start_from is not None:
             load_start_weights(model, Path(start_from), hyperparameters, device)
-        objective = _objective(method, train_examples, eval_examples, hyperparameters, device)
+        objective = method_objective(method, train_examples, eval_examples, hyperparameters, device)
         objective.prepare(model)  # DPO's reference: the model as the job starts (before resuming)
         parameters = [parameter for parameter in model.parameters() if parameter.requires_grad]
         optimizer = torch.optim.AdamW(parameters, lr=hyperparameters.learning_rate, weight_decay=0.0)
@@ -289,7 +289,9 @@ def _batches(
             yield epoch, first // batch_size, permutation[first:first + batch_size]
 
 
-def _objective(method: str, train_examples, eval_examples, hyperparameters: Hyperparameters, device: torch.device):
+def method_objective(method: str, train_examples, eval_examples, hyperparameters: Hyperparameters,
+                     device: torch.device):
+    """The method's loss: its train_step, its evaluate (valid_* metrics) and prepare (DPO's reference)."""
     if method == DPO:
         from loraloom.platform.training.dpo import DpoObjective
 
@@ -342,7 +344,7 @@ def _check_inputs(
                 )
 
 
-def _load_lora_model(base_model_dir: Path, hyperparameters: Hyperparameters, device: torch.device, seed: int):
+def load_lora_model(base_model_dir: Path, hyperparameters: Hyperparameters, device: torch.device, seed: int):
     """The base model with fresh LoRA modules (seeded), ready to train on `device`."""
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM

@@ -84,7 +84,7 @@ def post_job(
             suffix=body.suffix, seed=body.seed, hyperparameters=body.chosen_hyperparameters(),
             max_attempts=settings.training_max_attempts, send=send, method=body.method_type(),
             metadata=body.metadata, early_stopping_patience=body.early_stopping_patience(),
-            from_checkpoint=body.from_checkpoint, store=registry.store,
+            from_checkpoint=body.from_checkpoint, store=registry.store, promote=body.promotion(),
         )
     return JobObject.of(job)
 
@@ -102,6 +102,7 @@ def post_estimate(
             model=body.model, training_file=body.training_file, validation_file=body.validation_file,
             suffix=body.suffix, hyperparameters=body.chosen_hyperparameters(), method=body.method_type(),
             early_stopping_patience=body.early_stopping_patience(), from_checkpoint=body.from_checkpoint,
+            promote=body.promotion(),
         )
     return EstimateObject.of(estimate, model=served.name, method=body.method_type())
 

@@ -243,23 +243,45 @@ class AliasObject(BaseModel):
         )
 
 
+class ComparedVersionObject(BaseModel):
+    version: int
+    valid_loss: float
+
+
+class PromotionGateObject(BaseModel):
+    """An evaluation-gated promotion's comparison, on the job's validation file with the job's own loss."""
+
+    new_version: int = Field(description="The job's version, which the gate moved the alias to or refused.")
+    new_valid_loss: float = Field(description="The job's version's validation loss (its full_valid_loss).")
+    current_valid_loss: float | None = Field(
+        description="The lowest validation loss of the versions the alias named (each version of a split); null "
+        "when the alias did not exist, and the job's version created it.")
+    compared: list[ComparedVersionObject] = Field(description="Each version the alias named, with its loss.")
+
+
 class AliasHistoryEntry(BaseModel):
     object: Literal["adapter.alias.move"] = "adapter.alias.move"
     action: AliasAction = Field(description="What the change did: `set` (one version), `split`, `promote` (a split "
                                 "became one of its versions), `rollback` (a split went back to the version before "
-                                "it), `delete`.")
+                                "it), `delete`; a fine-tuning job's `promote`: `job_promote` (moved without a gate), "
+                                "`gated_promote` (moved: its version's validation loss was lower, or nothing to "
+                                "compare), `gate_refused` (not moved: to_version and split are what it still names).")
     from_version: int | None = Field(description="None: the alias was created by this move.")
     to_version: int | None = Field(description="None: the alias was deleted by this move. For a split, its version "
                                    "with the largest weight.")
     split: list[SplitShareObject] | None = Field(default=None, description="The split this change set; null otherwise.")
     changed_at: datetime
     changed_by_key_id: uuid.UUID | None
+    training_job_id: str | None = Field(default=None, description="The fine-tuning job whose promotion this is.")
+    gate: PromotionGateObject | None = Field(default=None, description="A gated promotion's comparison; null "
+                                             "otherwise.")
 
     @classmethod
     def of(cls, move: AliasMove) -> AliasHistoryEntry:
         return cls(action=move.action, from_version=move.from_version, to_version=move.to_version,
                    split=_share_objects(move.split), changed_at=move.changed_at,
-                   changed_by_key_id=move.changed_by_key_id)
+                   changed_by_key_id=move.changed_by_key_id, training_job_id=move.training_job_id,
+                   gate=None if move.gate is None else PromotionGateObject.model_validate(move.gate))
 
 
 class AliasHistoryList(ListObject[AliasHistoryEntry]):

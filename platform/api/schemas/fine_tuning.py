@@ -5,8 +5,15 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, StringConstraints, model_validator
 
-from loraloom.platform.api.schemas.common import IdPageObject, PageObject, StrictBody, unix_seconds
+from loraloom.platform.api.schemas.common import (
+    IdPageObject,
+    PageObject,
+    StrictBody,
+    documented_pattern,
+    unix_seconds,
+)
 from loraloom.platform.db.models import FineTuningCheckpoint, FineTuningJob, FineTuningJobEvent
+from loraloom.platform.registry.references import ALIAS_NAME_PATTERN, LATEST_ALIAS
 from loraloom.platform.training.estimate import Estimate
 from loraloom.platform.training.hyperparameters import DpoHyperparameters, Hyperparameters
 from loraloom.platform.training.job_options import (
@@ -17,6 +24,7 @@ from loraloom.platform.training.job_options import (
 )
 from loraloom.platform.training.jobs import event_id
 from loraloom.platform.training.methods import METHODS, SUPERVISED
+from loraloom.platform.training.promotion import VALID_LOSS_IMPROVES, Promotion
 
 Metadata = Annotated[
     dict[Annotated[str, StringConstraints(max_length=MAX_METADATA_KEY_CHARS)],
@@ -60,6 +68,22 @@ class EarlyStopping(StrictBody):
                           "after which training stops (needs a validation_file).")
 
 
+class Promote(StrictBody):
+    """An alias of the job's adapter (`suffix`) to move to the job's version when the job succeeds."""
+
+    alias: str = Field(description="The alias, e.g. prod (not `latest`, which moves by itself); created if new.",
+                       json_schema_extra={**documented_pattern(ALIAS_NAME_PATTERN), "not": {"const": LATEST_ALIAS}})
+    when: Literal["valid_loss_improves", "always"] = Field(
+        default=VALID_LOSS_IMPROVES,
+        description="valid_loss_improves (needs a validation_file): only if the job's version has a strictly lower "
+        "validation loss than each version the alias names now, measured on the job's validation file with the job's "
+        "own loss; a new alias is created. always: unconditionally. The decision is in the alias's history and the "
+        "job's `promotion` event; a gate that cannot measure skips the promotion, never fails the job.")
+
+    def promotion(self) -> Promotion:
+        return Promotion(alias=self.alias, when=self.when)
+
+
 class JobCreateBody(StrictBody):
     model: str = Field(description="The base model: the one this server serves, by its name or as `base`.")
     training_file: str = Field(description="A file id from POST /v1/files (purpose fine-tune).")
@@ -80,6 +104,7 @@ class JobCreateBody(StrictBody):
     from_checkpoint: str | None = Field(
         default=None, max_length=40, description="A checkpoint id (ftckpt-...) of one of your jobs: the LoRA weights "
         "start from it (the optimizer and schedule start afresh). Its rank and target modules must be this job's.")
+    promote: Promote | None = None
 
     def method_type(self) -> str:
         return SUPERVISED if self.method is None else self.method.type
@@ -91,6 +116,9 @@ class JobCreateBody(StrictBody):
 
     def early_stopping_patience(self) -> int | None:
         return None if self.early_stopping is None else self.early_stopping.patience
+
+    def promotion(self) -> Promotion | None:
+        return None if self.promote is None else self.promote.promotion()
 
 
 class JobError(BaseModel):
@@ -131,6 +159,7 @@ class JobObject(BaseModel):
     metadata: dict[str, str] | None
     early_stopping: EarlyStopping | None
     from_checkpoint: str | None
+    promote: Promote | None
 
     @classmethod
     def of(cls, job: FineTuningJob) -> JobObject:
@@ -149,6 +178,7 @@ class JobObject(BaseModel):
             early_stopping=None if job.early_stopping_patience is None else EarlyStopping(
                 patience=job.early_stopping_patience),
             from_checkpoint=job.from_checkpoint,
+            promote=None if job.promote_alias is None else Promote(alias=job.promote_alias, when=job.promote_when),
         )
 
 
@@ -209,10 +239,10 @@ class EstimateObject(BaseModel):
     total_steps: int
     evaluations: int = Field(description="How many times the validation file is evaluated.")
     estimated_seconds: float = Field(description="trained_tokens / tokens_per_second.")
-    tokens_per_second: float = Field(description="This server's training rate for the model.")
+    tokens_per_second: float = Field(description="This server's training rate for the model and your tenant.")
     rate_source: Literal["measured", "default"] = Field(
-        description="measured: a moving average over this server's finished jobs of the model; default: no job of "
-        "it has finished here yet, a rough guess.")
+        description="measured: a moving average over your finished jobs of the model on this server; default: none "
+        "has finished here yet, a rough guess.")
 
     @classmethod
     def of(cls, estimate: Estimate, *, model: str, method: str) -> EstimateObject:

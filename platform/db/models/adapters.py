@@ -144,6 +144,10 @@ class AliasAction(str, enum.Enum):
     promote = "promote"  # a split became one of its versions
     rollback = "rollback"  # a split went back to the version the alias named before it
     delete = "delete"
+    # A fine-tuning job's `promote` (training/promotion.py), training_job_id naming the job:
+    job_promote = "job_promote"  # moved to the job's version unconditionally (`when`: always)
+    gated_promote = "gated_promote"  # moved: the job's version had the lower validation loss, or nothing to compare
+    gate_refused = "gate_refused"  # not moved (to_version is where it stays): its versions' loss was not beaten
 
 
 class Alias(Base):
@@ -214,6 +218,11 @@ class AliasHistory(Base):
     # The split this change set, as [{"version": N, "weight": W}, ...] by version; None: it set one version
     # (to_version_id) or deleted the alias. Numbers, not ids: a version's number is never reused.
     split: Mapped[list[dict[str, int]] | None] = mapped_column(JSONDocument)
+    # The fine-tuning job whose `promote` made this change (a plain id: jobs may be purged); None otherwise.
+    training_job_id: Mapped[str | None] = mapped_column(String(40))
+    # An evaluation-gated promotion's comparison (training/promotion.py: the job's version, both validation
+    # losses, each compared version's); None for every other change.
+    gate: Mapped[dict[str, Any] | None] = mapped_column(JSONDocument)
 
 
 MUTABLE_VERSION_COLUMNS = frozenset({"status", "status_detail"})

@@ -103,6 +103,10 @@ class FineTuningJob(Base):
     # The checkpoint whose LoRA weights the job starts from (ftckpt-..., of the same tenant). No foreign key,
     # as with the files: the job keeps naming it when it is gone.
     from_checkpoint: Mapped[str | None] = mapped_column(String(40))
+    # The alias of `suffix` the job moves to its version on success (training/promotion.py), and when:
+    # valid_loss_improves | always. Both None: the job promotes nothing.
+    promote_alias: Mapped[str | None] = mapped_column(String(64))
+    promote_when: Mapped[str | None] = mapped_column(String(32))
     created_at: Mapped[datetime] = mapped_column(default=utcnow)
     started_at: Mapped[datetime | None]
     finished_at: Mapped[datetime | None]
@@ -143,11 +147,13 @@ class FineTuningCheckpoint(Base):
 
 
 class TrainingThroughput(Base):
-    """Per base model, the training speed measured on this deployment: a moving average over the jobs
-    that succeeded (tokens trained per second of a run), which a job's estimate divides its tokens by."""
+    """Per tenant and base model, the training speed measured on this deployment: a moving average over
+    the tenant's jobs that succeeded (tokens trained per second of a run), which its estimates divide a
+    job's tokens by. Per tenant: a rate shared by all would tell each tenant when another's job ended."""
 
     __tablename__ = "training_throughput"
 
+    tenant_id: Mapped[uuid.UUID] = mapped_column(primary_key=True)
     model: Mapped[str] = mapped_column(String(256), primary_key=True)
     tokens_per_second: Mapped[float] = mapped_column(Double)
     runs: Mapped[int]  # runs averaged so far

@@ -60,9 +60,10 @@ class JobRuns:
         with self.factory() as session:
             return create_job(
                 session, tenant_id=self.tenant_id, actor_key_id=None, served=self.served, model=self.base.name,
-                training_file=training_file, suffix=f"run-{uuid.uuid4().hex[:6]}", seed=seed,
+                training_file=training_file, seed=seed,
                 hyperparameters=hyperparameters, max_attempts=self.settings.training_max_attempts,
-                send=self.sent.append, store=self.store, **{"validation_file": None, **options},
+                send=self.sent.append, store=self.store,
+                **{"validation_file": None, "suffix": f"run-{uuid.uuid4().hex[:6]}", **options},
             ).id
 
     def run(self, job_id: str) -> FineTuningJob:

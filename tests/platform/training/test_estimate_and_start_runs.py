@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from job_runs import JobRuns
+from live_api import new_tenant
 from product_codes import product_dataset
 from safetensors.torch import load
 from sqlalchemy import select
@@ -64,7 +65,11 @@ def test_the_estimate_is_what_the_finished_job_reports_and_the_run_sets_the_rate
 
     after = estimate(runs, HYPERPARAMETERS, training_file, validation_file)
     with runs.factory() as session:
-        rate = training_rate(session, runs.base.name)
+        rate = training_rate(session, runs.tenant_id, runs.base.name)
+        # Another tenant's estimates do not move when this tenant's job ends: they would tell it when others train.
+        other_tenant = new_tenant(session).id
+        session.commit()
+        assert training_rate(session, other_tenant, runs.base.name).measured is False
     assert (rate.measured, rate.runs) == (True, 1) and rate.tokens_per_second > 0
     assert after.rate == rate and after.trained_tokens == before.trained_tokens
     assert after.estimated_seconds == pytest.approx(after.trained_tokens / rate.tokens_per_second)

@@ -1,7 +1,7 @@
 """Issue 40's job API without a worker: `method` (OpenAI's shape, supervised or DPO), `metadata`,
-`early_stopping` and `from_checkpoint` in the create body, each refusal naming its field; the
+`early_stopping`, `from_checkpoint` and `promote` in the create body, each refusal naming its field; the
 estimate of a job before it is created; pause and resume of a queued job (409 in a wrong state);
-and the CLI's estimate, pause and resume."""
+and the CLI's estimate, pause, resume and --promote-alias."""
 from __future__ import annotations
 
 import json
@@ -47,7 +47,7 @@ def test_method_metadata_and_early_stopping_are_stored_and_returned(server: Trai
         assert job["method"] == {"type": "supervised", "supervised": {"hyperparameters": job["hyperparameters"]}}
         assert (job["hyperparameters"]["n_epochs"], job["hyperparameters"]["eval_interval"]) == (2, 3)
         assert job["metadata"] == {"team": "search", "ticket": "x" * 512}
-        assert (job["early_stopping"], job["from_checkpoint"]) == ({"patience": 2}, None)
+        assert (job["early_stopping"], job["from_checkpoint"], job["promote"]) == ({"patience": 2}, None, None)
         assert client.get(f"/v1/fine_tuning/jobs/{job['id']}").json() == job
 
         dpo = client.post("/v1/fine_tuning/jobs", json={
@@ -60,7 +60,13 @@ def test_method_metadata_and_early_stopping_are_stored_and_returned(server: Trai
         top_level = client.post("/v1/fine_tuning/jobs", json={
             "model": "base", "training_file": files["chat"], "hyperparameters": {"n_epochs": 4}}).json()
         assert top_level["method"]["type"] == "supervised" and top_level["hyperparameters"]["n_epochs"] == 4
-        for made in (job, dpo, top_level):
+
+        gated = client.post("/v1/fine_tuning/jobs", json={
+            "model": "base", "training_file": files["chat"], "validation_file": files["chat"],
+            "promote": {"alias": "prod"}}).json()
+        assert gated["promote"] == {"alias": "prod", "when": "valid_loss_improves"}
+        assert client.get(f"/v1/fine_tuning/jobs/{gated['id']}").json()["promote"] == gated["promote"]
+        for made in (job, dpo, top_level, gated):
             client.post(f"/v1/fine_tuning/jobs/{made['id']}/cancel")
 
 
@@ -85,6 +91,11 @@ def test_bad_options_are_refused_naming_the_field_by_create_and_estimate_alike(s
         ({"early_stopping": {"patience": 2}}, 400, "early_stopping"),  # no validation file
         ({"early_stopping": {"patience": 0}, "validation_file": files["chat"]}, 400, "early_stopping.patience"),
         ({"from_checkpoint": "ftckpt-000000000000000000000000"}, 404, "from_checkpoint"),
+        ({"promote": {"alias": "latest", "when": "always"}}, 400, "promote.alias"),
+        ({"promote": {"alias": "9-lives", "when": "always"}}, 400, "promote.alias"),
+        ({"promote": {"alias": "prod", "when": "sometimes"}}, 400, "promote.when"),
+        ({"promote": {"alias": "prod"}}, 400, "promote.when"),  # valid_loss_improves (the default) without validation
+        ({"promote": {"when": "always"}}, 400, "promote.alias"),
     ]
     with server.http() as client:
         before = client.get("/v1/fine_tuning/jobs").json()["data"]
@@ -161,8 +172,13 @@ def test_cli_estimates_before_it_creates_and_pauses_and_resumes(server: Training
 
     created = run_cli(server, "jobs", "create", "--training-file", file_id, "--method", "dpo", "--beta", "0.2")
     assert created.returncode == 1 and "training_file" in created.stderr  # a chat file cannot train DPO
+    refused = run_cli(server, "jobs", "create", "--training-file", file_id, "--promote-when", "always")
+    assert refused.returncode == 1 and "add --promote-alias ALIAS" in refused.stderr
+    refused = run_cli(server, "jobs", "create", "--training-file", file_id, "--promote-alias", "prod")
+    assert refused.returncode == 1 and "promote.when" in refused.stderr  # gated by default: needs a validation file
     created = run_cli(server, "jobs", "create", "--training-file", file_id, "--eval-interval", "auto",
-                      "--metadata", "team=search", "--suffix", "cli-paused")
+                      "--metadata", "team=search", "--suffix", "cli-paused", "--promote-alias", "prod",
+                      "--promote-when", "always")
     assert created.returncode == 0, created.stderr
     assert "estimate: " in created.stderr
     job_id = created.stdout.strip()
@@ -175,6 +191,7 @@ def test_cli_estimates_before_it_creates_and_pauses_and_resumes(server: Training
     with server.http() as client:
         job = client.get(f"/v1/fine_tuning/jobs/{job_id}").json()
         assert job["metadata"] == {"team": "search"} and job["hyperparameters"]["eval_interval"] == "auto"
+        assert job["promote"] == {"alias": "prod", "when": "always"}
         client.post(f"/v1/fine_tuning/jobs/{job_id}/cancel")
 
 

@@ -1870,13 +1870,13 @@ export interface components {
             object: "fine_tuning.estimate";
             /**
              * Rate Source
-             * @description measured: a moving average over this server's finished jobs of the model; default: no job of it has finished here yet, a rough guess.
+             * @description measured: a moving average over your finished jobs of the model on this server; default: none has finished here yet, a rough guess.
              * @enum {string}
              */
             rate_source: "measured" | "default";
             /**
              * Tokens Per Second
-             * @description This server's training rate for the model.
+             * @description This server's training rate for the model and your tenant.
              */
             tokens_per_second: number;
             /** Total Steps */
@@ -2138,6 +2138,7 @@ export interface components {
              * @description The base model: the one this server serves, by its name or as `base`.
              */
             model: string;
+            promote?: components["schemas"]["Promote"] | null;
             /**
              * Seed
              * @description Same seed, same data: same adapter.
@@ -2240,6 +2241,7 @@ export interface components {
              * @description The tenant.
              */
             organization_id: string;
+            promote: components["schemas"]["Promote"] | null;
             /**
              * Result Files
              * @description Once succeeded, the trained adapter version's reference, suffix@N (the same as fine_tuned_model): `loraloom adapters pull suffix@N DIR` downloads it as a PEFT directory, as does GET /v1/adapters/{suffix}/versions/{N}/content (a .tar.gz). Empty until then.
@@ -2667,6 +2669,24 @@ export interface components {
              * @description PUT the file's bytes here, with exactly `headers`.
              */
             url: string;
+        };
+        /**
+         * Promote
+         * @description An alias of the job's adapter (`suffix`) to move to the job's version when the job succeeds.
+         */
+        Promote: {
+            /**
+             * Alias
+             * @description The alias, e.g. prod (not `latest`, which moves by itself); created if new.
+             */
+            alias: string;
+            /**
+             * When
+             * @description valid_loss_improves (needs a validation_file): only if the job's version has a strictly lower validation loss than each version the alias names now, measured on the job's validation file with the job's own loss; a new alias is created. always: unconditionally. The decision is in the alias's history and the job's `promotion` event; a gate that cannot measure skips the promotion, never fails the job.
+             * @default valid_loss_improves
+             * @enum {string}
+             */
+            when: "valid_loss_improves" | "always";
         };
         /**
          * PromotionGateObject
