@@ -40,6 +40,7 @@ def upgrade() -> None:
         sa.Column("tenant_id", sa.Uuid(), nullable=False),
         sa.Column("model", sa.String(length=256), nullable=False),
         sa.Column("tokens_per_second", sa.Double(), nullable=False),
+        sa.Column("startup_seconds", sa.Double(), nullable=False),
         sa.Column("runs", sa.Integer(), nullable=False),
         sa.Column("updated_at", sa.DateTime(timezone=True), nullable=False),
         sa.PrimaryKeyConstraint("tenant_id", "model", name=op.f("pk_training_throughput")),

@@ -50,7 +50,7 @@ def estimate_examples(
     return Estimate(
         trained_tokens=trained, training_tokens=training_tokens, validation_tokens=validation_tokens,
         n_epochs=hyperparameters.n_epochs, total_steps=steps, evaluations=evaluations,
-        estimated_seconds=trained / rate.tokens_per_second, rate=rate,
+        estimated_seconds=rate.seconds_for(trained), rate=rate,
     )
 
 

@@ -310,7 +310,8 @@ def _train_and_publish(factory: sessionmaker[Session], claim: Claim, context: Wo
                            extra={"job_id": claim.job_id})
             return
     if resume is None:  # a run of the whole job: its time is what an estimate of such a job should say
-        record_run(factory, spec.tenant_id, spec.model, tokens=result.trained_tokens, seconds=run_seconds)
+        record_run(factory, spec.tenant_id, spec.model, tokens=result.trained_tokens,
+                   training_seconds=result.training_seconds, startup_seconds=run_seconds - result.training_seconds)
 
 
 def _end_stopped(factory: sessionmaker[Session], claim: Claim, result: Any, last_metrics: dict[str, Any]) -> None:

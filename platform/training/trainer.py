@@ -120,6 +120,9 @@ class TrainResult:
     full_valid_mean_token_accuracy: float | None = None
     stopped_early: bool = False  # early stopping ended the run before total_steps
     best_step: int | None = None  # with early stopping: the evaluation whose weights the adapter holds
+    # The optimizer loop's time (steps, evaluations, checkpoints), without loading the model before it:
+    # what an estimate's rate per token is measured on (throughput.py).
+    training_seconds: float = 0.0
 
     @property
     def eval_loss(self) -> float | None:
@@ -212,6 +215,7 @@ def train_lora(
                 full_valid_mean_token_accuracy=returned.get("valid_mean_token_accuracy"),
                 stopped_early=stopped_early,
                 best_step=None if stopping is None else stopping.best_step,
+                training_seconds=time.monotonic() - started,
             )
 
         started = time.monotonic()

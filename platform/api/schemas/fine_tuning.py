@@ -238,8 +238,10 @@ class EstimateObject(BaseModel):
     n_epochs: int
     total_steps: int
     evaluations: int = Field(description="How many times the validation file is evaluated.")
-    estimated_seconds: float = Field(description="trained_tokens / tokens_per_second.")
-    tokens_per_second: float = Field(description="This server's training rate for the model and your tenant.")
+    estimated_seconds: float = Field(description="startup_seconds + trained_tokens / tokens_per_second.")
+    tokens_per_second: float = Field(description="This server's training rate for the model and your tenant, once "
+                                     "training runs.")
+    startup_seconds: float = Field(description="What a run takes before it trains (loading the model).")
     rate_source: Literal["measured", "default"] = Field(
         description="measured: a moving average over your finished jobs of the model on this server; default: none "
         "has finished here yet, a rough guess.")
@@ -251,5 +253,6 @@ class EstimateObject(BaseModel):
             training_tokens=estimate.training_tokens, validation_tokens=estimate.validation_tokens,
             n_epochs=estimate.n_epochs, total_steps=estimate.total_steps, evaluations=estimate.evaluations,
             estimated_seconds=estimate.estimated_seconds, tokens_per_second=estimate.rate.tokens_per_second,
+            startup_seconds=estimate.rate.startup_seconds,
             rate_source="measured" if estimate.rate.measured else "default",
         )

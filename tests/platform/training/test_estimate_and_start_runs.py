@@ -22,7 +22,8 @@ from loraloom.platform.storage import content_key
 from loraloom.platform.training.errors import TrainingInputError
 from loraloom.platform.training.estimate import estimate_job
 from loraloom.platform.training.hyperparameters import Hyperparameters
-from loraloom.platform.training.throughput import DEFAULT_TOKENS_PER_SECOND, training_rate
+from loraloom.platform.training.throughput import (DEFAULT_STARTUP_SECONDS, DEFAULT_TOKENS_PER_SECOND,
+                                                     training_rate)
 
 # 12 training examples in batches of 2 over 2 epochs: 12 steps, evaluated every 5 steps and at the end.
 HYPERPARAMETERS = Hyperparameters(n_epochs=2, batch_size=2, learning_rate=1e-3, lora_r=4, lora_alpha=8,
@@ -56,7 +57,8 @@ def test_the_estimate_is_what_the_finished_job_reports_and_the_run_sets_the_rate
     assert (before.total_steps, before.evaluations, before.n_epochs) == (12, 3, 2)  # steps 5, 10 and 12
     assert before.trained_tokens == 2 * before.training_tokens + 3 * before.validation_tokens
     assert not before.rate.measured and before.rate.tokens_per_second == DEFAULT_TOKENS_PER_SECOND
-    assert before.estimated_seconds == pytest.approx(before.trained_tokens / DEFAULT_TOKENS_PER_SECOND)
+    assert before.estimated_seconds == pytest.approx(
+        DEFAULT_STARTUP_SECONDS + before.trained_tokens / DEFAULT_TOKENS_PER_SECOND)
 
     job = runs.run(runs.create(HYPERPARAMETERS, training_file=training_file, validation_file=validation_file, seed=5))
     assert job.status is FineTuningJobStatus.succeeded
@@ -70,9 +72,9 @@ def test_the_estimate_is_what_the_finished_job_reports_and_the_run_sets_the_rate
         other_tenant = new_tenant(session).id
         session.commit()
         assert training_rate(session, other_tenant, runs.base.name).measured is False
-    assert (rate.measured, rate.runs) == (True, 1) and rate.tokens_per_second > 0
+    assert (rate.measured, rate.runs) == (True, 1) and rate.tokens_per_second > 0 and rate.startup_seconds > 0
     assert after.rate == rate and after.trained_tokens == before.trained_tokens
-    assert after.estimated_seconds == pytest.approx(after.trained_tokens / rate.tokens_per_second)
+    assert after.estimated_seconds == pytest.approx(rate.startup_seconds + after.trained_tokens / rate.tokens_per_second)
 
 
 def test_a_job_from_a_checkpoint_starts_from_its_weights(runs: JobRuns, tiny_base: Path) -> None:

@@ -117,7 +117,8 @@ def test_an_estimate_counts_the_job_s_tokens_steps_and_evaluations(server: Train
         assert (estimate["n_epochs"], estimate["total_steps"], estimate["evaluations"]) == (2, 4, 0)  # 2 x ceil(3/2)
         assert estimate["trained_tokens"] == 2 * estimate["training_tokens"] > 0
         assert estimate["rate_source"] == "default"  # no job has finished on this server
-        assert estimate["estimated_seconds"] == pytest.approx(estimate["trained_tokens"] / estimate["tokens_per_second"])
+        assert estimate["estimated_seconds"] == pytest.approx(
+            estimate["startup_seconds"] + estimate["trained_tokens"] / estimate["tokens_per_second"])
 
         validated = client.post("/v1/fine_tuning/estimate", json={
             "model": "base", "training_file": files["chat"], "validation_file": files["chat"],

@@ -1848,7 +1848,7 @@ export interface components {
         EstimateObject: {
             /**
              * Estimated Seconds
-             * @description trained_tokens / tokens_per_second.
+             * @description startup_seconds + trained_tokens / tokens_per_second.
              */
             estimated_seconds: number;
             /**
@@ -1875,8 +1875,13 @@ export interface components {
              */
             rate_source: "measured" | "default";
             /**
+             * Startup Seconds
+             * @description What a run takes before it trains (loading the model).
+             */
+            startup_seconds: number;
+            /**
              * Tokens Per Second
-             * @description This server's training rate for the model and your tenant.
+             * @description This server's training rate for the model and your tenant, once training runs.
              */
             tokens_per_second: number;
             /** Total Steps */
