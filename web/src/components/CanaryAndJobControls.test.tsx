@@ -86,7 +86,7 @@ function job(status: string): Job {
   return { object: "fine_tuning.job", id: "ftjob-1", created_at: 0, finished_at: null, model: "base", fine_tuned_model: null,
     organization_id: "t", status, hyperparameters: {}, training_file: "file-1", validation_file: null, result_files: [],
     trained_tokens: null, error: null, seed: 1, suffix: "bot", attempts: 1, max_attempts: 3, metrics: null,
-    method: { type: "supervised" }, metadata: null, early_stopping: null, from_checkpoint: null };
+    method: { type: "supervised" }, metadata: null, early_stopping: null, from_checkpoint: null, promote: null };
 }
 
 function Actions({ status }: { status: string }) {

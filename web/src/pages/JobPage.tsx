@@ -80,6 +80,15 @@ export function JobPage() {
         <dt>Method</dt><dd data-testid="job-method">{String(j.method.type)}</dd>
         {j.early_stopping && <><dt>Early stopping</dt><dd>after {j.early_stopping.patience} evaluations without a better validation loss</dd></>}
         {j.from_checkpoint && <><dt>Started from</dt><dd><code>{j.from_checkpoint}</code></dd></>}
+        {j.promote && (
+          <>
+            <dt>Promotes</dt>
+            <dd>
+              <code>{j.suffix}:{j.promote.alias}</code>{" "}
+              {j.promote.when === "always" ? "on success" : "on success, if its validation loss beats the alias's"}
+            </dd>
+          </>
+        )}
         {j.metadata && Object.keys(j.metadata).length > 0 && (
           <>
             <dt>Metadata</dt>
