@@ -57,20 +57,24 @@ run: setup
 
 # One pytest process per group (tests/run_folders.py): each gives its memory back when it ends (the
 # whole suite in one process grew past this machine's 24 GiB and was killed), and a failing group
-# still lets the others run; the target fails if any group did. TEST_JOBS=2 runs two groups at once,
-# each on one torch thread (most groups spend much of their time waiting on servers, workers,
+# still lets the others run; the target fails if any group did. Two groups run at once (TEST_JOBS=1:
+# one), each on one torch thread (most groups spend much of their time waiting on servers, workers,
 # subprocesses and the browser), except the ALONE ones: CPU-bound (their CPU time is near twice their
-# wall time, both cores), they run by themselves, first. The run prints each group's wall and CPU time
-# and peak memory; `make test-times` also lists each group's slowest tests.
-TEST_JOBS ?= 1
+# wall time, both cores), they run by themselves, first. The APART ones need ~9-10 GiB each (servers
+# and engines of their own): never two of them at once, which is what ran this 24 GiB machine out of
+# memory. The run prints each group's wall and CPU time and peak memory; `make test-times` also lists
+# each group's slowest tests.
+TEST_JOBS ?= 2
 ALL_TEST_GROUPS = tests/benchmarks tests/deploy tests/engine tests/harness tests/kernels \
 	$(patsubst %/,%,$(filter-out %/__pycache__/,$(sort $(wildcard tests/platform/*/)))) \
 	"$(wildcard tests/platform/test_*.py) $(wildcard tests/test_*.py)" tests/web
 ALONE_TEST_GROUPS = tests/engine
+APART_TEST_GROUPS = tests/platform/api tests/platform/registry tests/benchmarks tests/platform/ray_serve
 LONGEST_TEST_GROUPS = $(ALONE_TEST_GROUPS) tests/platform/training tests/platform/api tests/web tests/platform/registry \
 	tests/benchmarks tests/platform/ray_serve tests/kernels
 TEST_GROUPS = $(LONGEST_TEST_GROUPS) $(filter-out $(LONGEST_TEST_GROUPS),$(ALL_TEST_GROUPS))
-RUN_GROUPS = $(PY) tests/run_folders.py --jobs $(TEST_JOBS) $(addprefix --alone ,$(ALONE_TEST_GROUPS))
+RUN_GROUPS = $(PY) tests/run_folders.py --jobs $(TEST_JOBS) $(addprefix --alone ,$(ALONE_TEST_GROUPS)) \
+	$(addprefix --apart ,$(APART_TEST_GROUPS))
 WEB_UNIT_TESTS = web-unit=cd web && npm run typecheck && npm test
 
 test: setup

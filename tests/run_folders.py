@@ -1,7 +1,7 @@
 """Run the suite's groups (pytest folders or files, and plain commands) a few at a time: `make test`.
 
     python tests/run_folders.py [--jobs 2] [--pytest-args '-m "not slow"'] [--logs DIR]
-                                [--command NAME=SHELL]... [--alone GROUP]... GROUP...
+                                [--command NAME=SHELL]... [--alone GROUP]... [--apart GROUP]... GROUP...
 
 Each group runs in a process of its own, as the Makefile always ran them (a process gives its memory
 back when it ends; the whole suite in one process outgrew a 24 GiB machine). Several run at once
@@ -14,6 +14,10 @@ time, each other group's torch runs on one thread (OMP_NUM_THREADS=1, unless it 
 processes of two OpenMP threads each on two cores spin in each other's way, and a step waits at every
 barrier for a thread that has no core (see tests/benchmarks/test_gpu_suite_cpu.py). Tests that need
 several threads set their count themselves.
+
+`--apart GROUP` marks a group that needs much memory (servers and engines of its own): two such groups
+never run at once, and a lighter group waiting behind them may start first instead. Two at once is what
+ran a 24 GiB machine out of memory (the API's and the registry's groups, ~10 GiB each).
 
 The runner prints each group's wall time, CPU time (its processes' and those they waited for) and peak
 memory (every process of its session, summed, sampled twice a second).
@@ -54,6 +58,7 @@ class Group:
     peak_bytes: int = 0
     cpu_seconds: float = 0.0
     alone: bool = False  # runs with no other group beside it, on every thread torch wants
+    apart: bool = False  # memory-heavy: never beside another such group
 
     def ended(self) -> bool:
         """Reap the group's process if it ended, keeping its exit status and the CPU time it and every
@@ -88,6 +93,8 @@ def parse_groups(argv: list[str] | None) -> tuple[int, list[Group]]:
     parser.add_argument("--alone", action="append", default=[], metavar="GROUP",
                         help="a group (one of the targets) that runs with no other beside it: one that keeps both "
                              "cores busy by itself, or needs most of the memory")
+    parser.add_argument("--apart", action="append", default=[], metavar="GROUP",
+                        help="a group (one of the targets) that needs much memory: never two of them at once")
     parser.add_argument("--logs", type=Path, default=DEFAULT_LOGS, help="where each group's output is kept")
     args = parser.parse_args(argv)
     if args.jobs < 1:
@@ -104,11 +111,13 @@ def parse_groups(argv: list[str] | None) -> tuple[int, list[Group]]:
         groups.append(Group(target, argv, log_path(args.logs, target)))
     if not groups:
         parser.error("no groups to run")
-    unknown = set(args.alone) - {group.name for group in groups}
-    if unknown:
-        parser.error(f"--alone names groups that are not run: {sorted(unknown)}")
+    for flag, names in (("--alone", args.alone), ("--apart", args.apart)):
+        unknown = set(names) - {group.name for group in groups}
+        if unknown:
+            parser.error(f"{flag} names groups that are not run: {sorted(unknown)}")
     for group in groups:
         group.alone = group.name in args.alone
+        group.apart = group.name in args.apart
     return args.jobs, groups
 
 
@@ -122,7 +131,20 @@ def group_environment(jobs: int, alone: bool) -> dict[str, str]:
 def may_start(group: Group, running: list[Group], jobs: int) -> bool:
     if group.alone:
         return not running
-    return len(running) < jobs and not any(other.alone for other in running)
+    if len(running) >= jobs or any(other.alone for other in running):
+        return False
+    return not (group.apart and any(other.apart for other in running))
+
+
+def next_to_start(waiting: list[Group], running: list[Group], jobs: int) -> Group | None:
+    """The first waiting group that may start now. A group kept apart from a running one lets those behind
+    it pass; an alone group lets none pass, or it could wait for ever behind a stream of others."""
+    for group in waiting:
+        if may_start(group, running, jobs):
+            return group
+        if group.alone or len(running) >= jobs:
+            return None
+    return None
 
 
 def start(group: Group, jobs: int) -> None:
@@ -161,13 +183,13 @@ def report(group: Group) -> None:
 
 
 def run(jobs: int, groups: list[Group]) -> bool:
-    """Run every group in the order given, at most `jobs` at once and `alone` ones by themselves; True if
-    none failed."""
+    """Run every group in the order given, at most `jobs` at once, `alone` ones by themselves and `apart`
+    ones one at a time; True if none failed."""
     waiting = list(groups)
     running: list[Group] = []
     while waiting or running:
-        while waiting and may_start(waiting[0], running, jobs):
-            group = waiting.pop(0)
+        while (group := next_to_start(waiting, running, jobs)) is not None:
+            waiting.remove(group)
             start(group, jobs)
             running.append(group)
         time.sleep(0.5)

@@ -122,6 +122,24 @@ def test_an_alone_group_runs_by_itself_on_every_thread(tmp_path):
     assert result.stdout.count("threads 1") == 2 and (f"threads {torch_threads()}" in alone_output), result.stdout
 
 
+def test_groups_kept_apart_never_overlap_and_a_lighter_one_passes_the_waiting_one(tmp_path):
+    # heavy-2 waits for heavy-1 to end although a lane is free; light, listed after it, takes that lane.
+    def record(name: str, seconds: float) -> str:
+        return (f"{name}=date +%s.%N > {tmp_path}/{name}.start; sleep {seconds}; "
+                f"date +%s.%N > {tmp_path}/{name}.end")
+    result = run(tmp_path, "--jobs", "2", "--command", record("heavy-1", 2), "--command", record("heavy-2", 0.2),
+                 "--command", record("light", 0.2), "--apart", "heavy-1", "--apart", "heavy-2")
+    assert result.returncode == 0, result.stdout + result.stderr
+    times = {f.name: float(f.read_text()) for f in tmp_path.iterdir() if f.suffix in (".start", ".end")}
+    assert times["heavy-1.end"] <= times["heavy-2.start"], times
+    assert times["light.start"] < times["heavy-1.end"], times
+
+
+def test_an_apart_or_alone_name_that_is_no_group_is_refused(tmp_path):
+    result = run(tmp_path, "--command", "one=true", "--apart", "two")
+    assert result.returncode == 2 and "--apart names groups that are not run: ['two']" in result.stderr
+
+
 def torch_threads() -> int:
     env = {name: value for name, value in os.environ.items() if name != "OMP_NUM_THREADS"}
     probe = subprocess.run([sys.executable, "-c", "import torch; print(torch.get_num_threads())"], env=env,
