@@ -15,7 +15,7 @@ import importlib
 
 _PUBLIC_NAMES: dict[str, tuple[str, ...]] = {
     "async_engine": ("AsyncEngine",),
-    "client": ("EngineClient", "EngineFacts"),
+    "client": ("EngineClient", "EngineFacts", "FactsOfEngineElsewhere"),
     "config": (
         "EngineConfig", "FP8_ACTIVATION_TERMS", "KV_CACHE_DTYPES", "LORA_DTYPES", "ModelConfig", "QUANTIZATION_METHODS",
         "SCHEDULING_POLICIES", "SPECULATION_MODES"),

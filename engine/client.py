@@ -45,6 +45,21 @@ class EngineFacts:
                    generation_defaults=read_generation_defaults(model_dir, config.generation_config))
 
 
+class FactsOfEngineElsewhere:
+    """The data members of an EngineClient whose engine runs elsewhere (other processes, or none here):
+    its facts as EngineFacts, and the tokenizer from the model directory, since the gateway tokenizes
+    and engines receive token ids."""
+
+    def __init__(self, facts: EngineFacts, model_dir: Path) -> None:
+        self.model_name = facts.model_name
+        self.max_model_len = facts.max_model_len
+        self.max_lora_rank = facts.max_lora_rank
+        self.model_config = facts.model_config
+        self.device = facts.device
+        self.generation_defaults = facts.generation_defaults
+        self.tokenizer = Tokenizer.from_dir(model_dir)
+
+
 class EngineClient(Protocol):
     # Facts of the served base that the gateway needs (names, limits, upload checks, tokenizing).
     model_name: str

@@ -11,18 +11,16 @@ a 503 that says where generation is served; it holds no adapters and no load.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
 from loraloom.engine import (
     AdapterHandle,
     AdapterResidency,
-    EngineFacts,
     EngineStats,
+    FactsOfEngineElsewhere,
     RequestOutput,
     SamplingParams,
     TenantTag,
-    Tokenizer,
 )
 from loraloom.platform.metering.replica_stats import sum_stats
 
@@ -41,18 +39,8 @@ class NoEngineError(RuntimeError):
         )
 
 
-class EnginelessClient:
+class EnginelessClient(FactsOfEngineElsewhere):
     """An EngineClient (engine/client.py) with the served base's facts and no engine."""
-
-    def __init__(self, facts: EngineFacts, model_dir: Path) -> None:
-        self.model_name = facts.model_name
-        self.max_model_len = facts.max_model_len
-        self.max_lora_rank = facts.max_lora_rank
-        self.model_config = facts.model_config
-        self.device = facts.device
-        self.generation_defaults = facts.generation_defaults
-        # The files routes count a training file's tokens with it.
-        self.tokenizer = Tokenizer.from_dir(model_dir)
 
     async def start(self) -> None:
         """Nothing runs here."""

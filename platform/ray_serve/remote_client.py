@@ -22,10 +22,10 @@ from loraloom.engine import (
     EngineFacts,
     EngineStats,
     EngineUnavailableError,
+    FactsOfEngineElsewhere,
     RequestOutput,
     SamplingParams,
     TenantTag,
-    Tokenizer,
 )
 from loraloom.platform.metering.replica_stats import sum_stats
 from loraloom.platform.ray_serve.replica_board import replica_board
@@ -38,17 +38,10 @@ UNAVAILABLE = (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableErro
                BackPressureError)
 
 
-class RayEngineClient:
+class RayEngineClient(FactsOfEngineElsewhere):
     def __init__(self, handle: DeploymentHandle, facts: EngineFacts, model_dir: Path) -> None:
+        super().__init__(facts, model_dir)
         self._handle = handle
-        self.model_name = facts.model_name
-        self.max_model_len = facts.max_model_len
-        self.max_lora_rank = facts.max_lora_rank
-        self.model_config = facts.model_config
-        self.device = facts.device
-        self.generation_defaults = facts.generation_defaults
-        # Tokenized here, in the gateway, as with the engine in process: replicas receive token ids.
-        self.tokenizer = Tokenizer.from_dir(model_dir)
         self._board = replica_board()
 
     async def start(self) -> None:

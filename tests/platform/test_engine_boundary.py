@@ -22,7 +22,7 @@ GATEWAY_PACKAGES = {"api", "metering"}
 GATEWAY_NAMES = {
     "EngineClient", "AdapterHandle", "AdapterLoadError", "AdapterResidency", "ChatTemplateError", "CompiledGrammar",
     "EngineUnavailableError",
-    "EngineFacts", "EngineStats", "ModelConfig", "RequestFailedError", "RequestFieldError", "RequestOutput", "SamplingParams",
+    "EngineFacts", "EngineStats", "FactsOfEngineElsewhere", "ModelConfig", "RequestFailedError", "RequestFieldError", "RequestOutput", "SamplingParams",
     "TokenLogprob",
     "TenantTag", "Tokenizer", "ADAPTER_CONFIG_FILE", "ADAPTER_FILES", "ADAPTER_WEIGHTS_FILE",
     # Plain data and pure functions over it: the model's sampling defaults, and latency histograms
