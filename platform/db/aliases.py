@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,7 +44,7 @@ def set_alias(
 
 def record_refusal(session: Session, *, alias: Alias, actor_key_id: uuid.UUID | None, note: JobNote) -> None:
     """Record a promotion the gate refused: the alias stays (from and to its version, with the split it keeps)."""
-    split = [{"version": row.version_number, "weight": row.weight} for row in alias.split] or None
+    split = _split_record((row.version_number, row.weight) for row in alias.split)
     session.add(
         AliasHistory(
             adapter_id=alias.adapter_id,
@@ -79,7 +79,7 @@ def set_split(
     if alias is not None and {row.version_id: row.weight for row in alias.split} == weights:
         return alias
     primary = min(shares, key=lambda share: (-share[1], share[0].number))[0]
-    recorded = [{"version": version.number, "weight": weight} for version, weight in sorted(shares, key=_number)]
+    recorded = _split_record((version.number, weight) for version, weight in shares)
     alias = _point(session, adapter, name, alias, primary, actor_key_id, action=AliasAction.split, split=recorded)
     # Changed in place: a row deleted and inserted again in one flush could collide on its primary key.
     kept = {row.version_id: row for row in alias.split}
@@ -116,8 +116,9 @@ def aliases_naming(session: Session, *, version_id: uuid.UUID) -> list[Alias]:
     return list(session.scalars(select(Alias).where(or_(Alias.version_id == version_id, Alias.id.in_(in_split)))))
 
 
-def _number(share: tuple[AdapterVersion, int]) -> int:
-    return share[0].number
+def _split_record(shares: Iterable[tuple[int, int]]) -> list[dict[str, int]] | None:
+    """A split as alias_history keeps it: (version number, weight) pairs by version; None for no split."""
+    return [{"version": number, "weight": weight} for number, weight in sorted(shares)] or None
 
 
 def _check_own(adapter: Adapter, name: str, version: AdapterVersion) -> None:

@@ -89,10 +89,7 @@ def move_alias(
     version = find_version(session, tenant_id=tenant_id, name=name, number=number)
     row = set_alias(session, adapter=adapter, name=alias, version=version, actor_key_id=actor_key_id,
                     action=action, note=note)
-    adapter.updated_at = utcnow()
-    announce_adapter_change(session, tenant_id=tenant_id, adapter_name=name)
-    session.commit()
-    return row, ResolvedVersion.of(version, adapter)
+    return row, _committed(session, tenant_id, adapter, [version])[0]
 
 
 def split_alias(
@@ -193,9 +190,7 @@ def remove_alias(session: Session, *, tenant_id: uuid.UUID, name: str, alias: st
     _check_movable(alias)
     adapter = find_adapter(session, tenant_id=tenant_id, name=name, lock=True)
     delete_alias(session, alias=_find_alias(session, adapter=adapter, alias=alias), actor_key_id=actor_key_id)
-    adapter.updated_at = utcnow()
-    announce_adapter_change(session, tenant_id=tenant_id, adapter_name=name)
-    session.commit()
+    _committed(session, tenant_id, adapter, [])
 
 
 def find_alias(session: Session, *, tenant_id: uuid.UUID, name: str, alias: str) -> Alias:

@@ -152,8 +152,9 @@ class JobObject(BaseModel):
     attempts: int = Field(description="Runs started so far (a run whose worker died is retried).")
     max_attempts: int
     metrics: dict[str, Any] | None = Field(
-        description="The last step's metrics (step, total_steps, train_loss, eval_loss, tokens_per_second, "
-        "eta_seconds...), updated after every step while the job runs."
+        description="The last step's metrics (step, total_steps, train_loss, train_mean_token_accuracy, valid_loss "
+        "and full_valid_loss where evaluated, eval_loss the same as valid_loss, tokens_per_second, eta_seconds...), "
+        "updated after every step while the job runs."
     )
     method: dict[str, Any] = Field(description="OpenAI's shape: the type, and under it the hyperparameters used.")
     metadata: dict[str, str] | None

@@ -2228,7 +2228,7 @@ export interface components {
             };
             /**
              * Metrics
-             * @description The last step's metrics (step, total_steps, train_loss, eval_loss, tokens_per_second, eta_seconds...), updated after every step while the job runs.
+             * @description The last step's metrics (step, total_steps, train_loss, train_mean_token_accuracy, valid_loss and full_valid_loss where evaluated, eval_loss the same as valid_loss, tokens_per_second, eta_seconds...), updated after every step while the job runs.
              */
             metrics: {
                 [key: string]: unknown;
