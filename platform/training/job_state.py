@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import logging
 import secrets
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -304,7 +303,3 @@ def queue_view(factory: sessionmaker[Session], worker_id: str) -> QueueView:
         active = session.scalar(select(func.count()).where(FineTuningJob.status.in_(ACTIVE),
                                                            FineTuningJob.worker_id == worker_id))
     return QueueView(queued=list(queued), active=active or 0)
-
-
-def tenant_job(session: Session, tenant_id: uuid.UUID, job_id: str) -> FineTuningJob | None:
-    return session.scalar(select(FineTuningJob).where(FineTuningJob.id == job_id, FineTuningJob.tenant_id == tenant_id))
