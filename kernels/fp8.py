@@ -17,7 +17,8 @@ also quantized a second time, the residual r = x - sx * xq with its own per-toke
     y[t, n] = sw[n] * (sx[t] * sum_k xq[t, k] * Wq[n, k] + sr[t] * sum_k rq[t, k] * Wq[n, k])
 
 i.e. one GEMM over the 2T stacked rows [xq; rq] with row-wise scales [sx; sr], the two halves added in
-fp32 and rounded once. The activations then carry ~7 mantissa bits instead of 3; the weights are read
+fp32 and rounded once (the reference path, with no FP8 GEMM, sums the two terms first and runs one
+GEMM of T rows: the same product to fp32 rounding). The activations then carry ~7 mantissa bits instead of 3; the weights are read
 once as before, so at decode (weight-bandwidth bound) it costs almost nothing, at prefill twice the FLOPs.
 
 On CUDA devices with FP8 tensor cores the product runs in `torch._scaled_mm` with row-wise
@@ -49,7 +50,7 @@ from typing import Callable
 import torch
 
 from loraloom.kernels.dtypes import FP8_DTYPE, FP8_MAX, MIN_AMAX, quantize_with_scale
-from loraloom.kernels.reference import fp8_scaled_mm
+from loraloom.kernels.reference import dequantized_fp8_mm, fp8_scaled_mm
 
 # torch._scaled_mm needs K and N to be multiples of 16.
 SCALED_MM_ALIGNMENT = 16
@@ -146,6 +147,12 @@ def _fp8_linear_two_term(
     if input_scale is not None:
         raise ValueError("fp8_linear: two_term needs dynamic (per-token) activation scales, not a static input_scale")
     tokens = x.shape[0]
+    if fp8_linear_path(x.device, 2 * tokens, w_q.shape, triton is not None) == "reference":
+        # No FP8 GEMM to feed codes to: the two terms are summed first and multiplied once, the
+        # two-GEMM product to within fp32 rounding (2^-24, against the terms' own ~2^-8) at half its
+        # FLOPs (prefill on a CPU is FLOP bound).
+        rows = two_term_rows(x)
+        return dequantized_fp8_mm(rows[:tokens] + rows[tokens:], w_q, w_scale, x.dtype)
     if x.device.type == "cuda" and triton is not None:
         rows = triton.two_term_rows(x.contiguous())  # one launch instead of about a dozen torch ops
     else:

@@ -290,3 +290,14 @@ def fp8_scaled_mm(
     """
     acc = x_q.float() @ w_q.float().T  # [T, N] fp32
     return acc.mul_(x_scale).mul_(w_scale.T).to(out_dtype)
+
+
+def dequantized_fp8_mm(
+    x: torch.Tensor,  # [T, K] activations already dequantized (fp32)
+    w_q: torch.Tensor,  # [N, K] float8_e4m3fn
+    w_scale: torch.Tensor,  # [N, 1] fp32
+    out_dtype: torch.dtype,
+) -> torch.Tensor:  # [T, N] in out_dtype
+    """x @ (w_q * w_scale).T with the weight's scale applied after the fp32 GEMM, as fp8_scaled_mm does."""
+    acc = x.float() @ w_q.float().T
+    return acc.mul_(w_scale.T).to(out_dtype)
