@@ -57,22 +57,28 @@ run: setup
 
 # One pytest process per group (tests/run_folders.py): each gives its memory back when it ends (the
 # whole suite in one process grew past this machine's 24 GiB and was killed), and a failing group
-# still lets the others run; the target fails if any group did. Two groups run at once (TEST_JOBS=1:
-# one), each on one torch thread (most groups spend much of their time waiting on servers, workers,
-# subprocesses and the browser), except the ALONE ones: CPU-bound (their CPU time is near twice their
-# wall time, both cores), they run by themselves, first. The APART ones need ~9-10 GiB each (servers
-# and engines of their own): never two of them at once, which is what ran this 24 GiB machine out of
-# memory. The run prints each group's wall and CPU time and peak memory; `make test-times` also lists
-# each group's slowest tests.
-TEST_JOBS ?= 2
+# still lets the others run; the target fails if any group did. Three groups run at once on the two
+# cores (TEST_JOBS=1: one), each on one torch thread: most groups spend much of their time waiting on
+# servers, workers, subprocesses, Ray and the browser (two at a time kept the cores ~80% busy, three
+# keep them near full). The ALONE ones are CPU-bound (their CPU time is near twice their wall time,
+# both cores): they run by themselves, first. The APART ones need 7.5-9 GiB each (servers and engines,
+# Ray's processes): never two of them at once, which is what ran this 24 GiB machine out of memory; the
+# other groups peak near 5 GiB or less (tests/conftest.py hands freed memory back after each module). The run prints each group's wall and CPU time and peak memory;
+# `make test-times` also lists each group's slowest tests.
+TEST_JOBS ?= 3
 ALL_TEST_GROUPS = tests/benchmarks tests/deploy tests/engine tests/harness tests/kernels \
 	$(patsubst %/,%,$(filter-out %/__pycache__/,$(sort $(wildcard tests/platform/*/)))) \
 	"$(wildcard tests/platform/test_*.py) $(wildcard tests/test_*.py)" tests/web
 ALONE_TEST_GROUPS = tests/engine
-APART_TEST_GROUPS = tests/platform/api tests/platform/registry tests/benchmarks tests/platform/ray_serve
-LONGEST_TEST_GROUPS = $(ALONE_TEST_GROUPS) tests/platform/training tests/platform/api tests/web tests/platform/registry \
-	tests/benchmarks tests/platform/ray_serve tests/kernels
-TEST_GROUPS = $(LONGEST_TEST_GROUPS) $(filter-out $(LONGEST_TEST_GROUPS),$(ALL_TEST_GROUPS))
+APART_TEST_GROUPS = tests/platform/registry tests/benchmarks tests/platform/ray_serve
+# The training folder is two groups, the tests of its worker processes' lives (killed, stuck, restarted,
+# stopped) and the rest: as one it was the run's longest group, its end the run's.
+TRAINING_WORKER_TESTS = $(addprefix tests/platform/training/,test_training_serve_supervision.py \
+	test_training_redis_workers.py test_training_resume.py test_worker_logs.py)
+TRAINING_TEST_GROUPS = "$(TRAINING_WORKER_TESTS)" "tests/platform/training $(addprefix --ignore=,$(TRAINING_WORKER_TESTS))"
+LONGEST_TEST_GROUPS = $(ALONE_TEST_GROUPS) $(TRAINING_TEST_GROUPS) tests/platform/api tests/web tests/platform/registry \
+	tests/benchmarks tests/kernels tests/platform/ray_serve
+TEST_GROUPS = $(LONGEST_TEST_GROUPS) $(filter-out $(LONGEST_TEST_GROUPS) tests/platform/training,$(ALL_TEST_GROUPS))
 RUN_GROUPS = $(PY) tests/run_folders.py --jobs $(TEST_JOBS) $(addprefix --alone ,$(ALONE_TEST_GROUPS)) \
 	$(addprefix --apart ,$(APART_TEST_GROUPS))
 WEB_UNIT_TESTS = web-unit=cd web && npm run typecheck && npm test

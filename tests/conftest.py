@@ -1,11 +1,35 @@
 """Fixtures shared by the whole suite: the bundled model and a tiny random Llama checkpoint."""
 from __future__ import annotations
 
+import ctypes
+import gc
 import json
 from pathlib import Path
 
 import pytest
 import torch
+
+
+def _glibc_malloc_trim():
+    try:
+        return ctypes.CDLL("libc.so.6").malloc_trim
+    except OSError:  # not glibc: nothing to hand back this way
+        return None
+
+
+_MALLOC_TRIM = _glibc_malloc_trim()
+
+
+@pytest.fixture(scope="module", autouse=True)
+def hand_memory_back_after_each_module():
+    """After a module's own fixtures are torn down (this one, set up first, ends last): the memory its
+    engines and servers freed goes back to the OS. glibc keeps freed heap memory for reuse, and a group
+    of modules that each start an engine grew to ~10 GiB although no engine outlived its module; with
+    this, ~1.2 GiB between modules (which lets three groups run side by side on a 24 GiB machine)."""
+    yield
+    if _MALLOC_TRIM is not None:
+        gc.collect()
+        _MALLOC_TRIM(0)
 
 
 @pytest.fixture(scope="session")

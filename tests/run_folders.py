@@ -9,7 +9,9 @@ because most groups spend much of their time waiting: on a server or worker star
 Chromium, Ray. Groups start in the order given, so list the longest first and the lanes end together.
 
 `--alone GROUP` runs a group with no other beside it (one that keeps both cores busy by itself, or needs
-most of the memory), on as many torch threads as it would take alone. With more than one group at a
+most of the memory), on as many torch threads as it would take alone. Alone groups start first, before
+the groups listed ahead of them: started later, they would idle every lane but one while the groups
+before them drained. With more than one group at a
 time, each other group's torch runs on one thread (OMP_NUM_THREADS=1, unless it is set already): two
 processes of two OpenMP threads each on two cores spin in each other's way, and a step waits at every
 barrier for a thread that has no core (see tests/benchmarks/test_gpu_suite_cpu.py). Tests that need
@@ -185,7 +187,7 @@ def report(group: Group) -> None:
 def run(jobs: int, groups: list[Group]) -> bool:
     """Run every group in the order given, at most `jobs` at once, `alone` ones by themselves and `apart`
     ones one at a time; True if none failed."""
-    waiting = list(groups)
+    waiting = sorted(groups, key=lambda group: not group.alone)  # stable: the given order otherwise
     running: list[Group] = []
     while waiting or running:
         while (group := next_to_start(waiting, running, jobs)) is not None:
