@@ -31,6 +31,7 @@ group ends, never interleaved with another's. The run fails if any group failed 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import re
 import shlex
@@ -80,8 +81,14 @@ class Group:
         return self.status not in (0, NOTHING_COLLECTED)
 
 
+LOG_NAME_LIMIT = 120  # file systems refuse names past 255 bytes; a group of several targets gets long
+
+
 def log_path(logs: Path, name: str) -> Path:
-    return logs / (re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_") + ".log")
+    stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_")
+    if len(stem) > LOG_NAME_LIMIT:  # cut, with a digest of the whole name to keep two such groups apart
+        stem = f"{stem[:LOG_NAME_LIMIT]}-{hashlib.sha256(name.encode()).hexdigest()[:12]}"
+    return logs / f"{stem}.log"
 
 
 def parse_groups(argv: list[str] | None) -> tuple[int, list[Group]]:

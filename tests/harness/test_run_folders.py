@@ -35,6 +35,16 @@ def test_a_failing_group_fails_the_run_and_is_listed_last_with_its_output(tmp_pa
     assert summary[-1].split()[7].endswith("test_bad.py")
 
 
+def test_a_group_of_many_targets_gets_a_log_whose_name_the_file_system_takes(tmp_path):
+    write_tests(tmp_path)
+    good = str(tmp_path / "test_good.py")
+    long_group = " ".join([good] + [f"--deselect={good}::test_missing_{n}" for n in range(12)])
+    result = run(tmp_path, long_group)
+    assert result.returncode == 0, result.stdout + result.stderr
+    [log] = (tmp_path / "logs").iterdir()
+    assert len(log.name) < 255 and "1 passed" in log.read_text()
+
+
 def test_targets_separated_by_spaces_are_one_group(tmp_path):
     write_tests(tmp_path)
     both = f"{tmp_path / 'test_good.py'} {tmp_path / 'test_slow_only.py'}"
