@@ -78,7 +78,7 @@ TRAINING_WORKER_TESTS = $(addprefix tests/platform/training/,test_training_serve
 TRAINING_TEST_GROUPS = "$(TRAINING_WORKER_TESTS)" "tests/platform/training $(addprefix --ignore=,$(TRAINING_WORKER_TESTS))"
 # The apart groups run one after another: the first of them starts with the first lanes free.
 LONGEST_TEST_GROUPS = $(ALONE_TEST_GROUPS) tests/platform/registry $(TRAINING_TEST_GROUPS) tests/platform/api \
-	tests/web tests/benchmarks tests/kernels tests/platform/ray_serve
+	tests/web tests/benchmarks tests/platform/cli tests/platform/contract tests/kernels tests/platform/ray_serve
 TEST_GROUPS = $(LONGEST_TEST_GROUPS) $(filter-out $(LONGEST_TEST_GROUPS) tests/platform/training,$(ALL_TEST_GROUPS))
 RUN_GROUPS = $(PY) tests/run_folders.py --jobs $(TEST_JOBS) $(addprefix --alone ,$(ALONE_TEST_GROUPS)) \
 	$(addprefix --apart ,$(APART_TEST_GROUPS))
