@@ -59,12 +59,13 @@ run: setup
 # whole suite in one process grew past this machine's 24 GiB and was killed), and a failing group
 # still lets the others run; the target fails if any group did. Three groups run at once on the two
 # cores (TEST_JOBS=1: one), each on one torch thread: most groups spend much of their time waiting on
-# servers, workers, subprocesses, Ray and the browser (two at a time kept the cores ~80% busy, three
-# keep them near full). The ALONE ones are CPU-bound (their CPU time is near twice their wall time,
-# both cores): they run by themselves, first. The APART ones need 7.5-9 GiB each (servers and engines,
-# Ray's processes): never two of them at once, which is what ran this 24 GiB machine out of memory; the
-# other groups peak near 5 GiB or less (tests/conftest.py hands freed memory back after each module). The run prints each group's wall and CPU time and peak memory;
-# `make test-times` also lists each group's slowest tests.
+# servers, workers, subprocesses, Ray and the browser (two at a time kept the cores ~78% busy, three
+# ~83%). The ALONE ones are CPU-bound (their CPU time is near twice their wall time, both cores): they
+# run by themselves, first. The APART ones need 7-9 GiB each (servers and engines, Ray's processes):
+# never two of them at once, which is what ran this 24 GiB machine out of memory; the other groups
+# peak near 5 GiB or less (tests/conftest.py hands freed memory back after each module). The run
+# prints each group's wall and CPU time and peak memory; `make test-times` also lists each group's
+# slowest tests.
 TEST_JOBS ?= 3
 ALL_TEST_GROUPS = tests/benchmarks tests/deploy tests/engine tests/harness tests/kernels \
 	$(patsubst %/,%,$(filter-out %/__pycache__/,$(sort $(wildcard tests/platform/*/)))) \

@@ -18,8 +18,9 @@ also quantized a second time, the residual r = x - sx * xq with its own per-toke
 
 i.e. one GEMM over the 2T stacked rows [xq; rq] with row-wise scales [sx; sr], the two halves added in
 fp32 and rounded once (the reference path, with no FP8 GEMM, sums the two terms first and runs one
-GEMM of T rows: the same product to fp32 rounding). The activations then carry ~7 mantissa bits instead of 3; the weights are read
-once as before, so at decode (weight-bandwidth bound) it costs almost nothing, at prefill twice the FLOPs.
+GEMM of T rows: the same product to fp32 rounding). The activations then carry ~7 mantissa bits
+instead of 3; the weights are read once as before, so at decode (weight-bandwidth bound) it costs
+almost nothing, at prefill twice the FLOPs.
 
 On CUDA devices with FP8 tensor cores the product runs in `torch._scaled_mm` with row-wise
 scales (scale_a [T, 1], scale_b [1, N], both fp32 and contiguous; the activations row-major and the

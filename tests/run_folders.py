@@ -11,8 +11,8 @@ Chromium, Ray. Groups start in the order given, so list the longest first and th
 `--alone GROUP` runs a group with no other beside it (one that keeps both cores busy by itself, or needs
 most of the memory), on as many torch threads as it would take alone. Alone groups start first, before
 the groups listed ahead of them: started later, they would idle every lane but one while the groups
-before them drained. With more than one group at a
-time, each other group's torch runs on one thread (OMP_NUM_THREADS=1, unless it is set already): two
+before them drained. With more than one group at a time, each other group's torch runs on one thread
+(OMP_NUM_THREADS=1, unless it is set already): two
 processes of two OpenMP threads each on two cores spin in each other's way, and a step waits at every
 barrier for a thread that has no core (see tests/benchmarks/test_gpu_suite_cpu.py). Tests that need
 several threads set their count themselves.
